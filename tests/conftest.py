@@ -1,0 +1,80 @@
+"""Shared fixtures: a PostgreSQL server, fresh databases, Node graphile-worker."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import AsyncIterator, Iterator
+
+import psycopg
+import pytest
+
+from node_worker import NodeUnavailable, NodeWorker, install
+from pg_server import PgServer, start_server
+from worker_cli import WorkerUtils, make_worker_utils
+from worker_cli.migrate import migrate
+
+NODE_VERSION = "0.18.0"
+
+
+@pytest.fixture(scope="session")
+def pg() -> Iterator[PgServer]:
+    with start_server() as server:
+        yield server
+
+
+@pytest.fixture
+def empty_db(pg: PgServer) -> Iterator[str]:
+    """URL of a new, empty database."""
+    with pg.database() as url:
+        yield url
+
+
+@pytest.fixture(scope="session")
+def migrated_template(pg: PgServer) -> Iterator[str]:
+    """Name of a database holding our migrated schema, used as a template."""
+    name = pg.create_database()
+
+    async def build() -> None:
+        async with await psycopg.AsyncConnection.connect(pg.url(name), autocommit=True) as conn:
+            await migrate(conn, "graphile_worker")
+
+    asyncio.run(build())
+    try:
+        yield name
+    finally:
+        pg.drop_database(name)
+
+
+@pytest.fixture
+def db(pg: PgServer, migrated_template: str) -> Iterator[str]:
+    """URL of a new database with the schema installed by our migrator."""
+    with pg.database(template=migrated_template) as url:
+        yield url
+
+
+@pytest.fixture
+async def utils(db: str) -> AsyncIterator[WorkerUtils]:
+    async with make_worker_utils(connection_string=db) as worker_utils:
+        yield worker_utils
+
+
+def _node(version: str) -> NodeWorker:
+    try:
+        return install(version)
+    except NodeUnavailable as exc:
+        if os.environ.get("CI"):
+            pytest.fail(f"compatibility tests must run in CI: {exc}")
+        pytest.skip(str(exc))
+
+
+@pytest.fixture(scope="session")
+def node() -> NodeWorker:
+    """graphile-worker 0.18.0 from npm."""
+    return _node(NODE_VERSION)
+
+
+@pytest.fixture(scope="session")
+def node_factory() -> object:
+    """Install another graphile-worker version from npm: ``node_factory("0.16.6")``."""
+    return _node

@@ -1,0 +1,80 @@
+"""The real graphile-worker (Node) from npm, for compatibility tests.
+
+Installed once per version into a cache folder (``GRAPHILE_WORKER_NODE_DIR``,
+default ``~/.cache/graphile-worker-py-tests``) with the machine's npm.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+
+def cache_root() -> Path:
+    configured = os.environ.get("GRAPHILE_WORKER_NODE_DIR")
+    if configured:
+        return Path(configured)
+    return Path.home() / ".cache" / "graphile-worker-py-tests"
+
+
+@dataclass
+class NodeWorker:
+    """One installed version of the npm package ``graphile-worker``."""
+
+    version: str
+    directory: Path
+
+    @property
+    def cli(self) -> Path:
+        return self.directory / "node_modules" / "graphile-worker" / "dist" / "cli.js"
+
+    def run(
+        self,
+        *args: str,
+        cwd: Path | None = None,
+        timeout: float = 60,
+        env: dict[str, str] | None = None,
+    ) -> subprocess.CompletedProcess[str]:
+        """Run its CLI (``graphile-worker ARGS``) and capture the output."""
+        full_env = {**os.environ, "NO_COLOR": "1", **(env or {})}
+        full_env.pop("DATABASE_URL", None)
+        return subprocess.run(
+            ["node", str(self.cli), *args],
+            cwd=cwd,
+            env=full_env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+
+
+class NodeUnavailable(RuntimeError):
+    pass
+
+
+def install(version: str) -> NodeWorker:
+    """Install ``graphile-worker@version`` (and ``pg``) if not yet cached."""
+    directory = cache_root() / f"graphile-worker-{version}"
+    worker = NodeWorker(version, directory)
+    if worker.cli.is_file():
+        return worker
+    if shutil.which("node") is None or shutil.which("npm") is None:
+        raise NodeUnavailable("node and npm are needed for the compatibility tests")
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "package.json").write_text('{"name": "gw-compat", "private": true}\n')
+    result = subprocess.run(
+        ["npm", "install", "--no-audit", "--no-fund", "--loglevel=error",
+         f"graphile-worker@{version}"],
+        cwd=directory,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    if result.returncode != 0 or not worker.cli.is_file():
+        raise NodeUnavailable(f"npm install graphile-worker@{version} failed:\n{result.stderr}")
+    return worker

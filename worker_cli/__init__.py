@@ -1,0 +1,41 @@
+"""graphile-worker for Python: a PostgreSQL job queue sharing its schema with graphile-worker (Node)."""
+
+from __future__ import annotations
+
+from .errors import (
+    ConfigurationError,
+    DatabaseConnectionError,
+    GraphileWorkerError,
+    IncompatibleSchemaError,
+    JobSpecError,
+    MigrationError,
+    SchemaNotInstalledError,
+    UnsupportedPostgresError,
+)
+from .job import Job
+from .job_spec import JobKeyMode, JobSpec, TaskSpec
+from .migrate import LATEST_REVISION, MigrationReport
+from .runner import run_migrations
+from .worker_utils import CleanupTask, WorkerUtils, make_worker_utils, quick_add_job
+
+__all__ = [
+    "LATEST_REVISION",
+    "CleanupTask",
+    "ConfigurationError",
+    "DatabaseConnectionError",
+    "GraphileWorkerError",
+    "IncompatibleSchemaError",
+    "Job",
+    "JobKeyMode",
+    "JobSpec",
+    "JobSpecError",
+    "MigrationError",
+    "MigrationReport",
+    "SchemaNotInstalledError",
+    "TaskSpec",
+    "UnsupportedPostgresError",
+    "WorkerUtils",
+    "make_worker_utils",
+    "quick_add_job",
+    "run_migrations",
+]

@@ -1,0 +1,5 @@
+"""``python -m worker_cli``: the same as the ``graphile-worker`` command."""
+
+from .cli import main
+
+main(prog_name="graphile-worker")

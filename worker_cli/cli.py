@@ -1,0 +1,73 @@
+"""The ``graphile-worker`` command."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Coroutine
+from importlib.metadata import version
+from typing import Any, TypeVar
+
+import click
+
+from .connection import load_dotenv_file
+from .errors import GraphileWorkerError
+
+__all__ = ["main"]
+
+T = TypeVar("T")
+
+
+class WorkerFailure(click.ClickException):
+    """A failure reported as one line, with the exit code of its error."""
+
+    def __init__(self, error: GraphileWorkerError) -> None:
+        super().__init__(str(error))
+        self.exit_code = error.exit_code
+
+
+def _run(coroutine: Coroutine[Any, Any, T]) -> T:
+    import uvloop
+
+    try:
+        return uvloop.run(coroutine)
+    except GraphileWorkerError as exc:
+        raise WorkerFailure(exc) from None
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option(
+    "-c",
+    "--connection",
+    metavar="URL",
+    help="PostgreSQL connection string. Default: DATABASE_URL, else the libpq PG* variables.",
+)
+@click.option(
+    "-s",
+    "--schema",
+    envvar="GRAPHILE_WORKER_SCHEMA",
+    show_envvar=True,
+    default="graphile_worker",
+    show_default=True,
+    help="The schema graphile-worker's tables and functions live in.",
+)
+@click.option(
+    "--schema-only",
+    is_flag=True,
+    help="Install or upgrade the database schema, then exit.",
+)
+@click.version_option(version("graphile-worker"), "--version", prog_name="graphile-worker")
+def main(connection: str | None, schema: str, schema_only: bool) -> None:
+    """Run graphile-worker jobs from PostgreSQL (compatible with graphile-worker for Node)."""
+    if not schema_only:
+        raise click.UsageError(
+            "running jobs is not available yet in this version; use --schema-only"
+        )
+    load_dotenv_file()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from .runner import run_migrations
+
+    report = _run(run_migrations(connection, schema=schema))
+    if report.applied or report.applied_py:
+        click.echo(f"Schema {schema!r} migrated to revision {report.revision}.")
+    else:
+        click.echo(f"Schema {schema!r} is up to date (revision {report.revision}).")

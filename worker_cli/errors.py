@@ -1,0 +1,63 @@
+"""Exceptions raised by graphile-worker for Python.
+
+Each carries the process exit code the CLI uses for it, so the command line
+and the library report the same failure the same way.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ConfigurationError",
+    "DatabaseConnectionError",
+    "GraphileWorkerError",
+    "IncompatibleSchemaError",
+    "JobSpecError",
+    "MigrationError",
+    "SchemaNotInstalledError",
+    "UnsupportedPostgresError",
+]
+
+
+class GraphileWorkerError(Exception):
+    """Base class of this package's errors; ``exit_code`` is the CLI's code."""
+
+    exit_code: int = 1
+
+
+class ConfigurationError(GraphileWorkerError):
+    """The worker cannot start with the settings it was given."""
+
+
+class MigrationError(GraphileWorkerError):
+    """The schema cannot be installed or upgraded."""
+
+
+class UnsupportedPostgresError(MigrationError):
+    """The PostgreSQL server is older than version 12."""
+
+
+class IncompatibleSchemaError(MigrationError):
+    """The database holds a breaking schema revision this worker does not know."""
+
+    exit_code = 57
+
+
+class SchemaNotInstalledError(GraphileWorkerError):
+    """The graphile-worker schema is missing from the database."""
+
+
+class JobSpecError(ValueError):
+    """A job's options are invalid; ``field`` names the offending option.
+
+    Raised before anything is sent to the database, so a bad call never leaves
+    a half-added job behind.
+    """
+
+    def __init__(self, field: str, reason: str) -> None:
+        super().__init__(f"{field}: {reason}")
+        self.field = field
+        self.reason = reason
+
+
+class DatabaseConnectionError(ConfigurationError):
+    """The database refused or could not be reached; the message is libpq's."""

@@ -1,0 +1,153 @@
+"""What a caller may ask for when adding a job, checked before it reaches SQL.
+
+The limits are the schema's: a bad value raises :class:`JobSpecError` naming
+the field and the limit, instead of a constraint violation from PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields
+from datetime import datetime
+from typing import Any, Literal, TypeAlias
+
+from .errors import JobSpecError
+
+__all__ = ["JOB_KEY_MODES", "JobKeyMode", "JobSpec", "TaskSpec", "encode_payload"]
+
+JobKeyMode: TypeAlias = Literal["replace", "preserve_run_at", "unsafe_dedupe"]
+JOB_KEY_MODES: tuple[str, ...] = ("replace", "preserve_run_at", "unsafe_dedupe")
+
+IDENTIFIER_MAX = 128  # _private_tasks.identifier and _private_job_queues.queue_name
+KEY_MAX = 512  # _private_jobs.key
+SMALLINT_MIN, SMALLINT_MAX = -32768, 32767
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TaskSpec:
+    """The options of one job, as in graphile-worker's ``TaskSpec``."""
+
+    queue_name: str | None = None
+    run_at: datetime | None = None
+    max_attempts: int | None = None
+    job_key: str | None = None
+    job_key_mode: JobKeyMode | None = None
+    priority: int | None = None
+    flags: Sequence[str] | None = None
+
+    def validate(self) -> None:
+        """Raise JobSpecError if any option is outside the schema's limits."""
+        _check_text("queue_name", self.queue_name, 1, IDENTIFIER_MAX)
+        _check_text("job_key", self.job_key, 1, KEY_MAX)
+        if self.run_at is not None:
+            if not isinstance(self.run_at, datetime):
+                raise JobSpecError("run_at", f"must be a datetime, not {type(self.run_at).__name__}")
+            if self.run_at.tzinfo is None or self.run_at.utcoffset() is None:
+                raise JobSpecError(
+                    "run_at", "must be timezone-aware (for example datetime.now(timezone.utc))"
+                )
+        _check_int("max_attempts", self.max_attempts, 1, SMALLINT_MAX)
+        _check_int("priority", self.priority, SMALLINT_MIN, SMALLINT_MAX)
+        if self.job_key_mode is not None and self.job_key_mode not in JOB_KEY_MODES:
+            raise JobSpecError(
+                "job_key_mode",
+                f"{self.job_key_mode!r} is not one of {', '.join(JOB_KEY_MODES)}",
+            )
+        if self.flags is not None:
+            if isinstance(self.flags, str | bytes) or not all(
+                isinstance(flag, str) for flag in self.flags
+            ):
+                raise JobSpecError("flags", "must be a list of strings")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobSpec(TaskSpec):
+    """A whole job for ``add_jobs``: the fields of the SQL type ``job_spec``.
+
+    ``job_key_mode`` is not part of it: ``add_jobs`` takes
+    ``job_key_preserve_run_at`` for the whole batch, as the SQL function does.
+    """
+
+    identifier: str
+    payload: Any = None
+
+    @classmethod
+    def coerce(cls, spec: JobSpec | Mapping[str, Any], index: int) -> JobSpec:
+        """Accept a JobSpec or a dict with the same field names."""
+        if isinstance(spec, JobSpec):
+            return spec
+        if not isinstance(spec, Mapping):
+            raise JobSpecError(f"specs[{index}]", "must be a JobSpec or a dict")
+        unknown = set(spec) - _SPEC_FIELDS
+        if unknown:
+            raise JobSpecError(
+                f"specs[{index}]", f"unknown field(s) {', '.join(sorted(unknown))}"
+            )
+        if "identifier" not in spec:
+            raise JobSpecError(f"specs[{index}]", "identifier is required")
+        return cls(**spec)
+
+    def validate(self) -> None:
+        validate_identifier(self.identifier)
+        TaskSpec.validate(self)
+        if self.job_key_mode is not None:
+            raise JobSpecError(
+                "job_key_mode",
+                "add_jobs takes job_key_preserve_run_at for the whole batch, not a per-job mode",
+            )
+
+    def to_json_record(self) -> dict[str, Any]:
+        """The spec as a JSON object whose keys are ``job_spec``'s attributes."""
+        return {
+            "identifier": self.identifier,
+            "payload": self.payload,
+            "queue_name": self.queue_name,
+            "run_at": self.run_at.isoformat() if self.run_at else None,
+            "max_attempts": self.max_attempts,
+            "job_key": self.job_key,
+            "priority": self.priority,
+            "flags": list(self.flags) if self.flags is not None else None,
+        }
+
+
+_SPEC_FIELDS = frozenset(f.name for f in fields(JobSpec))
+
+
+def validate_identifier(identifier: object) -> None:
+    """Check a task identifier: a non-empty string of at most 128 characters."""
+    if not isinstance(identifier, str):
+        raise JobSpecError("identifier", f"must be a string, not {type(identifier).__name__}")
+    _check_text("identifier", identifier, 1, IDENTIFIER_MAX)
+
+
+def encode_payload(payload: Any, field: str = "payload") -> str | None:
+    """Encode a payload as JSON text, or raise JobSpecError saying why it cannot be."""
+    if payload is None:
+        return None
+    try:
+        return json.dumps(payload, allow_nan=False, separators=(",", ":"))
+    except (TypeError, ValueError) as exc:
+        raise JobSpecError(field, f"cannot be encoded as JSON ({exc})") from None
+
+
+def _check_text(field: str, value: object, minimum: int, maximum: int) -> None:
+    if value is None:
+        return
+    if not isinstance(value, str):
+        raise JobSpecError(field, f"must be a string, not {type(value).__name__}")
+    if len(value) < minimum:
+        raise JobSpecError(field, "must not be empty")
+    if len(value) > maximum:
+        raise JobSpecError(
+            field, f"is {len(value)} characters long; the limit is {maximum}"
+        )
+
+
+def _check_int(field: str, value: object, minimum: int, maximum: int) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise JobSpecError(field, f"must be an integer, not {type(value).__name__}")
+    if not minimum <= value <= maximum:
+        raise JobSpecError(field, f"is {value}; it must be between {minimum} and {maximum}")
