@@ -13,18 +13,22 @@ from psycopg import sql
 
 __all__ = ["compose"]
 
-# Columns of a returned job: every column of _private_jobs, plus the names
-# behind task_id and job_queue_id.
-_JOB_WITH_NAMES = """
-  select j.*, t.identifier as task_identifier, q.queue_name
-  from {rows} as j
-  join {schema}._private_tasks as t on t.id = j.task_id
-  left join {schema}._private_job_queues as q on q.id = j.job_queue_id
+# The functions return _private_jobs rows; job_names then looks up the task
+# identifiers and queue names behind them. It must be a separate statement: a
+# task or queue the function creates is invisible to the statement calling it.
+job_names = """
+  select 'task' as kind, t.id, t.identifier as name
+  from {schema}._private_tasks as t
+  where t.id = any(%(task_ids)s::int[])
+  union all
+  select 'queue', q.id, q.queue_name
+  from {schema}._private_job_queues as q
+  where q.id = any(%(queue_ids)s::int[])
 """
 
 
-def _returning_jobs(rows: LiteralString) -> LiteralString:
-    return _JOB_WITH_NAMES.replace("{rows}", rows)
+def _returning_jobs(call: LiteralString) -> LiteralString:
+    return "select j.* from " + call + " as j"
 
 
 add_job = _returning_jobs(

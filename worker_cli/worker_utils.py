@@ -41,6 +41,9 @@ _CLEANUP_STATEMENTS: dict[str, LiteralString] = {
     "GC_TASK_IDENTIFIERS": statements.gc_task_identifiers,
 }
 
+# What PostgreSQL says when the schema, or one of its objects, is not there.
+_SCHEMA_MISSING = (pg_errors.UndefinedFunction, pg_errors.UndefinedTable, pg_errors.InvalidSchemaName)
+
 
 class WorkerUtils:
     """Job administration over a connection pool; see :func:`make_worker_utils`."""
@@ -191,21 +194,41 @@ class WorkerUtils:
                 await conn.set_autocommit(False)
 
     async def _fetch(self, statement: LiteralString, params: Mapping[str, Any]) -> list[Job]:
-        query = statements.compose(statement, self.schema)
         async with self.pool.connection() as conn:
             try:
-                cur = await conn.cursor(row_factory=dict_row).execute(query, params)
+                cur = await conn.cursor(row_factory=dict_row).execute(
+                    statements.compose(statement, self.schema), params
+                )
                 rows = await cur.fetchall()
-            except (pg_errors.UndefinedFunction, pg_errors.UndefinedTable) as exc:
+                if not rows:
+                    return []
+                names = await conn.execute(
+                    statements.compose(statements.job_names, self.schema),
+                    {
+                        "task_ids": list({row["task_id"] for row in rows}),
+                        "queue_ids": list({row["job_queue_id"] for row in rows} - {None}),
+                    },
+                )
+                name_of = {(kind, id_): name async for kind, id_, name in names}
+            except _SCHEMA_MISSING as exc:
                 raise self._not_installed(exc) from exc
-        return [Job.from_row(row) for row in rows]
+        return [
+            Job.from_row(
+                {
+                    **row,
+                    "task_identifier": name_of[("task", row["task_id"])],
+                    "queue_name": name_of.get(("queue", row["job_queue_id"])),
+                }
+            )
+            for row in rows
+        ]
 
     async def _execute(self, statement: LiteralString, params: Mapping[str, Any]) -> None:
         query = statements.compose(statement, self.schema)
         async with self.pool.connection() as conn:
             try:
                 await conn.execute(query, params)
-            except (pg_errors.UndefinedFunction, pg_errors.UndefinedTable) as exc:
+            except _SCHEMA_MISSING as exc:
                 raise self._not_installed(exc) from exc
 
     def _not_installed(self, exc: psycopg.Error) -> SchemaNotInstalledError:

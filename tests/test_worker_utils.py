@@ -1,0 +1,195 @@
+"""WorkerUtils as a user meets it: input checks, connections, missing schema."""
+
+from __future__ import annotations
+
+import math
+import os
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+from dbhelpers import rows, value
+from psycopg.conninfo import conninfo_to_dict
+
+from worker_cli import (
+    ConfigurationError,
+    DatabaseConnectionError,
+    JobSpec,
+    JobSpecError,
+    SchemaNotInstalledError,
+    WorkerUtils,
+    make_worker_utils,
+    quick_add_job,
+)
+
+
+def job_count(db: str) -> int:
+    return int(value(db, "select count(*) from graphile_worker._private_jobs"))
+
+
+async def test_add_job_usage_from_the_issue(db: str) -> None:
+    async with make_worker_utils(connection_string=db) as utils:
+        job = await utils.add_job("send_email", {"to": "a@b.c"}, queue_name="mail", run_at=None)
+    assert (job.task_identifier, job.payload, job.queue_name) == ("send_email", {"to": "a@b.c"}, "mail")
+    assert (job.attempts, job.max_attempts, job.priority, job.revision) == (0, 25, 0, 0)
+    assert rows(db, "select id, task_identifier, queue_name from graphile_worker.jobs") == [
+        {"id": job.id, "task_identifier": "send_email", "queue_name": "mail"}
+    ]
+
+
+async def test_job_is_read_only(utils: WorkerUtils) -> None:
+    job = await utils.add_job("t")
+    with pytest.raises(AttributeError):
+        job.attempts = 3  # type: ignore[misc]
+
+
+BAD_OPTIONS: list[tuple[dict[str, Any], str]] = [
+    ({"identifier": "x" * 129}, r"identifier: is 129 characters long; the limit is 128"),
+    ({"identifier": ""}, r"identifier: must not be empty"),
+    ({"queue_name": "q" * 129}, r"queue_name: is 129 characters long; the limit is 128"),
+    ({"job_key": "k" * 513}, r"job_key: is 513 characters long; the limit is 512"),
+    ({"job_key": ""}, r"job_key: must not be empty"),
+    ({"max_attempts": 0}, r"max_attempts: is 0; it must be between 1 and 32767"),
+    ({"max_attempts": 40000}, r"max_attempts: is 40000; it must be between 1 and 32767"),
+    ({"priority": 32768}, r"priority: is 32768; it must be between -32768 and 32767"),
+    ({"priority": -32769}, r"priority: is -32769; it must be between -32768 and 32767"),
+    ({"priority": "high"}, r"priority: must be an integer, not str"),
+    ({"job_key_mode": "merge", "job_key": "k"}, r"job_key_mode: 'merge' is not one of"),
+    ({"payload": {"when": datetime.now()}}, r"payload: cannot be encoded as JSON .*datetime"),
+    ({"payload": {"x": math.nan}}, r"payload: cannot be encoded as JSON .*Out of range float"),
+    ({"payload": {1, 2}}, r"payload: cannot be encoded as JSON .*set"),
+    ({"run_at": datetime(2030, 1, 1)}, r"run_at: must be timezone-aware"),
+    ({"run_at": "tomorrow"}, r"run_at: must be a datetime, not str"),
+    ({"flags": "abc"}, r"flags: must be a list of strings"),
+]
+
+
+@pytest.mark.parametrize("options,message", BAD_OPTIONS)
+async def test_bad_add_job_options_name_the_field(
+    utils: WorkerUtils, db: str, options: dict[str, Any], message: str
+) -> None:
+    options = dict(options)
+    identifier = options.pop("identifier", "task")
+    payload = options.pop("payload", {})
+    with pytest.raises(JobSpecError, match=message) as info:
+        await utils.add_job(identifier, payload, **options)
+    assert isinstance(info.value, ValueError)
+    assert job_count(db) == 0
+
+
+@pytest.mark.parametrize(
+    "options,message", [(o, m) for o, m in BAD_OPTIONS if "job_key_mode" not in o]
+)
+async def test_bad_add_jobs_specs_name_the_index_and_field(
+    utils: WorkerUtils, db: str, options: dict[str, Any], message: str
+) -> None:
+    spec = {"identifier": "task", **options}
+    good = {"identifier": "task", "payload": {"ok": True}}
+    with pytest.raises(JobSpecError, match=r"specs\[1\]\." + message):
+        await utils.add_jobs([good, spec])
+    assert job_count(db) == 0
+
+
+async def test_add_jobs_rejects_unknown_fields_and_modes(utils: WorkerUtils) -> None:
+    with pytest.raises(JobSpecError, match=r"specs\[0\]: unknown field\(s\) task"):
+        await utils.add_jobs([{"identifier": "t", "task": "x"}])
+    with pytest.raises(JobSpecError, match=r"specs\[0\]: identifier is required"):
+        await utils.add_jobs([{"payload": {}}])
+    with pytest.raises(JobSpecError, match=r"job_key_preserve_run_at"):
+        await utils.add_jobs([JobSpec(identifier="t", job_key_mode="unsafe_dedupe")])
+
+
+async def test_add_jobs_with_spec_objects(utils: WorkerUtils, db: str) -> None:
+    when = datetime.now(timezone.utc) + timedelta(minutes=5)
+    jobs = await utils.add_jobs(
+        [
+            JobSpec(identifier="a", payload={"n": 1}, run_at=when, max_attempts=2, flags=["f"]),
+            JobSpec(identifier="b", payload=[1, 2], queue_name="q", priority=3, job_key="kb"),
+        ]
+    )
+    by_task = {job.task_identifier: job for job in jobs}
+    assert (by_task["a"].run_at, by_task["a"].max_attempts, by_task["a"].flags) == (when, 2, {"f": True})
+    assert (by_task["b"].queue_name, by_task["b"].priority, by_task["b"].key) == ("q", 3, "kb")
+    assert by_task["b"].payload == [1, 2]
+    assert await utils.add_jobs([]) == []
+    assert job_count(db) == 2
+
+
+async def test_payloads_that_are_json_but_not_objects(utils: WorkerUtils) -> None:
+    for payload in ("text", 42, [1, "a"], True):
+        job = await utils.add_job("t", payload)
+        assert job.payload == payload
+
+
+async def test_missing_schema_gets_a_clear_error(empty_db: str) -> None:
+    async with make_worker_utils(connection_string=empty_db) as utils:
+        with pytest.raises(SchemaNotInstalledError, match="graphile-worker --schema-only"):
+            await utils.add_job("t", {})
+        report = await utils.migrate()
+        assert report.revision == 20
+        assert (await utils.add_job("t", {})).task_identifier == "t"
+
+
+async def test_custom_schema(empty_db: str) -> None:
+    async with make_worker_utils(connection_string=empty_db, schema="jobs here") as utils:
+        await utils.migrate()
+        job = await utils.add_job("t", {"a": 1}, job_key="k")
+        assert (await utils.remove_job("k")) == job
+    assert value(empty_db, 'select count(*) from "jobs here".migrations') == 20
+
+
+async def test_quick_add_job(db: str) -> None:
+    job = await quick_add_job("hello", {"name": "Bobby"}, connection_string=db, priority=2)
+    assert (job.task_identifier, job.priority) == ("hello", 2)
+    assert job_count(db) == 1
+
+
+@pytest.fixture
+def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> pytest.MonkeyPatch:
+    for name in list(os.environ):
+        if name == "DATABASE_URL" or name.startswith("PG") or name == "GRAPHILE_WORKER_SCHEMA":
+            monkeypatch.delenv(name)
+    monkeypatch.chdir(tmp_path)
+    return monkeypatch
+
+
+async def test_database_url_is_used(db: str, clean_env: pytest.MonkeyPatch) -> None:
+    clean_env.setenv("DATABASE_URL", db)
+    await quick_add_job("from_env")
+    assert job_count(db) == 1
+
+
+async def test_pg_variables_are_used(db: str, clean_env: pytest.MonkeyPatch) -> None:
+    params = conninfo_to_dict(db)
+    for key, env in (("host", "PGHOST"), ("port", "PGPORT"), ("dbname", "PGDATABASE"), ("user", "PGUSER")):
+        if params.get(key):
+            clean_env.setenv(env, str(params[key]))
+    await quick_add_job("from_pg_vars")
+    assert job_count(db) == 1
+
+
+async def test_dotenv_in_working_directory_is_read(
+    db: str, clean_env: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    (tmp_path / ".env").write_text(f"DATABASE_URL={db}\n")
+    await quick_add_job("from_dotenv")
+    assert job_count(db) == 1
+
+
+async def test_no_connection_settings_explains_the_three_ways(clean_env: pytest.MonkeyPatch) -> None:
+    with pytest.raises(ConfigurationError) as info:
+        await quick_add_job("t")
+    message = str(info.value)
+    assert "-c/--connection" in message and "DATABASE_URL" in message and "PG*" in message
+
+
+async def test_refused_connection_is_one_clear_error(pg: Any) -> None:
+    # The test servers trust every local login, so a refused login is shown with
+    # a database that does not exist: the same libpq failure path as a bad password.
+    bad = pg.url("no_such_database_here")
+    with pytest.raises(
+        DatabaseConnectionError,
+        match='could not connect to the database: .*"no_such_database_here" does not exist',
+    ):
+        await quick_add_job("t", connection_string=bad)
