@@ -1,0 +1,124 @@
+"""Our schema and SQL API against the real graphile-worker 0.18.0 from npm."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import psycopg
+import pytest
+from catalog import differences, snapshot
+from dbhelpers import rows, value
+from node_worker import NodeWorker
+from pg_server import PgServer
+
+from worker_cli import JobSpec, make_worker_utils
+from worker_cli.migrate import migrate
+
+# A Node task that records each run in a table, in the order they ran.
+RECORDING_TASK = """\
+module.exports = async (payload, helpers) => {
+  await helpers.query(
+    "insert into public.ran (task, payload, job_id) values ($1, $2, $3)",
+    [helpers.job.task_identifier, JSON.stringify(payload), helpers.job.id],
+  );
+};
+"""
+
+
+@pytest.fixture
+def node_tasks(tmp_path: Path) -> Path:
+    """A Node worker folder whose tasks/ has recording tasks a, b and c."""
+    tasks = tmp_path / "node_worker" / "tasks"
+    tasks.mkdir(parents=True)
+    for name in ("a", "b", "c"):
+        (tasks / f"{name}.cjs").write_text(RECORDING_TASK)
+    return tasks.parent
+
+
+def create_ran_table(url: str) -> None:
+    rows(url, "create table public.ran (seq serial primary key, task text, payload json, job_id bigint)")
+
+
+def ran(url: str) -> list[dict[str, object]]:
+    return rows(url, "select task, payload from public.ran order by seq")
+
+
+async def test_node_sees_our_schema_as_current_and_runs_our_jobs(
+    db: str, node: NodeWorker, node_tasks: Path
+) -> None:
+    before = rows(db, "select id, ts, breaking from graphile_worker.migrations order by id")
+    result = node.run("-c", db, "--schema-only")
+    assert result.returncode == 0, result.stderr
+    output = result.stdout + result.stderr
+    assert "warn" not in output.lower() and "revision" not in output.lower(), output
+    assert rows(db, "select id, ts, breaking from graphile_worker.migrations order by id") == before
+
+    create_ran_table(db)
+    async with make_worker_utils(connection_string=db) as utils:
+        await utils.add_job("a", {"hello": "from python"})
+    result = node.run("-c", db, "--once", cwd=node_tasks)
+    assert result.returncode == 0, result.stderr
+    assert ran(db) == [{"task": "a", "payload": {"hello": "from python"}}]
+    assert value(db, "select count(*) from graphile_worker._private_jobs") == 0
+
+
+async def test_after_node_migration_we_run_nothing_and_node_runs_our_rows(
+    empty_db: str, node: NodeWorker, node_tasks: Path
+) -> None:
+    result = node.run("-c", empty_db, "--schema-only")
+    assert result.returncode == 0, result.stderr
+    async with await psycopg.AsyncConnection.connect(empty_db, autocommit=True) as conn:
+        report = await migrate(conn, "graphile_worker")
+    assert report.applied == () and report.applied_py == () and report.revision == 20
+
+    create_ran_table(empty_db)
+    past = datetime.now(timezone.utc) - timedelta(minutes=1)
+    async with make_worker_utils(connection_string=empty_db) as utils:
+        await utils.add_job("c", {"p": 5}, priority=5, queue_name="serial")
+        await utils.add_job("b", {"p": 0}, job_key="b-key", run_at=past)
+        await utils.add_job("b", {"p": 0, "replaced": True}, job_key="b-key", run_at=past)
+        await utils.add_jobs(
+            [
+                JobSpec(identifier="a", payload={"p": -1}, priority=-1, flags=["x"]),
+                # Another queue: Node's --once can exit before it fetches a job from
+                # the queue its previous job has just released.
+                JobSpec(identifier="a", payload={"p": 9}, priority=9, queue_name="other"),
+            ]
+        )
+        future = await utils.add_job("a", {"later": True}, run_at=datetime.now(timezone.utc) + timedelta(hours=1))
+    result = node.run("-c", empty_db, "--once", "-j", "1", cwd=node_tasks)
+    assert result.returncode == 0, result.stderr
+    assert ran(empty_db) == [
+        {"task": "a", "payload": {"p": -1}},
+        {"task": "b", "payload": {"p": 0, "replaced": True}},
+        {"task": "c", "payload": {"p": 5}},
+        {"task": "a", "payload": {"p": 9}},
+    ]
+    assert [r["id"] for r in rows(empty_db, "select id from graphile_worker.jobs")] == [future.id]
+
+
+async def test_node_runs_a_job_added_by_sql_after_our_migration(
+    db: str, node: NodeWorker, node_tasks: Path
+) -> None:
+    create_ran_table(db)
+    rows(db, "select graphile_worker.add_job('b', '{\"via\": \"sql\"}')")
+    rows(db, "select graphile_worker.add_jobs(array[('c', '[1]', null, null, null, null, null, null)::graphile_worker.job_spec])")
+    result = node.run("-c", db, "--once", cwd=node_tasks)
+    assert result.returncode == 0, result.stderr
+    assert sorted(map(str, ran(db))) == sorted(map(str, [
+        {"task": "b", "payload": {"via": "sql"}}, {"task": "c", "payload": [1]},
+    ]))
+
+
+@pytest.mark.parametrize("schema", ["graphile_worker", "My Jobs"])
+async def test_same_structure_as_node(pg: PgServer, node: NodeWorker, schema: str) -> None:
+    with pg.database() as ours, pg.database() as theirs:
+        async with await psycopg.AsyncConnection.connect(ours, autocommit=True) as conn:
+            await migrate(conn, schema)
+        result = node.run("-c", theirs, "--schema-only", "--schema", schema)
+        assert result.returncode == 0, result.stderr
+        mine, reference = snapshot(ours, schema), snapshot(theirs, schema)
+        assert not differences(mine, reference), "\n".join(differences(mine, reference))
+        # The comparison really looked at something.
+        assert len(reference["columns"]) > 50 and len(reference["functions"]) == 7
