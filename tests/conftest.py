@@ -8,9 +8,9 @@ from collections.abc import AsyncIterator, Iterator
 
 import psycopg
 import pytest
-
 from node_worker import NodeUnavailable, NodeWorker, install
 from pg_server import PgServer, start_server
+
 from worker_cli import WorkerUtils, make_worker_utils
 from worker_cli.migrate import migrate
 

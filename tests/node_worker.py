@@ -67,8 +67,14 @@ def install(version: str) -> NodeWorker:
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "package.json").write_text('{"name": "gw-compat", "private": true}\n')
     result = subprocess.run(
-        ["npm", "install", "--no-audit", "--no-fund", "--loglevel=error",
-         f"graphile-worker@{version}"],
+        [
+            "npm",
+            "install",
+            "--no-audit",
+            "--no-fund",
+            "--loglevel=error",
+            f"graphile-worker@{version}",
+        ],
         cwd=directory,
         capture_output=True,
         text=True,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from dbhelpers import rows, value
@@ -55,14 +55,17 @@ async def test_permanently_fail_jobs_honours_locks(utils: WorkerUtils, db: str) 
 
 async def test_reschedule_jobs_changes_only_given_fields(utils: WorkerUtils, db: str) -> None:
     free, fresh, stale = await three_jobs(utils, db)
-    when = datetime(2030, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
+    when = datetime(2030, 1, 2, 3, 4, 5, tzinfo=UTC)
     changed = await utils.reschedule_jobs([free, fresh, stale], run_at=when, attempts=0)
     assert {job.id for job in changed} == {free, stale}
     for job in changed:
         assert (job.run_at, job.attempts, job.priority, job.max_attempts) == (when, 0, 0, 25)
     [job] = await utils.reschedule_jobs([free], priority=7, max_attempts=3)
     assert (job.run_at, job.priority, job.max_attempts) == (when, 7, 3)
-    assert value(db, "select run_at from graphile_worker._private_jobs where id = %s", (fresh,)) != when
+    assert (
+        value(db, "select run_at from graphile_worker._private_jobs where id = %s", (fresh,))
+        != when
+    )
 
 
 async def test_admin_functions_set_updated_at(utils: WorkerUtils, db: str) -> None:
@@ -77,11 +80,24 @@ async def test_force_unlock_workers_frees_jobs_and_queues(utils: WorkerUtils, db
     other = await utils.add_job("t", {}, queue_name="other")
     for table, pool in (("_private_jobs", "pool-dead"), ("_private_job_queues", "pool-dead")):
         rows(db, f"update graphile_worker.{table} set locked_at = now(), locked_by = %s", (pool,))
-    rows(db, "update graphile_worker._private_jobs set locked_by = 'pool-alive' where id = %s", (other.id,))
+    rows(
+        db,
+        "update graphile_worker._private_jobs set locked_by = 'pool-alive' where id = %s",
+        (other.id,),
+    )
     await utils.force_unlock_workers(["pool-dead"])
-    locks = {r["id"]: r["locked_by"] for r in rows(db, "select id, locked_by from graphile_worker._private_jobs")}
+    locks = {
+        r["id"]: r["locked_by"]
+        for r in rows(db, "select id, locked_by from graphile_worker._private_jobs")
+    }
     assert locks == {job.id: None, other.id: "pool-alive"}
-    assert value(db, "select count(*) from graphile_worker._private_job_queues where locked_by is not null") == 0
+    assert (
+        value(
+            db,
+            "select count(*) from graphile_worker._private_job_queues where locked_by is not null",
+        )
+        == 0
+    )
 
 
 async def test_cleanup_tasks(utils: WorkerUtils, db: str) -> None:
@@ -90,15 +106,20 @@ async def test_cleanup_tasks(utils: WorkerUtils, db: str) -> None:
     await utils.permanently_fail_jobs([dead.id])
     done = await utils.add_job("finished_task", {}, queue_name="empty_queue")
     await utils.complete_jobs([done.id])
-    await utils.add_job("keep_me", {})
-    await utils.complete_jobs([j.id for j in await utils.add_jobs([{"identifier": "keep_me"}])])
-    rows(db, "delete from graphile_worker._private_jobs where task_id = (select id from graphile_worker._private_tasks where identifier = 'keep_me')")
+    await utils.complete_jobs([(await utils.add_job("keep_me", {})).id])
     locked = await utils.add_job("t", {}, queue_name="locked_queue")
     await utils.complete_jobs([locked.id])
-    rows(db, "update graphile_worker._private_job_queues set locked_at = now(), locked_by = 'pool-x' where queue_name = 'locked_queue'")
+    rows(
+        db,
+        "update graphile_worker._private_job_queues set locked_at = now(), locked_by = 'pool-x' "
+        "where queue_name = 'locked_queue'",
+    )
 
     await utils.cleanup(["GC_JOB_QUEUES"])
-    queues = {r["queue_name"] for r in rows(db, "select queue_name from graphile_worker._private_job_queues")}
+    queues = {
+        r["queue_name"]
+        for r in rows(db, "select queue_name from graphile_worker._private_job_queues")
+    }
     assert queues == {"busy_queue", "dead_queue", "locked_queue"}
 
     await utils.cleanup(
@@ -106,12 +127,17 @@ async def test_cleanup_tasks(utils: WorkerUtils, db: str) -> None:
         task_identifiers_to_keep=["keep_me"],
     )
     assert ids(db) == {kept.id}
-    tasks = {r["identifier"] for r in rows(db, "select identifier from graphile_worker._private_tasks")}
+    tasks = {
+        r["identifier"] for r in rows(db, "select identifier from graphile_worker._private_tasks")
+    }
     assert tasks == {"in_use", "keep_me"}
-    queues = {r["queue_name"] for r in rows(db, "select queue_name from graphile_worker._private_job_queues")}
+    queues = {
+        r["queue_name"]
+        for r in rows(db, "select queue_name from graphile_worker._private_job_queues")
+    }
     assert queues == {"busy_queue", "locked_queue"}
 
 
 async def test_cleanup_rejects_unknown_task_names(utils: WorkerUtils) -> None:
-    with pytest.raises(ValueError, match="unknown cleanup task.*GC_EVERYTHING"):
+    with pytest.raises(ValueError, match=r"unknown cleanup task.*GC_EVERYTHING"):
         await utils.cleanup(["GC_EVERYTHING"])  # type: ignore[list-item]

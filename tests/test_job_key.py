@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import AsyncIterator
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -15,7 +15,7 @@ from psycopg.rows import dict_row
 
 from worker_cli import JobSpecError, WorkerUtils, make_worker_utils
 
-NOW = datetime.now(timezone.utc)
+NOW = datetime.now(UTC)
 LATER = NOW + timedelta(hours=1)
 MUCH_LATER = NOW + timedelta(hours=2)
 
@@ -28,7 +28,10 @@ class SqlAdder:
 
     async def add(self, identifier: str, payload: Any = None, **options: Any) -> dict[str, Any]:
         args = ["identifier => %(identifier)s", "payload => %(payload)s::json"]
-        params: dict[str, Any] = {"identifier": identifier, "payload": json.dumps(payload) if payload is not None else None}
+        params: dict[str, Any] = {
+            "identifier": identifier,
+            "payload": json.dumps(payload) if payload is not None else None,
+        }
         for name, val in options.items():
             args.append(f"{name} => %({name})s")
             params[name] = val
@@ -100,8 +103,13 @@ def fail(db: str, job_id: int, *, permanently: bool = False) -> None:
 async def test_replace_updates_the_pending_job(adder, db: str) -> None:
     first = await adder.add("send_email", {"count": 1}, job_key="abc", run_at=LATER, priority=3)
     second = await adder.add(
-        "send_email", {"count": 2}, job_key="abc", run_at=MUCH_LATER, queue_name="mail",
-        max_attempts=3, flags=["x"],
+        "send_email",
+        {"count": 2},
+        job_key="abc",
+        run_at=MUCH_LATER,
+        queue_name="mail",
+        max_attempts=3,
+        flags=["x"],
     )
     assert second["id"] == first["id"]
     [row] = all_jobs(db)
@@ -137,7 +145,9 @@ async def test_replace_of_a_failed_job_resets_attempts_and_error(adder, db: str)
 
 
 async def test_preserve_run_at_keeps_run_at_of_a_fresh_job(adder, db: str) -> None:
-    first = await adder.add("t", {"n": 1}, job_key="k", job_key_mode="preserve_run_at", run_at=LATER)
+    first = await adder.add(
+        "t", {"n": 1}, job_key="k", job_key_mode="preserve_run_at", run_at=LATER
+    )
     second = await adder.add(
         "t", {"n": 2}, job_key="k", job_key_mode="preserve_run_at", run_at=MUCH_LATER, priority=5
     )
@@ -163,7 +173,11 @@ async def test_locked_job_loses_its_key_and_a_new_job_is_added(
 ) -> None:
     first = await adder.add("t", {"n": 1}, job_key="k", job_key_mode=mode)
     lock(db, first["id"], age=lock_age)
-    rows(db, "update graphile_worker._private_jobs set last_error = 'was running' where id = %s", (first["id"],))
+    rows(
+        db,
+        "update graphile_worker._private_jobs set last_error = 'was running' where id = %s",
+        (first["id"],),
+    )
     second = await adder.add("t", {"n": 2}, job_key="k", job_key_mode=mode)
     assert second["id"] != first["id"]
     old = job(db, first["id"])
@@ -213,7 +227,9 @@ async def test_unsafe_dedupe_inserts_when_no_job_has_the_key(adder, db: str) -> 
 
 async def test_array_payloads_are_concatenated(adder, db: str) -> None:
     await adder.add("batch", [{"id": 1}], job_key="b", job_key_mode="preserve_run_at", run_at=LATER)
-    await adder.add("batch", [{"id": 2}], job_key="b", job_key_mode="preserve_run_at", run_at=MUCH_LATER)
+    await adder.add(
+        "batch", [{"id": 2}], job_key="b", job_key_mode="preserve_run_at", run_at=MUCH_LATER
+    )
     await adder.add("batch", [{"id": 3}], job_key="b")
     [row] = all_jobs(db)
     assert row["payload"] == [{"id": 1}, {"id": 2}, {"id": 3}]
@@ -253,9 +269,13 @@ async def test_remove_job_deletes_a_job_locked_over_4_hours_ago(adder, db: str) 
 
 async def test_defaults_flags_and_queues(adder, db: str) -> None:
     plain = await adder.add("t")
-    assert (plain["payload"], plain["priority"], plain["max_attempts"], plain["key"], plain["flags"]) == (
-        {}, 0, 25, None, None
-    )
+    assert (
+        plain["payload"],
+        plain["priority"],
+        plain["max_attempts"],
+        plain["key"],
+        plain["flags"],
+    ) == ({}, 0, 25, None, None)
     assert plain["job_queue_id"] is None
     empty_flags = await adder.add("t", {}, flags=[])
     assert empty_flags["flags"] is None
@@ -268,7 +288,8 @@ async def test_existing_tasks_and_queues_do_not_consume_identity_values(adder, d
         await adder.add("same_task", {}, queue_name="same_queue")
     await adder.add("other_task", {}, queue_name="other_queue")
     assert rows(db, "select id, identifier from graphile_worker._private_tasks order by id") == [
-        {"id": 1, "identifier": "same_task"}, {"id": 2, "identifier": "other_task"}
+        {"id": 1, "identifier": "same_task"},
+        {"id": 2, "identifier": "other_task"},
     ]
     assert value(db, "select max(id) from graphile_worker._private_job_queues") == 2
 
@@ -279,7 +300,9 @@ async def test_add_job_notifies_jobs_insert(adder, db: str) -> None:
         await adder.add("t", {}, job_key="n")
         await adder.add("t", {}, job_key="n", job_key_mode="unsafe_dedupe")  # no insert: silent
         await adder.remove("n")
-        payloads = [json.loads(n.payload) async for n in listener.notifies(timeout=1.0, stop_after=3)]
+        payloads = [
+            json.loads(n.payload) async for n in listener.notifies(timeout=1.0, stop_after=3)
+        ]
     assert [p["count"] for p in payloads] == [1, -1]
     assert all(isinstance(p["r"], float) for p in payloads)
 
@@ -293,7 +316,9 @@ async def test_invalid_job_key_mode_from_sql_raises_gwbkm(db: str) -> None:
     assert value(db, "select count(*) from graphile_worker._private_jobs") == 1
 
 
-async def test_invalid_job_key_mode_from_python_names_the_field(utils: WorkerUtils, db: str) -> None:
+async def test_invalid_job_key_mode_from_python_names_the_field(
+    utils: WorkerUtils, db: str
+) -> None:
     with pytest.raises(JobSpecError, match="job_key_mode: 'bogus' is not one of replace"):
         await utils.add_job("t", {}, job_key="k", job_key_mode="bogus")  # type: ignore[arg-type]
     assert value(db, "select count(*) from graphile_worker._private_jobs") == 0
@@ -302,8 +327,10 @@ async def test_invalid_job_key_mode_from_python_names_the_field(utils: WorkerUti
 async def test_add_jobs_applies_job_keys_and_preserve_run_at(utils: WorkerUtils, db: str) -> None:
     first = await utils.add_job("t", [1], job_key="k", run_at=LATER)
     jobs = await utils.add_jobs(
-        [{"identifier": "t", "payload": [2], "job_key": "k", "run_at": MUCH_LATER},
-         {"identifier": "u", "payload": {"x": 1}, "queue_name": "q", "priority": -1}],
+        [
+            {"identifier": "t", "payload": [2], "job_key": "k", "run_at": MUCH_LATER},
+            {"identifier": "u", "payload": {"x": 1}, "queue_name": "q", "priority": -1},
+        ],
         job_key_preserve_run_at=True,
     )
     by_task = {j.task_identifier: j for j in jobs}
@@ -316,5 +343,7 @@ async def test_add_jobs_notifies_with_the_spec_count(utils: WorkerUtils, db: str
     async with await psycopg.AsyncConnection.connect(db, autocommit=True) as listener:
         await listener.execute('listen "jobs:insert"')
         await utils.add_jobs([{"identifier": "t", "payload": {"n": n}} for n in range(7)])
-        payloads = [json.loads(n.payload) async for n in listener.notifies(timeout=1.0, stop_after=2)]
+        payloads = [
+            json.loads(n.payload) async for n in listener.notifies(timeout=1.0, stop_after=2)
+        ]
     assert [p["count"] for p in payloads] == [7]

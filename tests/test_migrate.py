@@ -20,7 +20,9 @@ from worker_cli.migrate import BREAKING_REVISIONS, MigrationFiles, check_server_
 EXPECTED_BREAKING = {1, 3, 11, 13, 14, 16, 19}
 
 
-async def run_migrate(url: str, schema: str = "graphile_worker", files: MigrationFiles | None = None):
+async def run_migrate(
+    url: str, schema: str = "graphile_worker", files: MigrationFiles | None = None
+):
     async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
         return await migrate(conn, schema, files)
 
@@ -30,7 +32,9 @@ def migration_rows(url: str, schema: str = "graphile_worker") -> list[tuple[int,
     with psycopg.connect(url) as conn:
         return [
             (r[0], r[1])
-            for r in conn.execute(psycopg.sql.SQL("select id, breaking from {} order by id").format(ident))
+            for r in conn.execute(
+                psycopg.sql.SQL("select id, breaking from {} order by id").format(ident)
+            )
         ]
 
 
@@ -95,7 +99,10 @@ async def test_upgrade_from_revision_16_and_17(db: str, revision: int) -> None:
     assert report.previous_revision == revision
     assert report.applied == tuple(range(revision + 1, 21))
     assert not differences(snapshot(db), reference)
-    assert value(db, "select count(*) from graphile_worker.jobs where task_identifier = 'pending'") == 1
+    assert (
+        value(db, "select count(*) from graphile_worker.jobs where task_identifier = 'pending'")
+        == 1
+    )
 
 
 @pytest.mark.parametrize("version,revision", [("0.16.6", 18), ("0.17.3", 19), ("0.18.0", 20)])
@@ -120,9 +127,10 @@ async def test_upgrade_database_installed_by_node(
         assert report.previous_revision == revision
         assert report.applied == tuple(range(revision + 1, 21))
         assert rows(theirs, "select * from graphile_worker.jobs order by id") == before
-        assert [r["payload"] for r in rows(theirs, "select payload from graphile_worker._private_jobs order by id")] == [
-            {"n": n} for n in range(1, 51)
-        ]
+        assert [
+            r["payload"]
+            for r in rows(theirs, "select payload from graphile_worker._private_jobs order by id")
+        ] == [{"n": n} for n in range(1, 51)]
         # Same structure as a database that Node 0.18 installed from nothing.
         assert node.run("-c", reference, "--schema-only").returncode == 0
         assert not differences(snapshot(theirs), snapshot(reference))
@@ -177,14 +185,25 @@ def test_concurrent_migrators_all_succeed(empty_db: str, processes: int) -> None
     outcomes = [(p.wait(timeout=60), p.stderr.read() if p.stderr else "") for p in procs]
     assert [code for code, _ in outcomes] == [0] * processes, outcomes
     assert migration_rows(empty_db) == [(n, n in EXPECTED_BREAKING) for n in range(1, 21)]
-    assert value(empty_db, "select count(*) from pg_proc where pronamespace = 'graphile_worker'::regnamespace") == 7
+    assert (
+        value(
+            empty_db,
+            "select count(*) from pg_proc where pronamespace = 'graphile_worker'::regnamespace",
+        )
+        == 7
+    )
 
 
 async def test_concurrent_with_node_migrator(empty_db: str, node) -> None:
     async def node_migrate() -> int:
         proc = await asyncio.create_subprocess_exec(
-            "node", str(node.cli), "-c", empty_db, "--schema-only",
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            "node",
+            str(node.cli),
+            "-c",
+            empty_db,
+            "--schema-only",
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
         )
         await proc.communicate()
         return proc.returncode or 0

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import psycopg
@@ -37,7 +37,10 @@ def node_tasks(tmp_path: Path) -> Path:
 
 
 def create_ran_table(url: str) -> None:
-    rows(url, "create table public.ran (seq serial primary key, task text, payload json, job_id bigint)")
+    rows(
+        url,
+        "create table public.ran (seq serial primary key, task text, payload json, job_id bigint)",
+    )
 
 
 def ran(url: str) -> list[dict[str, object]]:
@@ -73,7 +76,7 @@ async def test_after_node_migration_we_run_nothing_and_node_runs_our_rows(
     assert report.applied == () and report.applied_py == () and report.revision == 20
 
     create_ran_table(empty_db)
-    past = datetime.now(timezone.utc) - timedelta(minutes=1)
+    past = datetime.now(UTC) - timedelta(minutes=1)
     async with make_worker_utils(connection_string=empty_db) as utils:
         await utils.add_job("c", {"p": 5}, priority=5, queue_name="serial")
         await utils.add_job("b", {"p": 0}, job_key="b-key", run_at=past)
@@ -86,7 +89,9 @@ async def test_after_node_migration_we_run_nothing_and_node_runs_our_rows(
                 JobSpec(identifier="a", payload={"p": 9}, priority=9, queue_name="other"),
             ]
         )
-        future = await utils.add_job("a", {"later": True}, run_at=datetime.now(timezone.utc) + timedelta(hours=1))
+        future = await utils.add_job(
+            "a", {"later": True}, run_at=datetime.now(UTC) + timedelta(hours=1)
+        )
     result = node.run("-c", empty_db, "--once", "-j", "1", cwd=node_tasks)
     assert result.returncode == 0, result.stderr
     assert ran(empty_db) == [
@@ -103,12 +108,22 @@ async def test_node_runs_a_job_added_by_sql_after_our_migration(
 ) -> None:
     create_ran_table(db)
     rows(db, "select graphile_worker.add_job('b', '{\"via\": \"sql\"}')")
-    rows(db, "select graphile_worker.add_jobs(array[('c', '[1]', null, null, null, null, null, null)::graphile_worker.job_spec])")
+    rows(
+        db,
+        "select graphile_worker.add_jobs(array[('c', '[1]', null, null, null, null, null, null)"
+        "::graphile_worker.job_spec])",
+    )
     result = node.run("-c", db, "--once", cwd=node_tasks)
     assert result.returncode == 0, result.stderr
-    assert sorted(map(str, ran(db))) == sorted(map(str, [
-        {"task": "b", "payload": {"via": "sql"}}, {"task": "c", "payload": [1]},
-    ]))
+    assert sorted(map(str, ran(db))) == sorted(
+        map(
+            str,
+            [
+                {"task": "b", "payload": {"via": "sql"}},
+                {"task": "c", "payload": [1]},
+            ],
+        )
+    )
 
 
 @pytest.mark.parametrize("schema", ["graphile_worker", "My Jobs"])

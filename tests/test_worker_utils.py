@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import os
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +31,11 @@ def job_count(db: str) -> int:
 async def test_add_job_usage_from_the_issue(db: str) -> None:
     async with make_worker_utils(connection_string=db) as utils:
         job = await utils.add_job("send_email", {"to": "a@b.c"}, queue_name="mail", run_at=None)
-    assert (job.task_identifier, job.payload, job.queue_name) == ("send_email", {"to": "a@b.c"}, "mail")
+    assert (job.task_identifier, job.payload, job.queue_name) == (
+        "send_email",
+        {"to": "a@b.c"},
+        "mail",
+    )
     assert (job.attempts, job.max_attempts, job.priority, job.revision) == (0, 25, 0, 0)
     assert rows(db, "select id, task_identifier, queue_name from graphile_worker.jobs") == [
         {"id": job.id, "task_identifier": "send_email", "queue_name": "mail"}
@@ -101,7 +105,7 @@ async def test_add_jobs_rejects_unknown_fields_and_modes(utils: WorkerUtils) -> 
 
 
 async def test_add_jobs_with_spec_objects(utils: WorkerUtils, db: str) -> None:
-    when = datetime.now(timezone.utc) + timedelta(minutes=5)
+    when = datetime.now(UTC) + timedelta(minutes=5)
     jobs = await utils.add_jobs(
         [
             JobSpec(identifier="a", payload={"n": 1}, run_at=when, max_attempts=2, flags=["f"]),
@@ -109,7 +113,11 @@ async def test_add_jobs_with_spec_objects(utils: WorkerUtils, db: str) -> None:
         ]
     )
     by_task = {job.task_identifier: job for job in jobs}
-    assert (by_task["a"].run_at, by_task["a"].max_attempts, by_task["a"].flags) == (when, 2, {"f": True})
+    assert (by_task["a"].run_at, by_task["a"].max_attempts, by_task["a"].flags) == (
+        when,
+        2,
+        {"f": True},
+    )
     assert (by_task["b"].queue_name, by_task["b"].priority, by_task["b"].key) == ("q", 3, "kb")
     assert by_task["b"].payload == [1, 2]
     assert await utils.add_jobs([]) == []
@@ -162,7 +170,12 @@ async def test_database_url_is_used(db: str, clean_env: pytest.MonkeyPatch) -> N
 
 async def test_pg_variables_are_used(db: str, clean_env: pytest.MonkeyPatch) -> None:
     params = conninfo_to_dict(db)
-    for key, env in (("host", "PGHOST"), ("port", "PGPORT"), ("dbname", "PGDATABASE"), ("user", "PGUSER")):
+    for key, env in (
+        ("host", "PGHOST"),
+        ("port", "PGPORT"),
+        ("dbname", "PGDATABASE"),
+        ("user", "PGUSER"),
+    ):
         if params.get(key):
             clean_env.setenv(env, str(params[key]))
     await quick_add_job("from_pg_vars")
@@ -177,7 +190,9 @@ async def test_dotenv_in_working_directory_is_read(
     assert job_count(db) == 1
 
 
-async def test_no_connection_settings_explains_the_three_ways(clean_env: pytest.MonkeyPatch) -> None:
+async def test_no_connection_settings_explains_the_three_ways(
+    clean_env: pytest.MonkeyPatch,
+) -> None:
     with pytest.raises(ConfigurationError) as info:
         await quick_add_job("t")
     message = str(info.value)
@@ -190,6 +205,6 @@ async def test_refused_connection_is_one_clear_error(pg: Any) -> None:
     bad = pg.url("no_such_database_here")
     with pytest.raises(
         DatabaseConnectionError,
-        match='could not connect to the database: .*"no_such_database_here" does not exist',
+        match=r'could not connect to the database: .*"no_such_database_here" does not exist',
     ):
         await quick_add_job("t", connection_string=bad)

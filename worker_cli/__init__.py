@@ -1,6 +1,11 @@
-"""graphile-worker for Python: a PostgreSQL job queue sharing its schema with graphile-worker (Node)."""
+"""graphile-worker for Python.
+
+A PostgreSQL job queue that shares its schema and SQL API with graphile-worker (Node).
+"""
 
 from __future__ import annotations
+
+from importlib.metadata import version as _version
 
 from .errors import (
     ConfigurationError,
@@ -35,7 +40,10 @@ __all__ = [
     "TaskSpec",
     "UnsupportedPostgresError",
     "WorkerUtils",
+    "__version__",
     "make_worker_utils",
     "quick_add_job",
     "run_migrations",
 ]
+
+__version__ = _version("graphile-worker")

@@ -10,19 +10,24 @@ from typing import Any, TypeVar
 import click
 
 from .connection import load_dotenv_file
-from .errors import GraphileWorkerError
+from .errors import GraphileWorkerError, IncompatibleSchemaError
 
-__all__ = ["main"]
+__all__ = ["command", "main"]
 
 T = TypeVar("T")
 
 
-class WorkerFailure(click.ClickException):
-    """A failure reported as one line, with the exit code of its error."""
+class SchemaIncompatible(click.ClickException):
+    """The database's schema is newer and breaking: exit code 57, as Node's."""
 
-    def __init__(self, error: GraphileWorkerError) -> None:
-        super().__init__(str(error))
-        self.exit_code = error.exit_code
+    exit_code = IncompatibleSchemaError.exit_code
+
+
+def _failure(error: GraphileWorkerError) -> click.ClickException:
+    """The error as click shows it: one line, exit code 1 (57 for the schema)."""
+    if isinstance(error, IncompatibleSchemaError):
+        return SchemaIncompatible(str(error))
+    return click.ClickException(str(error))
 
 
 def _run(coroutine: Coroutine[Any, Any, T]) -> T:
@@ -31,7 +36,7 @@ def _run(coroutine: Coroutine[Any, Any, T]) -> T:
     try:
         return uvloop.run(coroutine)
     except GraphileWorkerError as exc:
-        raise WorkerFailure(exc) from None
+        raise _failure(exc) from None
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -56,14 +61,15 @@ def _run(coroutine: Coroutine[Any, Any, T]) -> T:
     help="Install or upgrade the database schema, then exit.",
 )
 @click.version_option(version("graphile-worker"), "--version", prog_name="graphile-worker")
-def main(connection: str | None, schema: str, schema_only: bool) -> None:
+def command(connection: str | None, schema: str, schema_only: bool) -> None:
     """Run graphile-worker jobs from PostgreSQL (compatible with graphile-worker for Node)."""
     if not schema_only:
         raise click.UsageError(
             "running jobs is not available yet in this version; use --schema-only"
         )
-    load_dotenv_file()
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     from .runner import run_migrations
 
     report = _run(run_migrations(connection, schema=schema))
@@ -71,3 +77,9 @@ def main(connection: str | None, schema: str, schema_only: bool) -> None:
         click.echo(f"Schema {schema!r} migrated to revision {report.revision}.")
     else:
         click.echo(f"Schema {schema!r} is up to date (revision {report.revision}).")
+
+
+def main() -> None:
+    """Console entry point: read ``.env`` first, so it can set any option's variable."""
+    load_dotenv_file()
+    command(prog_name="graphile-worker")

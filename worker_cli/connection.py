@@ -11,9 +11,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from dotenv import load_dotenv
-
 import psycopg
+from dotenv import load_dotenv
 
 from .errors import ConfigurationError, DatabaseConnectionError
 

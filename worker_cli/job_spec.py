@@ -42,7 +42,9 @@ class TaskSpec:
         _check_text("job_key", self.job_key, 1, KEY_MAX)
         if self.run_at is not None:
             if not isinstance(self.run_at, datetime):
-                raise JobSpecError("run_at", f"must be a datetime, not {type(self.run_at).__name__}")
+                raise JobSpecError(
+                    "run_at", f"must be a datetime, not {type(self.run_at).__name__}"
+                )
             if self.run_at.tzinfo is None or self.run_at.utcoffset() is None:
                 raise JobSpecError(
                     "run_at", "must be timezone-aware (for example datetime.now(timezone.utc))"
@@ -54,11 +56,11 @@ class TaskSpec:
                 "job_key_mode",
                 f"{self.job_key_mode!r} is not one of {', '.join(JOB_KEY_MODES)}",
             )
-        if self.flags is not None:
-            if isinstance(self.flags, str | bytes) or not all(
-                isinstance(flag, str) for flag in self.flags
-            ):
-                raise JobSpecError("flags", "must be a list of strings")
+        flags = self.flags
+        if flags is not None and (
+            isinstance(flags, str | bytes) or not all(isinstance(flag, str) for flag in flags)
+        ):
+            raise JobSpecError("flags", "must be a list of strings")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -81,9 +83,7 @@ class JobSpec(TaskSpec):
             raise JobSpecError(f"specs[{index}]", "must be a JobSpec or a dict")
         unknown = set(spec) - _SPEC_FIELDS
         if unknown:
-            raise JobSpecError(
-                f"specs[{index}]", f"unknown field(s) {', '.join(sorted(unknown))}"
-            )
+            raise JobSpecError(f"specs[{index}]", f"unknown field(s) {', '.join(sorted(unknown))}")
         if "identifier" not in spec:
             raise JobSpecError(f"specs[{index}]", "identifier is required")
         return cls(**spec)
@@ -139,9 +139,7 @@ def _check_text(field: str, value: object, minimum: int, maximum: int) -> None:
     if len(value) < minimum:
         raise JobSpecError(field, "must not be empty")
     if len(value) > maximum:
-        raise JobSpecError(
-            field, f"is {len(value)} characters long; the limit is {maximum}"
-        )
+        raise JobSpecError(field, f"is {len(value)} characters long; the limit is {maximum}")
 
 
 def _check_int(field: str, value: object, minimum: int, maximum: int) -> None:

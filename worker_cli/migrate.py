@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import psycopg
 from psycopg import errors as pg_errors
@@ -120,12 +121,12 @@ def compose_script(text: str, schema: str) -> sql.Composed:
     for index, part in enumerate(_split(text)):
         if index:
             parts.append(sql.Identifier(schema))
-        parts.append(sql.SQL(part))  # type: ignore[arg-type]  # our own SQL files
+        parts.append(sql.SQL(part))
     return sql.Composed(parts)
 
 
 async def migrate(
-    conn: psycopg.AsyncConnection[object],
+    conn: psycopg.AsyncConnection[Any],
     schema: str,
     files: MigrationFiles | None = None,
 ) -> MigrationReport:
@@ -193,12 +194,12 @@ def _check_compatible(latest: int, latest_breaking: int | None) -> None:
 
 
 async def _read_state(
-    conn: psycopg.AsyncConnection[object], schema: str
+    conn: psycopg.AsyncConnection[Any], schema: str
 ) -> tuple[int, int | None] | None:
     """(latest revision, latest breaking revision), or None if nothing is installed."""
-    query = sql.SQL(
-        "select max(id), max(id) filter (where breaking) from {}.migrations"
-    ).format(sql.Identifier(schema))
+    query = sql.SQL("select max(id), max(id) filter (where breaking) from {}.migrations").format(
+        sql.Identifier(schema)
+    )
     try:
         cur = await conn.execute(query)
     except (pg_errors.UndefinedTable, pg_errors.InvalidSchemaName):
@@ -208,21 +209,17 @@ async def _read_state(
         return (0, None)
     row = await cur.fetchone()
     assert row is not None
-    latest, latest_breaking = row  # type: ignore[misc]
+    latest, latest_breaking = row
     if latest is None:
         return None
     return (int(latest), latest_breaking)
 
 
-async def _lock(conn: psycopg.AsyncConnection[object], schema: str) -> None:
-    await conn.execute(
-        "select pg_advisory_xact_lock(%s, hashtext(%s))", (_LOCK_NAMESPACE, schema)
-    )
+async def _lock(conn: psycopg.AsyncConnection[Any], schema: str) -> None:
+    await conn.execute("select pg_advisory_xact_lock(%s, hashtext(%s))", (_LOCK_NAMESPACE, schema))
 
 
-async def _notify_migrated(
-    conn: psycopg.AsyncConnection[object], numbers: Iterable[int]
-) -> None:
+async def _notify_migrated(conn: psycopg.AsyncConnection[Any], numbers: Iterable[int]) -> None:
     for number in numbers:
         payload = json.dumps(
             {"migrationNumber": number, "breaking": number in BREAKING_REVISIONS},
@@ -232,7 +229,7 @@ async def _notify_migrated(
 
 
 async def _install_base(
-    conn: psycopg.AsyncConnection[object], schema: str, files: MigrationFiles
+    conn: psycopg.AsyncConnection[Any], schema: str, files: MigrationFiles
 ) -> bool:
     """Build revisions 1-16 on an empty schema; False if someone else already had."""
     numbers = list(range(1, BASE_REVISION + 1))
@@ -246,7 +243,7 @@ async def _install_base(
                 )
             )
             row = await cur.fetchone()
-            if row and row[0]:  # type: ignore[index]
+            if row and row[0]:
                 return False
             await conn.execute(
                 sql.SQL(
@@ -266,7 +263,7 @@ async def _install_base(
 
 
 async def _apply_revision(
-    conn: psycopg.AsyncConnection[object], schema: str, files: MigrationFiles, number: int
+    conn: psycopg.AsyncConnection[Any], schema: str, files: MigrationFiles, number: int
 ) -> bool:
     """Apply one revision; False if another migrator already had."""
     migrations = sql.Identifier(schema, "migrations")
@@ -278,7 +275,7 @@ async def _apply_revision(
                 (number,),
             )
             row = await cur.fetchone()
-            if row and row[0]:  # type: ignore[index]
+            if row and row[0]:
                 return False
             # The row goes in first, so a racing Node migrator waits on it.
             await conn.execute(
@@ -296,7 +293,7 @@ async def _apply_revision(
 
 
 async def _apply_py_migrations(
-    conn: psycopg.AsyncConnection[object], schema: str, files: MigrationFiles
+    conn: psycopg.AsyncConnection[Any], schema: str, files: MigrationFiles
 ) -> list[int]:
     """Apply the Python-only migrations not yet recorded in ``_private_py_migrations``."""
     numbers = files.py_revisions()
@@ -306,7 +303,7 @@ async def _apply_py_migrations(
     try:
         cur = await conn.execute(sql.SQL("select coalesce(max(id), 0) from {}").format(record))
         row = await cur.fetchone()
-        done = int(row[0]) if row else 0  # type: ignore[index]
+        done = int(row[0]) if row else 0
     except pg_errors.UndefinedTable:
         done = 0
     applied: list[int] = []
@@ -319,11 +316,9 @@ async def _apply_py_migrations(
                 (number,),
             )
             row = await cur.fetchone()
-            if row and row[0]:  # type: ignore[index]
+            if row and row[0]:
                 continue
-            await conn.execute(
-                sql.SQL("insert into {} (id) values (%s)").format(record), (number,)
-            )
+            await conn.execute(sql.SQL("insert into {} (id) values (%s)").format(record), (number,))
             await conn.execute(compose_script(files.read(f"py/{number:06d}.sql"), schema))
         applied.append(number)
         logger.info("applied Python-only migration %d to %s", number, schema)

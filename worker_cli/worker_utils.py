@@ -42,7 +42,11 @@ _CLEANUP_STATEMENTS: dict[str, LiteralString] = {
 }
 
 # What PostgreSQL says when the schema, or one of its objects, is not there.
-_SCHEMA_MISSING = (pg_errors.UndefinedFunction, pg_errors.UndefinedTable, pg_errors.InvalidSchemaName)
+_SCHEMA_MISSING = (
+    pg_errors.UndefinedFunction,
+    pg_errors.UndefinedTable,
+    pg_errors.InvalidSchemaName,
+)
 
 
 class WorkerUtils:
