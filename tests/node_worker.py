@@ -84,3 +84,10 @@ def install(version: str) -> NodeWorker:
     if result.returncode != 0 or not worker.cli.is_file():
         raise NodeUnavailable(f"npm install graphile-worker@{version} failed:\n{result.stderr}")
     return worker
+
+
+if __name__ == "__main__":
+    import sys
+
+    for requested in sys.argv[1:]:
+        print(f"graphile-worker@{requested}: {install(requested).directory}")
