@@ -17,10 +17,14 @@ from .errors import (
     SchemaNotInstalledError,
     UnsupportedPostgresError,
 )
+from .events import Events
+from .helpers import Helpers
 from .job import Job
 from .job_spec import JobKeyMode, JobSpec, TaskSpec
 from .migrate import LATEST_REVISION, MigrationReport
-from .runner import run_migrations
+from .options import WorkerOptions
+from .runner import Runner, run, run_migrations, run_once
+from .tasks import Task, TaskLoadError
 from .worker_utils import CleanupTask, WorkerUtils, make_worker_utils, quick_add_job
 
 __all__ = [
@@ -28,7 +32,9 @@ __all__ = [
     "CleanupTask",
     "ConfigurationError",
     "DatabaseConnectionError",
+    "Events",
     "GraphileWorkerError",
+    "Helpers",
     "IncompatibleSchemaError",
     "Job",
     "JobKeyMode",
@@ -36,14 +42,20 @@ __all__ = [
     "JobSpecError",
     "MigrationError",
     "MigrationReport",
+    "Runner",
     "SchemaNotInstalledError",
+    "Task",
+    "TaskLoadError",
     "TaskSpec",
     "UnsupportedPostgresError",
+    "WorkerOptions",
     "WorkerUtils",
     "__version__",
     "make_worker_utils",
     "quick_add_job",
+    "run",
     "run_migrations",
+    "run_once",
 ]
 
 __version__ = _version("graphile-worker")

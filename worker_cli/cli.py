@@ -1,10 +1,12 @@
-"""The ``graphile-worker`` command."""
+"""The ``graphile-worker`` command: the same flags as graphile-worker (Node) 0.18."""
 
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Coroutine
 from importlib.metadata import version
+from pathlib import Path
 from typing import Any, TypeVar
 
 import click
@@ -15,6 +17,8 @@ from .errors import GraphileWorkerError, IncompatibleSchemaError
 __all__ = ["command", "main"]
 
 T = TypeVar("T")
+
+CLEANUP_TASKS = ("GC_TASK_IDENTIFIERS", "GC_JOB_QUEUES", "DELETE_PERMAFAILED_JOBS")
 
 
 class SchemaIncompatible(click.ClickException):
@@ -39,6 +43,19 @@ def _run(coroutine: Coroutine[Any, Any, T]) -> T:
         raise _failure(exc) from None
 
 
+def _parse_cleanup(_ctx: click.Context, _param: click.Parameter, value: str | None) -> list[str]:
+    if value is None:
+        return []
+    names = [name.strip().upper() for name in value.split(",") if name.strip()]
+    unknown = [name for name in names if name not in CLEANUP_TASKS]
+    if not names or unknown:
+        raise click.BadParameter(
+            f"unknown cleanup task {', '.join(unknown) or repr(value)}; "
+            f"choose from {', '.join(CLEANUP_TASKS)}"
+        )
+    return names
+
+
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option(
     "-c",
@@ -55,28 +72,111 @@ def _run(coroutine: Coroutine[Any, Any, T]) -> T:
     show_default=True,
     help="The schema graphile-worker's tables and functions live in.",
 )
+@click.option("--schema-only", is_flag=True, help="Install or upgrade the schema, then exit.")
+@click.option("--once", is_flag=True, help="Run until no runnable job is left, then exit.")
 @click.option(
-    "--schema-only",
+    "-j",
+    "--jobs",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="How many jobs to run at the same time.",
+)
+@click.option(
+    "-m",
+    "--max-pool-size",
+    type=click.IntRange(min=2),
+    default=10,
+    show_default=True,
+    help="Largest number of PostgreSQL connections in the pool.",
+)
+@click.option(
+    "--poll-interval",
+    type=click.IntRange(min=1),
+    default=2000,
+    show_default=True,
+    metavar="MS",
+    help="Milliseconds between polls for due jobs (scheduled jobs and retries) when idle.",
+)
+@click.option(
+    "--no-prepared-statements",
     is_flag=True,
-    help="Install or upgrade the database schema, then exit.",
+    help="Do not use prepared statements (for pgBouncer in transaction mode).",
+)
+@click.option(
+    "--cleanup",
+    metavar="TASKS",
+    callback=_parse_cleanup,
+    help="Clean the database, then exit: a comma-separated list of "
+    + ", ".join(CLEANUP_TASKS)
+    + ".",
+)
+@click.option(
+    "--tasks",
+    "tasks_dir",
+    type=click.Path(path_type=Path, file_okay=False),
+    default=Path("tasks"),
+    show_default=True,
+    help="Folder of task files (.py modules with a `task` function, or executables).",
 )
 @click.version_option(version("graphile-worker"), "--version", prog_name="graphile-worker")
-def command(connection: str | None, schema: str, schema_only: bool) -> None:
-    """Run graphile-worker jobs from PostgreSQL (compatible with graphile-worker for Node)."""
-    if not schema_only:
-        raise click.UsageError(
-            "running jobs is not available yet in this version; use --schema-only"
-        )
+def command(
+    connection: str | None,
+    schema: str,
+    schema_only: bool,
+    once: bool,
+    jobs: int,
+    max_pool_size: int,
+    poll_interval: int,
+    no_prepared_statements: bool,
+    cleanup: list[str],
+    tasks_dir: Path,
+) -> None:
+    """Run jobs from a PostgreSQL queue shared with graphile-worker (Node)."""
+    if once and schema_only:
+        raise click.UsageError("--once and --schema-only cannot be used together")
     logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr
     )
-    from .runner import run_migrations
+    from . import runner
+    from .worker_utils import make_worker_utils
 
-    report = _run(run_migrations(connection, schema=schema))
-    if report.applied or report.applied_py:
-        click.echo(f"Schema {schema!r} migrated to revision {report.revision}.")
-    else:
-        click.echo(f"Schema {schema!r} is up to date (revision {report.revision}).")
+    if schema_only:
+        report = _run(runner.run_migrations(connection, schema=schema))
+        if report.applied or report.applied_py:
+            click.echo(f"Schema {schema!r} migrated to revision {report.revision}.")
+        else:
+            click.echo(f"Schema {schema!r} is up to date (revision {report.revision}).")
+        return
+
+    if cleanup:
+
+        async def clean() -> None:
+            async with make_worker_utils(connection, schema=schema) as utils:
+                await utils.migrate()
+                await utils.cleanup(cleanup)  # type: ignore[arg-type]
+
+        _run(clean())
+        click.echo(f"Cleanup done: {', '.join(cleanup)}.")
+        return
+
+    async def work() -> int:
+        worker = await runner.run(
+            connection,
+            task_directory=tasks_dir,
+            concurrency=jobs,
+            schema=schema,
+            poll_interval=poll_interval / 1000,
+            max_pool_size=max_pool_size,
+            no_prepared_statements=no_prepared_statements,
+            once=once,
+        )
+        await worker
+        return worker.exit_code
+
+    code = _run(work())
+    if code:
+        sys.exit(code)
 
 
 def main() -> None:

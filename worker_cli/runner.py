@@ -1,11 +1,33 @@
-"""Library entry points that run steps of the worker pipeline."""
+"""Library entry points: the worker pipeline (config, migrate, load tasks, pool).
+
+``run(...)`` starts a worker and returns a :class:`Runner`; ``run_once(...)``
+runs until no runnable job is left; ``run_migrations(...)`` only migrates.
+"""
 
 from __future__ import annotations
 
-from .connection import connect, load_dotenv_file, resolve_connection_string, resolve_schema
-from .migrate import MigrationReport, migrate
+import asyncio
+import logging
+import os
+import signal
+from collections.abc import Generator, Mapping
+from pathlib import Path
+from typing import Any
 
-__all__ = ["run_migrations"]
+from .connection import connect, load_dotenv_file, resolve_connection_string, resolve_schema
+from .errors import ConfigurationError
+from .events import Events
+from .job import Job
+from .migrate import MigrationReport, migrate
+from .options import ForbiddenFlags, WorkerOptions
+from .tasks import Task, TaskFunction, load_task_directory, make_task_list
+from .worker_pool import WorkerPool
+
+__all__ = ["Runner", "run", "run_migrations", "run_once"]
+
+logger = logging.getLogger("graphile_worker")
+
+EXIT_SCHEMA_INCOMPATIBLE = 57
 
 
 async def run_migrations(
@@ -17,3 +39,142 @@ async def run_migrations(
     schema_name = resolve_schema(schema)
     async with await connect(conninfo, autocommit=True) as conn:
         return await migrate(conn, schema_name)
+
+
+class Runner:
+    """A running worker. ``await runner`` waits for it to finish."""
+
+    def __init__(self, pool: WorkerPool, task: asyncio.Task[None]) -> None:
+        self.pool = pool
+        self.events = pool.events
+        self._task = task
+
+    @property
+    def exit_code(self) -> int:
+        """57 if a breaking schema migration stopped the worker, else 0."""
+        return EXIT_SCHEMA_INCOMPATIBLE if self.pool.breaking_migration else 0
+
+    async def stop(self) -> None:
+        """Stop fetching, let running jobs finish, and wait for the worker to end."""
+        self.pool.stop()
+        await self._task
+
+    def force_stop(self) -> None:
+        """Fail running jobs (they will retry) and stop as soon as possible."""
+        self.pool.force_stop()
+
+    async def add_job(self, identifier: str, payload: Any = None, **options: Any) -> Job:
+        """Add a job through the worker's own pool (options as WorkerUtils.add_job)."""
+        utils = self.pool.utils
+        if utils is None:
+            raise RuntimeError("the worker has stopped")
+        return await utils.add_job(identifier, payload, **options)
+
+    def __await__(self) -> Generator[Any, None, None]:
+        return self._task.__await__()
+
+
+async def run(
+    connection_string: str | None = None,
+    *,
+    task_list: Mapping[str, TaskFunction] | None = None,
+    task_directory: str | Path | None = None,
+    concurrency: int = 1,
+    schema: str | None = None,
+    poll_interval: float = 2.0,
+    max_pool_size: int = 10,
+    no_prepared_statements: bool = False,
+    forbidden_flags: ForbiddenFlags = None,
+    local_queue_size: int | None = None,
+    graceful_shutdown_timeout: float = 5.0,
+    events: Events | None = None,
+    no_handle_signals: bool = False,
+    once: bool = False,
+    log_success: bool | None = None,
+) -> Runner:
+    """Migrate, load the tasks and start a worker pool; returns once it is running.
+
+    ``poll_interval`` is in seconds. Exactly one of ``task_list`` (identifier ->
+    callable) and ``task_directory`` is needed.
+    """
+    load_dotenv_file()
+    tasks = load_tasks(task_list, task_directory)
+    conninfo = resolve_connection_string(connection_string)
+    if log_success is None:
+        log_success = not os.environ.get("NO_LOG_SUCCESS")
+    options = WorkerOptions(
+        concurrency=concurrency,
+        schema=resolve_schema(schema),
+        poll_interval=poll_interval,
+        max_pool_size=max_pool_size,
+        no_prepared_statements=no_prepared_statements,
+        forbidden_flags=forbidden_flags,
+        local_queue_size=local_queue_size,
+        graceful_shutdown_timeout=graceful_shutdown_timeout,
+        log_success=log_success,
+    )
+    if max_pool_size < concurrency:
+        logger.warning(
+            "max_pool_size (%d) is smaller than the concurrency (%d): tasks that use the "
+            "database will wait for connections",
+            max_pool_size,
+            concurrency,
+        )
+    async with await connect(conninfo, autocommit=True) as conn:
+        await migrate(conn, options.schema)
+
+    pool = WorkerPool(conninfo, tasks, options, events=events, once=once)
+    task = asyncio.create_task(pool.run(), name=pool.id)
+    if not no_handle_signals:
+        _handle_signals(pool, task)
+    ready = asyncio.ensure_future(pool.ready.wait())
+    await asyncio.wait({task, ready}, return_when=asyncio.FIRST_COMPLETED)
+    if not ready.done():
+        ready.cancel()
+        await task  # start-up failed: raise its error
+    return Runner(pool, task)
+
+
+async def run_once(connection_string: str | None = None, **options: Any) -> int:
+    """Run until no runnable job is left; returns the exit code (0, or 57)."""
+    runner = await run(connection_string, once=True, **options)
+    await runner
+    return runner.exit_code
+
+
+def load_tasks(
+    task_list: Mapping[str, TaskFunction] | None, task_directory: str | Path | None
+) -> dict[str, Task]:
+    """The tasks from exactly one of a task list and a task directory."""
+    if (task_list is None) == (task_directory is None):
+        raise ConfigurationError("give exactly one of task_list and task_directory")
+    if task_list is not None:
+        if not task_list:
+            raise ConfigurationError("task_list is empty")
+        return make_task_list(task_list)
+    assert task_directory is not None
+    return load_task_directory(Path(task_directory))
+
+
+def _handle_signals(pool: WorkerPool, task: asyncio.Task[None]) -> None:
+    """SIGINT/SIGTERM: graceful shutdown; a second one forces it."""
+    loop = asyncio.get_running_loop()
+    names = {signal.SIGINT: "SIGINT", signal.SIGTERM: "SIGTERM"}
+
+    def on_signal(signum: signal.Signals) -> None:
+        if pool.stopping:
+            logger.warning("%s received again: forcing shutdown", names[signum])
+            pool.force_stop()
+        else:
+            pool.events.emit("gracefulShutdown", signal=names[signum])
+            pool.stop(f"{names[signum]} received")
+
+    for signum in names:
+        loop.add_signal_handler(signum, on_signal, signum)
+
+    def remove(_: object) -> None:
+        for signum in names:
+            loop.remove_signal_handler(signum)
+        pool.events.emit("stop")
+
+    task.add_done_callback(remove)

@@ -100,3 +100,143 @@ delete_permafailed_jobs = """
 def compose(statement: LiteralString, schema: str) -> sql.Composed:
     """Return ``statement`` with ``{schema}`` replaced by the quoted schema name."""
     return sql.SQL(statement).format(schema=sql.Identifier(schema))
+
+
+# --- The worker's own statements ---------------------------------------------
+
+# Register the identifiers of the loaded tasks (without consuming identity
+# values for known ones) and return their ids.
+register_tasks = """
+  with new as (
+    insert into {schema}._private_tasks (identifier)
+    select i from unnest(%(identifiers)s::text[]) as i
+    where not exists (select 1 from {schema}._private_tasks as t where t.identifier = i)
+    on conflict do nothing
+    returning id, identifier
+  )
+  select id, identifier from new
+  union
+  select id, identifier from {schema}._private_tasks where identifier = any(%(identifiers)s::text[])
+"""
+
+# Lock up to %(limit)s runnable jobs for this pool: available, due, of our
+# tasks, without forbidden flags, and either queue-less or in an available
+# named queue. At most one job per named queue is taken, and its queue is
+# locked in the same statement, so a named queue runs strictly one job at a
+# time across every worker (Python or Node). Rows another worker is locking
+# right now are skipped, not waited for.
+get_jobs = """
+  with candidates as (
+    select j.id, j.job_queue_id, j.priority, j.run_at
+    from {schema}._private_jobs as j
+    where j.is_available = true
+      and j.run_at <= now()
+      and j.task_id = any(%(task_ids)s::int[])
+      and (
+        j.job_queue_id is null
+        or j.job_queue_id in (
+          select q.id from {schema}._private_job_queues as q where q.is_available = true
+        )
+      )
+      and (%(forbidden_flags)s::text[] is null or j.flags is null
+           or not (j.flags ?| %(forbidden_flags)s::text[]))
+    order by j.priority, j.run_at, j.id
+    limit %(limit)s
+    for update of j skip locked
+  ),
+  queues as (
+    select q.id, q.queue_name
+    from {schema}._private_job_queues as q
+    where q.id in (select c.job_queue_id from candidates as c)
+      and q.is_available = true
+    for update skip locked
+  ),
+  chosen as (
+    select distinct on (c.job_queue_id, case when c.job_queue_id is null then c.id end)
+      c.id, c.job_queue_id, queues.queue_name
+    from candidates as c
+    left join queues on queues.id = c.job_queue_id
+    where c.job_queue_id is null or queues.id is not null
+    order by c.job_queue_id, case when c.job_queue_id is null then c.id end,
+             c.priority, c.run_at, c.id
+  ),
+  lock_queues as (
+    update {schema}._private_job_queues as q
+    set locked_at = now(), locked_by = %(pool_id)s
+    from chosen
+    where q.id = chosen.job_queue_id
+  )
+  update {schema}._private_jobs as j
+  set attempts = j.attempts + 1, locked_at = now(), locked_by = %(pool_id)s
+  from chosen
+  where j.id = chosen.id
+  returning j.*, chosen.queue_name
+"""
+
+# Success: delete the jobs and unlock their queues (where this pool holds them).
+complete_batch = """
+  with done as (
+    delete from {schema}._private_jobs as j
+    where j.id = any(%(job_ids)s::bigint[])
+    returning j.job_queue_id
+  )
+  update {schema}._private_job_queues as q
+  set locked_at = null, locked_by = null
+  where q.id in (select done.job_queue_id from done) and q.locked_by = %(pool_id)s
+"""
+
+# Failure: record the error, back off exp(min(attempts, 10)) seconds, release
+# the lock. A replacement payload (the failed items of a batch job) is stored.
+# attempts is not touched: it was counted when the job was fetched.
+fail_batch = """
+  with failure as (
+    select *
+    from unnest(%(job_ids)s::bigint[], %(messages)s::text[], %(payloads)s::json[])
+      as f(id, message, payload)
+  ),
+  failed as (
+    update {schema}._private_jobs as j
+    set last_error = failure.message,
+        run_at = greatest(now(), j.run_at) + exp(least(j.attempts, 10)) * interval '1 second',
+        payload = coalesce(failure.payload, j.payload),
+        locked_at = null,
+        locked_by = null,
+        updated_at = now()
+    from failure
+    where j.id = failure.id and j.locked_by = %(pool_id)s
+    returning j.job_queue_id
+  )
+  update {schema}._private_job_queues as q
+  set locked_at = null, locked_by = null
+  where q.id in (select failed.job_queue_id from failed) and q.locked_by = %(pool_id)s
+"""
+
+# Give back fetched jobs that never started (shutdown), restoring the attempt.
+return_jobs = """
+  with returned as (
+    update {schema}._private_jobs as j
+    set attempts = greatest(0, j.attempts - 1), locked_at = null, locked_by = null
+    where j.id = any(%(job_ids)s::bigint[]) and j.locked_by = %(pool_id)s
+    returning j.job_queue_id
+  )
+  update {schema}._private_job_queues as q
+  set locked_at = null, locked_by = null
+  where q.id in (select returned.job_queue_id from returned) and q.locked_by = %(pool_id)s
+"""
+
+# Free jobs and queues whose lock is older than 4 hours (a crashed worker).
+release_stale_locks = """
+  with jobs as (
+    update {schema}._private_jobs as j
+    set locked_at = null, locked_by = null, run_at = greatest(j.run_at, now())
+    where j.locked_at < now() - %(lock_timeout)s::interval
+    returning j.id
+  ),
+  queues as (
+    update {schema}._private_job_queues as q
+    set locked_at = null, locked_by = null
+    where q.locked_at < now() - %(lock_timeout)s::interval
+    returning q.id
+  )
+  select (select count(*) from jobs) as jobs, (select count(*) from queues) as queues
+"""

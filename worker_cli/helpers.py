@@ -1,0 +1,98 @@
+"""What a task receives besides its payload: the job, a logger, the database."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
+from contextlib import asynccontextmanager
+from typing import Any, TypeVar
+
+import psycopg
+from psycopg.rows import dict_row
+
+from .job import Job
+from .job_spec import JobSpec
+from .worker_utils import WorkerUtils
+
+__all__ = ["Helpers", "JobLogger"]
+
+T = TypeVar("T")
+
+
+class JobLogger(logging.LoggerAdapter):  # type: ignore[type-arg]
+    """A logger whose lines start with ``[job(worker-…: task{id})]``."""
+
+    def process(self, msg: Any, kwargs: Any) -> tuple[Any, Any]:
+        extra = self.extra or {}
+        prefix = f"[job({extra['worker_id']}: {extra['task_identifier']}{{{extra['job_id']}}})]"
+        return f"{prefix} {msg}", kwargs
+
+
+class Helpers:
+    """Per-job helpers, passed to ``task(payload, helpers)``.
+
+    - ``job``: the job being run (read-only; ``job.id``, ``job.attempts``, ...)
+    - ``logger``: a logger whose lines name the worker, the task and the job
+    - ``abort_signal``: an ``asyncio.Event`` set when the job must stop
+      (graceful-shutdown timeout); check ``abort_signal.is_set()``
+    - ``with_pg_client()``, ``query(sql, params)``: the worker's database pool
+    - ``add_job(...)``, ``add_jobs(...)``: as in WorkerUtils
+    - ``run(awaitable)``: from a plain (threaded) task, run one of the above on
+      the worker's event loop and return its result
+    """
+
+    def __init__(
+        self,
+        job: Job,
+        *,
+        worker_id: str,
+        utils: WorkerUtils,
+        abort_signal: asyncio.Event,
+        loop: asyncio.AbstractEventLoop,
+    ) -> None:
+        self.job = job
+        self.worker_id = worker_id
+        self.abort_signal = abort_signal
+        self.logger = JobLogger(
+            logging.getLogger("graphile_worker.job"),
+            {"worker_id": worker_id, "task_identifier": job.task_identifier, "job_id": job.id},
+        )
+        self._utils = utils
+        self._loop = loop
+
+    def get_queue_name(self) -> str | None:
+        """The name of the job's queue, or None."""
+        return self.job.queue_name
+
+    @asynccontextmanager
+    async def with_pg_client(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+        """A connection from the worker's pool for the duration of the block."""
+        async with self._utils.pool.connection() as conn:
+            yield conn
+
+    async def query(
+        self, sql: str, params: Sequence[Any] | Mapping[str, Any] | None = None
+    ) -> list[dict[str, Any]]:
+        """Run one statement on the worker's pool; returns its rows as dicts."""
+        async with self._utils.pool.connection() as conn:
+            cur = await conn.cursor(row_factory=dict_row).execute(sql, params)
+            return await cur.fetchall() if cur.description else []
+
+    async def add_job(self, identifier: str, payload: Any = None, **options: Any) -> Job:
+        """Add a job (options as WorkerUtils.add_job)."""
+        return await self._utils.add_job(identifier, payload, **options)
+
+    async def add_jobs(
+        self, specs: Sequence[JobSpec | Mapping[str, Any]], *, job_key_preserve_run_at: bool = False
+    ) -> list[Job]:
+        """Add several jobs (as WorkerUtils.add_jobs)."""
+        return await self._utils.add_jobs(specs, job_key_preserve_run_at=job_key_preserve_run_at)
+
+    def run(self, awaitable: Awaitable[T]) -> T:
+        """From a plain task's thread: run ``awaitable`` on the worker's loop, wait for it."""
+
+        async def wrapper() -> T:
+            return await awaitable
+
+        return asyncio.run_coroutine_threadsafe(wrapper(), self._loop).result()

@@ -1,0 +1,65 @@
+"""Settings of a running worker, with graphile-worker's defaults."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import TypeAlias
+
+__all__ = ["ForbiddenFlags", "WorkerOptions"]
+
+#: A fixed list of flags, or a function (sync or async) called before each fetch.
+ForbiddenFlags: TypeAlias = (
+    Sequence[str]
+    | Callable[[], Sequence[str] | None]
+    | Callable[[], Awaitable[Sequence[str] | None]]
+    | None
+)
+
+
+@dataclass(frozen=True)
+class WorkerOptions:
+    """How a worker pool runs; every field has the CLI's default."""
+
+    #: Jobs run at the same time (``-j/--jobs``).
+    concurrency: int = 1
+    #: Schema of the graphile-worker tables (``-s/--schema``).
+    schema: str = "graphile_worker"
+    #: Seconds between polls for due jobs when idle (``--poll-interval`` / 1000).
+    poll_interval: float = 2.0
+    #: Largest size of the connection pool (``-m/--max-pool-size``).
+    max_pool_size: int = 10
+    #: Disable server-side prepared statements, for pgBouncer in transaction mode.
+    no_prepared_statements: bool = False
+    #: Jobs carrying any of these flags are not fetched.
+    forbidden_flags: ForbiddenFlags = None
+    #: Jobs fetched ahead and held locally beyond the idle slots (None: sized
+    #: from the concurrency). A crashed worker holds at most this many plus
+    #: the running ones.
+    local_queue_size: int | None = None
+    #: Seconds to wait for running jobs on shutdown before setting abort_signal.
+    graceful_shutdown_timeout: float = 5.0
+    #: Locks older than this are considered abandoned by a crashed worker.
+    stale_lock_timeout: timedelta = timedelta(hours=4)
+    #: Seconds between stale-lock sweeps: a random value in this range.
+    stale_sweep_interval: tuple[float, float] = (480.0, 600.0)
+    #: Log a line for every successful job (``NO_LOG_SUCCESS`` turns it off).
+    log_success: bool = True
+
+    def __post_init__(self) -> None:
+        if self.concurrency < 1:
+            raise ValueError("concurrency must be at least 1")
+        if self.poll_interval <= 0:
+            raise ValueError("poll_interval must be positive")
+        if self.max_pool_size < 2:
+            raise ValueError("max_pool_size must be at least 2")
+        if self.local_queue_size is not None and self.local_queue_size < 0:
+            raise ValueError("local_queue_size must not be negative")
+
+    @property
+    def buffered_jobs(self) -> int:
+        """How many fetched jobs may wait locally for a free slot."""
+        if self.local_queue_size is not None:
+            return self.local_queue_size
+        return self.concurrency

@@ -1,0 +1,572 @@
+"""A worker pool: fetches jobs, runs them in N slots, writes back the results.
+
+One pool per process. Its parts, each one task the pool owns:
+
+- the *fetcher* locks batches of runnable jobs (``statements.get_jobs``) into
+  a local priority queue, as many as the idle slots plus ``buffered_jobs``;
+- N *slots* take jobs from the local queue and run their tasks;
+- the *completer* writes successes and failures back in batches: whatever
+  finished while the previous batch was being written goes in the next one
+  (group commit: no added delay when idle, big batches under load);
+- the *listener* holds a dedicated connection that LISTENs to ``jobs:insert``
+  and ``worker:migrate``, reconnecting with backoff;
+- the *poller* nudges the fetcher every poll interval (due retries and
+  scheduled jobs send no notification); the *sweeper* frees stale locks.
+
+Shutdown: stop fetching, give back the jobs that have not started (their
+attempt restored), let running jobs finish, set their ``abort_signal`` after
+the graceful timeout, and on a forced stop fail them so they retry elsewhere.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import itertools
+import json
+import logging
+import math
+import random
+import secrets
+import time
+import traceback
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+from psycopg_pool import AsyncConnectionPool
+
+from . import statements
+from .events import Events
+from .job import Job
+from .options import WorkerOptions
+from .tasks import Task
+from .worker_utils import WorkerUtils
+
+__all__ = ["WorkerPool"]
+
+logger = logging.getLogger("graphile_worker")
+
+# Seconds between retries when the database cannot be reached.
+_RETRY_DELAYS = (0.1, 0.25, 0.5, 1.0, 2.0, 5.0)
+
+
+@dataclass
+class _Running:
+    """A job a slot is running."""
+
+    job: Job
+    abort_signal: asyncio.Event
+    execution: asyncio.Future[Any]
+    started: float = field(default_factory=time.perf_counter)
+
+
+@dataclass
+class _Outcome:
+    """A finished job waiting to be written back."""
+
+    job: Job
+    worker_id: str
+    error: BaseException | None = None
+    message: str | None = None
+    replacement_payload: str | None = None
+
+
+class WorkerPool:
+    """Runs jobs of the given tasks until stopped (or, with ``once``, drained)."""
+
+    def __init__(
+        self,
+        conninfo: str,
+        tasks: dict[str, Task],
+        options: WorkerOptions,
+        *,
+        events: Events | None = None,
+        once: bool = False,
+    ) -> None:
+        self.id = f"pool-{secrets.token_hex(9)}"
+        self.conninfo = conninfo
+        self.tasks = tasks
+        self.options = options
+        self.events = events or Events()
+        self.once = once
+        #: Set when a breaking schema migration was announced (exit code 57).
+        self.breaking_migration: str | None = None
+        self._stop = asyncio.Event()
+        self._forced = asyncio.Event()
+        self._fetch_wanted = asyncio.Event()
+        self._exhausted = False
+        self._stopping = False
+        self._local: asyncio.PriorityQueue[tuple[float, float, int, Job | None]] = (
+            asyncio.PriorityQueue()
+        )
+        self._running: dict[str, _Running] = {}
+        self._outcomes: list[_Outcome] = []
+        self._outcomes_ready = asyncio.Event()
+        self._writing = False
+        self._task_ids: dict[int, str] = {}
+        self._sentinels = itertools.count()
+        self._utils: WorkerUtils | None = None
+        #: Set once the pool is connected and its tasks are registered.
+        self.ready = asyncio.Event()
+
+    # --- control ------------------------------------------------------------
+
+    def stop(self, reason: str = "stop requested") -> None:
+        """Begin a graceful shutdown."""
+        if not self._stop.is_set():
+            logger.info("Worker pool %s: stopping (%s)", self.id, reason)
+            self.events.emit("pool:gracefulShutdown", pool=self, message=reason)
+            self._stop.set()
+
+    def force_stop(self) -> None:
+        """Stop now: running jobs are failed so they retry elsewhere."""
+        self.stop("forced")
+        if not self._forced.is_set():
+            logger.warning("Worker pool %s: forced shutdown", self.id)
+            self.events.emit("pool:forcefulShutdown", pool=self)
+            self._forced.set()
+
+    @property
+    def stopping(self) -> bool:
+        """True once a shutdown has begun."""
+        return self._stop.is_set()
+
+    @property
+    def utils(self) -> WorkerUtils | None:
+        """WorkerUtils on the pool's connections while it runs."""
+        return self._utils
+
+    def nudge(self) -> None:
+        """There may be new runnable jobs: fetch even if the last fetch found none."""
+        self._exhausted = False
+        self._fetch_wanted.set()
+
+    # --- main ---------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Run until stopped; returns once every job is written back."""
+        options = self.options
+        kwargs: dict[str, Any] = {"autocommit": True}
+        if options.no_prepared_statements:
+            kwargs["prepare_threshold"] = None
+        pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
+            self.conninfo,
+            min_size=2,
+            max_size=options.max_pool_size,
+            kwargs=kwargs,
+            open=False,
+            name=self.id,
+        )
+        await pool.open(wait=True)
+        executor = ThreadPoolExecutor(
+            max_workers=options.concurrency, thread_name_prefix="graphile-worker-task"
+        )
+        self.events.emit("pool:create", pool=self)
+        try:
+            self._utils = WorkerUtils(pool, options.schema)
+            await self._register_tasks()
+            async with asyncio.TaskGroup() as group:
+                slots = [
+                    group.create_task(self._slot(f"worker-{secrets.token_hex(9)}", executor))
+                    for _ in range(options.concurrency)
+                ]
+                fetcher = group.create_task(self._fetch_loop())
+                completer = group.create_task(self._complete_loop())
+                helpers = []
+                if not self.once:
+                    helpers = [
+                        group.create_task(self._listen_loop()),
+                        group.create_task(self._poll_loop()),
+                        group.create_task(self._sweep_loop()),
+                    ]
+                self.nudge()
+                self.ready.set()
+                await self._stop.wait()
+                await self._shutdown(fetcher, slots, completer, helpers)
+        finally:
+            executor.shutdown(wait=False, cancel_futures=True)
+            self._utils = None
+            await pool.close()
+            await self.events.aclose()
+            self.events.emit("pool:release", pool=self)
+
+    async def _shutdown(
+        self,
+        fetcher: asyncio.Task[None],
+        slots: Sequence[asyncio.Task[None]],
+        completer: asyncio.Task[None],
+        helpers: Sequence[asyncio.Task[None]],
+    ) -> None:
+        self._stopping = True
+        for task in helpers:
+            task.cancel()
+        # A fetch in flight is allowed to finish: its jobs are locked for us.
+        self._fetch_wanted.set()
+        await fetcher
+        unstarted = self._drain_local_queue()
+        for _ in slots:
+            self._local.put_nowait((math.inf, next(self._sentinels), 0, None))
+        if unstarted:
+            await self._with_retries("return unstarted jobs", self._return_jobs, unstarted)
+            logger.info("Worker pool %s: returned %d unstarted job(s)", self.id, len(unstarted))
+        if self._running:
+            await self._wait_for_running(slots)
+        await asyncio.gather(*slots)
+        self._outcomes_ready.set()
+        await completer
+
+    async def _wait_for_running(self, slots: Sequence[asyncio.Task[None]]) -> None:
+        all_slots: asyncio.Future[Any] = asyncio.gather(*slots)
+        forced: asyncio.Future[Any] = asyncio.ensure_future(self._forced.wait())
+        try:
+            done, _ = await asyncio.wait(
+                {all_slots, forced},
+                timeout=self.options.graceful_shutdown_timeout,
+                return_when=asyncio.FIRST_COMPLETED,
+            )
+            if not done:
+                logger.warning(
+                    "Worker pool %s: %d job(s) still running after %.1fs; "
+                    "setting their abort_signal",
+                    self.id,
+                    len(self._running),
+                    self.options.graceful_shutdown_timeout,
+                )
+                for running in self._running.values():
+                    running.abort_signal.set()
+                await asyncio.wait({all_slots, forced}, return_when=asyncio.FIRST_COMPLETED)
+            if self._forced.is_set():
+                for running in self._running.values():
+                    running.execution.cancel()
+            await all_slots
+        finally:
+            forced.cancel()
+
+    def _drain_local_queue(self) -> list[Job]:
+        jobs = []
+        while not self._local.empty():
+            job = self._local.get_nowait()[3]
+            if job is not None:
+                jobs.append(job)
+        return jobs
+
+    # --- fetching -----------------------------------------------------------
+
+    async def _register_tasks(self) -> None:
+        assert self._utils is not None
+        async with self._utils.pool.connection() as conn:
+            cur = await conn.execute(
+                statements.compose(statements.register_tasks, self.options.schema),
+                {"identifiers": list(self.tasks)},
+            )
+            self._task_ids = {int(id_): identifier async for id_, identifier in cur}
+
+    def _wanted(self) -> int:
+        """How many jobs to fetch now (0: none)."""
+        if self._stopping:
+            return 0
+        idle = self.options.concurrency - len(self._running)
+        buffered = self._local.qsize()
+        if buffered >= idle and buffered > self.options.buffered_jobs // 2:
+            return 0
+        return max(0, idle + self.options.buffered_jobs - buffered)
+
+    async def _fetch_loop(self) -> None:
+        failures = 0
+        while not self._stopping:
+            await self._fetch_wanted.wait()
+            self._fetch_wanted.clear()
+            while (wanted := self._wanted()) and not self._exhausted:
+                try:
+                    jobs = await self._fetch(wanted)
+                except psycopg.Error as exc:
+                    failures += 1
+                    delay = _RETRY_DELAYS[min(failures, len(_RETRY_DELAYS)) - 1]
+                    logger.error("Failed to fetch jobs (retrying in %.2fs): %s", delay, exc)
+                    self.events.emit("worker:getJob:error", pool=self, error=exc)
+                    await asyncio.sleep(delay)
+                    continue
+                failures = 0
+                for job in jobs:
+                    self._local.put_nowait((job.priority, job.run_at.timestamp(), job.id, job))
+                if len(jobs) < wanted:
+                    self._exhausted = True
+                    if not jobs:
+                        self.events.emit("worker:getJob:empty", pool=self)
+            if self.once and self._exhausted and self._is_drained():
+                self.stop("no runnable jobs left")
+
+    def _is_drained(self) -> bool:
+        return (
+            self._local.empty() and not self._running and not self._outcomes and not self._writing
+        )
+
+    async def _forbidden_flags(self) -> list[str] | None:
+        option = self.options.forbidden_flags
+        flags: Any = option() if callable(option) else option
+        if inspect.isawaitable(flags):
+            flags = await flags
+        return [str(flag) for flag in flags] if flags else None
+
+    async def _fetch(self, limit: int) -> list[Job]:
+        assert self._utils is not None
+        async with self._utils.pool.connection() as conn:
+            cur = await conn.cursor(row_factory=dict_row).execute(
+                statements.compose(statements.get_jobs, self.options.schema),
+                {
+                    "task_ids": list(self._task_ids),
+                    "forbidden_flags": await self._forbidden_flags(),
+                    "limit": limit,
+                    "pool_id": self.id,
+                },
+            )
+            rows = await cur.fetchall()
+        return [
+            Job.from_row({**row, "task_identifier": self._task_ids[row["task_id"]]}) for row in rows
+        ]
+
+    # --- running ------------------------------------------------------------
+
+    async def _slot(self, worker_id: str, executor: ThreadPoolExecutor) -> None:
+        self.events.emit("worker:create", worker_id=worker_id, tasks=self.tasks)
+        while True:
+            job = (await self._local.get())[3]
+            if job is None:
+                break
+            await self._run_job(worker_id, job, executor)
+            if not self._exhausted:
+                self._fetch_wanted.set()
+        self.events.emit("worker:stop", worker_id=worker_id)
+
+    async def _run_job(self, worker_id: str, job: Job, executor: ThreadPoolExecutor) -> None:
+        from .helpers import Helpers
+
+        task = self.tasks[job.task_identifier]
+        loop = asyncio.get_running_loop()
+        abort_signal = asyncio.Event()
+        assert self._utils is not None
+        helpers = Helpers(
+            job, worker_id=worker_id, utils=self._utils, abort_signal=abort_signal, loop=loop
+        )
+        if task.is_async:
+            execution: asyncio.Future[Any] = asyncio.ensure_future(
+                task.function(job.payload, helpers)
+            )
+        else:
+            execution = loop.run_in_executor(executor, task.function, job.payload, helpers)
+        running = _Running(job, abort_signal, execution)
+        self._running[worker_id] = running
+        self.events.emit("job:start", worker_id=worker_id, job=job)
+        outcome = _Outcome(job, worker_id)
+        try:
+            result = await execution
+            self._check_batch_result(job, result, outcome)
+        except asyncio.CancelledError:
+            if not self._forced.is_set():
+                raise
+            outcome.error = RuntimeError("the worker was stopped while the job was running")
+        except BaseException as exc:
+            outcome.error = exc
+        finally:
+            del self._running[worker_id]
+        duration = (time.perf_counter() - running.started) * 1000
+        self._report(outcome, duration)
+        self._outcomes.append(outcome)
+        self._outcomes_ready.set()
+
+    @staticmethod
+    def _check_batch_result(job: Job, result: Any, outcome: _Outcome) -> None:
+        """A list payload answered by a list of results: retry only the failed items."""
+        if not (isinstance(job.payload, list) and isinstance(result, list)):
+            return
+        if len(result) != len(job.payload):
+            return
+        failed = [
+            (item, entry)
+            for item, entry in zip(job.payload, result, strict=True)
+            if isinstance(entry, BaseException)
+        ]
+        if failed:
+            outcome.error = RuntimeError(
+                f"Batch failures ({len(failed)} of {len(result)} items):\n"
+                + "\n".join(_describe(error) for _, error in failed)
+            )
+            outcome.replacement_payload = json.dumps([item for item, _ in failed])
+
+    def _report(self, outcome: _Outcome, duration: float) -> None:
+        job = outcome.job
+        where = (
+            f"{job.id} ({job.task_identifier}, {duration:.2f}ms, "
+            f"attempt {job.attempts}/{job.max_attempts})"
+        )
+        if outcome.error is None:
+            if self.options.log_success:
+                logger.info("Completed task %s with success", where)
+            self.events.emit("job:success", worker_id=outcome.worker_id, job=job)
+            return
+        outcome.message = _describe(outcome.error)
+        if job.attempts >= job.max_attempts:
+            fate = "no attempts left: failed permanently"
+        else:
+            fate = f"retrying in {math.exp(min(job.attempts, 10)):.0f}s"
+        trace = "".join(traceback.format_exception(outcome.error)).rstrip()
+        logger.error("Failed task %s with error %r; %s\n%s", where, outcome.message, fate, trace)
+        self.events.emit("job:error", worker_id=outcome.worker_id, job=job, error=outcome.error)
+        if job.attempts >= job.max_attempts:
+            self.events.emit(
+                "job:failed", worker_id=outcome.worker_id, job=job, error=outcome.error
+            )
+
+    # --- writing results ----------------------------------------------------
+
+    async def _complete_loop(self) -> None:
+        while True:
+            await self._outcomes_ready.wait()
+            self._outcomes_ready.clear()
+            if self._outcomes:
+                batch, self._outcomes = self._outcomes, []
+                self._writing = True
+                try:
+                    await self._with_retries("record job results", self._write_outcomes, batch)
+                finally:
+                    self._writing = False
+                for outcome in batch:
+                    self.events.emit(
+                        "job:complete",
+                        worker_id=outcome.worker_id,
+                        job=outcome.job,
+                        error=outcome.error,
+                    )
+                # A finished job may have released its named queue.
+                self.nudge()
+            elif self._stopping and not self._running and self._local.empty():
+                return
+
+    async def _write_outcomes(self, batch: list[_Outcome]) -> None:
+        assert self._utils is not None
+        done = [o.job.id for o in batch if o.error is None]
+        failed = [o for o in batch if o.error is not None]
+        schema = self.options.schema
+        async with self._utils.pool.connection() as conn:
+            if done:
+                await conn.execute(
+                    statements.compose(statements.complete_batch, schema),
+                    {"job_ids": done, "pool_id": self.id},
+                )
+            if failed:
+                await conn.execute(
+                    statements.compose(statements.fail_batch, schema),
+                    {
+                        "job_ids": [o.job.id for o in failed],
+                        "messages": [o.message for o in failed],
+                        "payloads": [o.replacement_payload for o in failed],
+                        "pool_id": self.id,
+                    },
+                )
+
+    async def _return_jobs(self, jobs: list[Job]) -> None:
+        assert self._utils is not None
+        async with self._utils.pool.connection() as conn:
+            await conn.execute(
+                statements.compose(statements.return_jobs, self.options.schema),
+                {"job_ids": [job.id for job in jobs], "pool_id": self.id},
+            )
+
+    async def _with_retries(self, what: str, action: Any, *args: Any) -> None:
+        """Run ``action`` until it succeeds: results must not be lost to an outage."""
+        for attempt in itertools.count(1):
+            try:
+                await action(*args)
+                return
+            except psycopg.Error as exc:
+                delay = _RETRY_DELAYS[min(attempt, len(_RETRY_DELAYS)) - 1]
+                logger.error(
+                    "Failed to %s (attempt %d, retrying in %.2fs): %s", what, attempt, delay, exc
+                )
+                await asyncio.sleep(delay)
+
+    # --- listening, polling, sweeping ---------------------------------------
+
+    async def _listen_loop(self) -> None:
+        attempt = 0
+        while True:
+            self.events.emit("pool:listen:connecting", pool=self)
+            try:
+                async with await psycopg.AsyncConnection.connect(
+                    self.conninfo, autocommit=True
+                ) as conn:
+                    await conn.execute('listen "jobs:insert"')
+                    await conn.execute('listen "worker:migrate"')
+                    if attempt:
+                        logger.info("Worker pool %s: listening again", self.id)
+                    attempt = 0
+                    self.events.emit("pool:listen:success", pool=self)
+                    self.nudge()  # catch up on jobs added while we were not listening
+                    async for notify in conn.notifies():
+                        self._on_notify(notify.channel, notify.payload)
+            except psycopg.Error as exc:
+                attempt += 1
+                delay = min(30.0, 0.5 * 2 ** (attempt - 1)) * (0.5 + random.random())
+                logger.warning(
+                    "Worker pool %s: LISTEN connection lost (%s); reconnecting in %.1fs",
+                    self.id,
+                    " ".join(str(exc).split()),
+                    delay,
+                )
+                self.events.emit("pool:listen:error", pool=self, error=exc)
+                await asyncio.sleep(delay)
+
+    def _on_notify(self, channel: str, payload: str) -> None:
+        if channel == "jobs:insert":
+            self.nudge()
+        elif channel == "worker:migrate":
+            try:
+                details = json.loads(payload)
+            except ValueError:
+                return
+            if details.get("breaking"):
+                self.breaking_migration = (
+                    f"breaking schema migration {details.get('migrationNumber')} was applied "
+                    "by another worker"
+                )
+                self.stop(self.breaking_migration)
+
+    async def _poll_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.options.poll_interval)
+            if self._exhausted:
+                self.nudge()
+
+    async def _sweep_loop(self) -> None:
+        low, high = self.options.stale_sweep_interval
+        while True:
+            await asyncio.sleep(random.uniform(low, high))
+            assert self._utils is not None
+            try:
+                async with self._utils.pool.connection() as conn:
+                    cur = await conn.execute(
+                        statements.compose(statements.release_stale_locks, self.options.schema),
+                        {"lock_timeout": self.options.stale_lock_timeout},
+                    )
+                    row = await cur.fetchone()
+            except psycopg.Error as exc:
+                logger.warning("Stale lock sweep failed: %s", exc)
+                continue
+            if row and (row[0] or row[1]):
+                logger.warning(
+                    "Released %d job(s) and %d queue(s) locked for over %s by crashed workers",
+                    row[0],
+                    row[1],
+                    self.options.stale_lock_timeout,
+                )
+                self.nudge()
+
+
+def _describe(error: BaseException) -> str:
+    """The text stored as a job's last_error."""
+    text = str(error)
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
