@@ -354,7 +354,7 @@ class WorkerPool:
         )
         if task.is_async:
             execution: asyncio.Future[Any] = asyncio.ensure_future(
-                task.function(job.payload, helpers)
+                _contained(task.function(job.payload, helpers))
             )
         else:
             execution = loop.run_in_executor(executor, task.function, job.payload, helpers)
@@ -369,6 +369,8 @@ class WorkerPool:
             if not self._forced.is_set():
                 raise
             outcome.error = RuntimeError("the worker was stopped while the job was running")
+        except _Escaped as exc:
+            outcome.error = exc.original
         except BaseException as exc:
             outcome.error = exc
         finally:
@@ -564,6 +566,22 @@ class WorkerPool:
                     self.options.stale_lock_timeout,
                 )
                 self.nudge()
+
+
+class _Escaped(Exception):
+    """Carries a SystemExit or KeyboardInterrupt raised by a task out of its asyncio
+    task, where asyncio would otherwise re-raise it in the event loop."""
+
+    def __init__(self, original: BaseException) -> None:
+        super().__init__(str(original))
+        self.original = original
+
+
+async def _contained(awaitable: Any) -> Any:
+    try:
+        return await awaitable
+    except (SystemExit, KeyboardInterrupt) as exc:
+        raise _Escaped(exc) from exc
 
 
 def _describe(error: BaseException) -> str:

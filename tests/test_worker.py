@@ -1,0 +1,498 @@
+"""The worker pool in-process: ordering, retries, helpers, events, shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import threading
+import time
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from dbhelpers import rows, value
+from workers import Recorder, worker
+
+from worker_cli import Events, Helpers, WorkerUtils, run, run_once
+from worker_cli.options import WorkerOptions
+from worker_cli.tasks import make_task_list
+from worker_cli.worker_pool import WorkerPool
+
+
+def jobs(db: str) -> list[dict[str, Any]]:
+    return rows(db, "select * from graphile_worker.jobs order by id")
+
+
+async def test_runs_jobs_in_priority_then_run_at_order(utils: WorkerUtils, db: str) -> None:
+    ran: list[int] = []
+    now = datetime.now(UTC)
+    for n, (priority, age) in enumerate([(5, 1), (0, 2), (0, 5), (-3, 0), (5, 9)]):
+        await utils.add_job(
+            "record", {"n": n}, priority=priority, run_at=now - timedelta(seconds=age)
+        )
+
+    async def record(payload: dict[str, int], helpers: Helpers) -> None:
+        ran.append(payload["n"])
+
+    assert await run_once(db, task_list={"record": record}, no_handle_signals=True) == 0
+    assert ran == [3, 2, 1, 4, 0]
+    assert jobs(db) == []
+
+
+async def test_future_jobs_and_unknown_tasks_are_left_alone(utils: WorkerUtils, db: str) -> None:
+    ran: list[str] = []
+    later = await utils.add_job(
+        "known", {"when": "later"}, run_at=datetime.now(UTC) + timedelta(hours=1)
+    )
+    other = await utils.add_job("someone_elses_task", {})
+    await utils.add_job("known", {"when": "now"})
+
+    async def known(payload: dict[str, str], helpers: Helpers) -> None:
+        ran.append(payload["when"])
+
+    await run_once(db, task_list={"known": known}, no_handle_signals=True)
+    assert ran == ["now"]
+    assert [(j["id"], j["attempts"], j["locked_by"]) for j in jobs(db)] == [
+        (later.id, 0, None),
+        (other.id, 0, None),
+    ]
+
+
+async def test_failure_records_error_and_backs_off(utils: WorkerUtils, db: str) -> None:
+    first = await utils.add_job("fails", {})
+    third = await utils.add_job("fails", {})
+    rows(db, "update graphile_worker._private_jobs set attempts = 2 where id = %s", (third.id,))
+
+    async def fails(payload: Any, helpers: Helpers) -> None:
+        raise ValueError("boom")
+
+    await run_once(db, task_list={"fails": fails}, no_handle_signals=True)
+    result = {
+        r["id"]: r
+        for r in rows(
+            db,
+            "select id, attempts, last_error, locked_at, "
+            "extract(epoch from run_at - updated_at) as delay from graphile_worker._private_jobs",
+        )
+    }
+    assert result[first.id]["attempts"] == 1 and result[third.id]["attempts"] == 3
+    assert result[first.id]["last_error"] == "ValueError: boom"
+    assert float(result[first.id]["delay"]) == pytest.approx(math.exp(1), abs=0.01)
+    assert float(result[third.id]["delay"]) == pytest.approx(math.exp(3), abs=0.01)
+    assert result[first.id]["locked_at"] is None
+
+
+async def test_backoff_is_capped_at_exp_10(utils: WorkerUtils, db: str) -> None:
+    job = await utils.add_job("fails", {}, max_attempts=30)
+    rows(db, "update graphile_worker._private_jobs set attempts = 14 where id = %s", (job.id,))
+
+    def fails(payload: Any, helpers: Helpers) -> None:
+        raise RuntimeError
+
+    await run_once(db, task_list={"fails": fails}, no_handle_signals=True)
+    delay = value(
+        db, "select extract(epoch from run_at - updated_at) from graphile_worker._private_jobs"
+    )
+    assert float(delay) == pytest.approx(math.exp(10), abs=0.01)
+    assert value(db, "select last_error from graphile_worker._private_jobs") == "RuntimeError"
+
+
+async def test_permanent_failure_at_max_attempts(utils: WorkerUtils, db: str) -> None:
+    job = await utils.add_job("fails", {}, max_attempts=2)
+    events = Events()
+    recorder = Recorder(events, "job:error", "job:failed", "job:complete")
+    calls = 0
+
+    async def fails(payload: Any, helpers: Helpers) -> None:
+        nonlocal calls
+        calls += 1
+        raise ValueError(f"attempt {helpers.job.attempts}")
+
+    await run_once(db, task_list={"fails": fails}, no_handle_signals=True, events=events)
+    assert calls == 1 and len(recorder.of("job:failed")) == 0
+    rows(db, "update graphile_worker._private_jobs set run_at = now()")
+    await run_once(db, task_list={"fails": fails}, no_handle_signals=True, events=events)
+    assert calls == 2 and len(recorder.of("job:failed")) == 1
+    [row] = rows(db, "select * from graphile_worker._private_jobs")
+    assert (row["id"], row["attempts"], row["is_available"]) == (job.id, 2, False)
+    assert row["last_error"] == "ValueError: attempt 2"
+    rows(db, "update graphile_worker._private_jobs set run_at = now()")
+    await run_once(db, task_list={"fails": fails}, no_handle_signals=True, events=events)
+    assert calls == 2
+    assert [e["error"] is not None for e in recorder.of("job:complete")] == [True, True]
+
+
+@pytest.mark.parametrize("error", [SystemExit(3), KeyboardInterrupt(), BaseException("odd")])
+async def test_base_exceptions_in_tasks_fail_the_job_not_the_worker(
+    utils: WorkerUtils, db: str, error: BaseException
+) -> None:
+    await utils.add_job("bad", {})
+    await utils.add_job("good", {})
+    ran = []
+
+    async def bad(payload: Any, helpers: Helpers) -> None:
+        raise error
+
+    def good(payload: Any, helpers: Helpers) -> None:
+        ran.append("good")
+
+    assert await run_once(db, task_list={"bad": bad, "good": good}, no_handle_signals=True) == 0
+    assert ran == ["good"]
+    assert value(db, "select last_error from graphile_worker._private_jobs") == (
+        f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+    )
+
+
+async def test_sync_tasks_run_in_threads_and_async_on_the_loop(utils: WorkerUtils, db: str) -> None:
+    await utils.add_job("sync_task", {"n": 1})
+    await utils.add_job("async_task", {"n": 2})
+    threads: dict[str, str] = {}
+
+    def sync_task(payload: Any, helpers: Helpers) -> None:
+        threads["sync"] = threading.current_thread().name
+        time.sleep(0.05)  # blocking is fine here
+        helpers.run(helpers.add_job("follow_up", {"from": "sync"}))
+
+    async def async_task(payload: Any, helpers: Helpers) -> None:
+        threads["async"] = threading.current_thread().name
+
+    await run_once(
+        db, task_list={"sync_task": sync_task, "async_task": async_task}, no_handle_signals=True
+    )
+    assert threads["async"] == threading.current_thread().name
+    assert threads["sync"].startswith("graphile-worker-task")
+    assert [j["task_identifier"] for j in jobs(db)] == ["follow_up"]
+
+
+async def test_helpers(utils: WorkerUtils, db: str, caplog: pytest.LogCaptureFixture) -> None:
+    added = await utils.add_job(
+        "inspect", {"x": 1}, queue_name="inspect_queue", job_key="k1", priority=2
+    )
+    seen: dict[str, Any] = {}
+
+    async def inspect(payload: Any, helpers: Helpers) -> None:
+        seen["job"] = helpers.job
+        seen["queue"] = helpers.get_queue_name()
+        seen["query"] = await helpers.query("select %s::int + 1 as answer", (41,))
+        async with helpers.with_pg_client() as conn:
+            seen["client"] = (await (await conn.execute("select 'ok'")).fetchone())[0]  # type: ignore[index]
+        seen["added"] = await helpers.add_jobs([{"identifier": "next", "payload": {"n": 1}}])
+        seen["abort"] = helpers.abort_signal.is_set()
+        helpers.logger.info("inspecting")
+
+    caplog.set_level("INFO")
+    await run_once(db, task_list={"inspect": inspect}, no_handle_signals=True)
+    job = seen["job"]
+    assert (job.id, job.task_identifier, job.payload, job.key, job.priority) == (
+        added.id,
+        "inspect",
+        {"x": 1},
+        "k1",
+        2,
+    )
+    assert (job.attempts, job.max_attempts, job.queue_name) == (1, 25, "inspect_queue")
+    assert job.locked_by.startswith("pool-") and job.locked_at is not None
+    with pytest.raises(AttributeError):
+        job.attempts = 5
+    assert seen["queue"] == "inspect_queue"
+    assert seen["query"] == [{"answer": 42}] and seen["client"] == "ok"
+    assert seen["added"][0].task_identifier == "next" and seen["abort"] is False
+    [line] = [r.getMessage() for r in caplog.records if "inspecting" in r.getMessage()]
+    assert f"inspect{{{added.id}}}" in line and "worker-" in line
+    assert any(f"Completed task {added.id} (inspect" in r.getMessage() for r in caplog.records)
+
+
+async def test_no_log_success_hides_success_lines(
+    utils: WorkerUtils, db: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await utils.add_job("quiet", {})
+    monkeypatch.setenv("NO_LOG_SUCCESS", "1")
+    caplog.set_level("INFO")
+
+    async def quiet(payload: Any, helpers: Helpers) -> None:
+        pass
+
+    await run_once(db, task_list={"quiet": quiet}, no_handle_signals=True)
+    assert not any("Completed task" in r.getMessage() for r in caplog.records)
+    assert jobs(db) == []
+
+
+async def test_batch_job_retries_only_failed_items(utils: WorkerUtils, db: str) -> None:
+    job = await utils.add_job("batch", [{"id": 1}, {"id": 2}, {"id": 3}])
+    calls: list[list[dict[str, int]]] = []
+
+    async def batch(payload: list[dict[str, int]], helpers: Helpers) -> list[Any]:
+        calls.append(payload)
+        return [ValueError(f"item {item['id']}") if item["id"] == 2 else "ok" for item in payload]
+
+    await run_once(db, task_list={"batch": batch}, no_handle_signals=True)
+    [row] = rows(db, "select * from graphile_worker._private_jobs")
+    assert row["id"] == job.id and row["payload"] == [{"id": 2}]
+    assert "Batch failures (1 of 3 items)" in row["last_error"] and "item 2" in row["last_error"]
+    rows(db, "update graphile_worker._private_jobs set run_at = now()")
+    await run_once(
+        db,
+        task_list={"batch": lambda payload, helpers: ["ok"] * len(payload)},
+        no_handle_signals=True,
+    )
+    assert jobs(db) == []
+
+
+async def test_forbidden_flags(utils: WorkerUtils, db: str) -> None:
+    await utils.add_job("t", {"n": "plain"})
+    await utils.add_job("t", {"n": "slow"}, flags=["slow"])
+    await utils.add_job("t", {"n": "both"}, flags=["slow", "big"])
+    await utils.add_job("t", {"n": "big"}, flags=["big"])
+    ran: list[str] = []
+
+    async def t(payload: dict[str, str], helpers: Helpers) -> None:
+        ran.append(payload["n"])
+
+    await run_once(db, task_list={"t": t}, no_handle_signals=True, forbidden_flags=["slow"])
+    assert sorted(ran) == ["big", "plain"]
+    calls = 0
+
+    async def flags_now() -> list[str]:
+        nonlocal calls
+        calls += 1
+        return ["big"]
+
+    await run_once(db, task_list={"t": t}, no_handle_signals=True, forbidden_flags=flags_now)
+    assert sorted(ran) == ["big", "plain", "slow"] and calls >= 1
+    await run_once(db, task_list={"t": t}, no_handle_signals=True, forbidden_flags=lambda: None)
+    assert sorted(ran) == ["big", "both", "plain", "slow"]
+
+
+async def test_named_queue_runs_one_job_at_a_time_in_process(utils: WorkerUtils, db: str) -> None:
+    await utils.add_jobs(
+        [{"identifier": "q", "payload": {"n": n}, "queue_name": "serial"} for n in range(12)]
+    )
+    await utils.add_jobs([{"identifier": "q", "payload": {"n": 100 + n}} for n in range(12)])
+    active = 0
+    peak_serial = 0
+    order: list[int] = []
+
+    async def q(payload: dict[str, int], helpers: Helpers) -> None:
+        nonlocal active, peak_serial
+        if helpers.get_queue_name():
+            active += 1
+            peak_serial = max(peak_serial, active)
+            order.append(payload["n"])
+        await asyncio.sleep(0.005)
+        if helpers.get_queue_name():
+            active -= 1
+
+    await run_once(
+        db, task_list={"q": q}, no_handle_signals=True, concurrency=10, local_queue_size=50
+    )
+    assert peak_serial == 1
+    assert order == list(range(12))
+    assert jobs(db) == []
+
+
+async def test_job_added_to_idle_worker_starts_quickly(db: str) -> None:
+    events = Events()
+    recorder = Recorder(events, "job:start")
+
+    async def t(payload: Any, helpers: Helpers) -> None:
+        pass
+
+    async with worker(db, {"t": t}, events=events, poll_interval=30.0) as runner:
+        await asyncio.sleep(0.3)  # idle: the first fetch found nothing
+        latencies = []
+        for n in range(5):
+            added = time.monotonic()
+            await runner.add_job("t", {"n": n})
+            await recorder.wait_for("job:start", n + 1, within=5)
+            latencies.append(recorder.seen[-1][1] - added)
+    assert max(latencies) < 0.5, latencies  # the poll interval is 30 s
+
+
+async def test_listen_reconnects_after_the_server_drops_it(db: str) -> None:
+    events = Events()
+    recorder = Recorder(events, "pool:listen:success", "pool:listen:error", "job:start")
+
+    async def t(payload: Any, helpers: Helpers) -> None:
+        pass
+
+    async with worker(db, {"t": t}, events=events, poll_interval=30.0) as runner:
+        await recorder.wait_for("pool:listen:success")
+        rows(
+            db,
+            "select pg_terminate_backend(pid) from pg_stat_activity "
+            "where datname = current_database() and query like 'listen%%' "
+            "and pid <> pg_backend_pid()",
+        )
+        await recorder.wait_for("pool:listen:error")
+        await recorder.wait_for("pool:listen:success", 2, within=15)
+        await asyncio.sleep(0.2)
+        added = time.monotonic()
+        await runner.add_job("t", {})
+        await recorder.wait_for("job:start", within=5)
+        assert recorder.seen[-1][1] - added < 1.0
+
+
+async def test_graceful_shutdown_returns_unstarted_jobs(utils: WorkerUtils, db: str) -> None:
+    await utils.add_jobs([{"identifier": "slow", "payload": {"n": n}} for n in range(10)])
+    events = Events()
+    recorder = Recorder(events, "job:start", "job:success")
+
+    async def slow(payload: Any, helpers: Helpers) -> None:
+        await asyncio.sleep(0.3)
+
+    runner = await run(
+        db,
+        task_list={"slow": slow},
+        events=events,
+        no_handle_signals=True,
+        concurrency=2,
+        local_queue_size=5,
+    )
+    await recorder.wait_for("job:start", 2)
+    assert (
+        value(db, "select count(*) from graphile_worker._private_jobs where locked_by is not null")
+        == 7
+    )
+    await runner.stop()
+    assert len(recorder.of("job:success")) == 2
+    left = rows(db, "select attempts, locked_by, locked_at from graphile_worker._private_jobs")
+    assert len(left) == 8
+    assert all(r == {"attempts": 0, "locked_by": None, "locked_at": None} for r in left)
+    assert runner.exit_code == 0
+
+
+async def test_abort_signal_is_set_after_the_graceful_timeout(utils: WorkerUtils, db: str) -> None:
+    await utils.add_job("long", {})
+    events = Events()
+    recorder = Recorder(events, "job:start")
+
+    async def long(payload: Any, helpers: Helpers) -> str:
+        await helpers.abort_signal.wait()
+        return "stopped early"
+
+    runner = await run(
+        db,
+        task_list={"long": long},
+        events=events,
+        no_handle_signals=True,
+        graceful_shutdown_timeout=0.2,
+    )
+    await recorder.wait_for("job:start")
+    started = time.monotonic()
+    await runner.stop()
+    assert 0.15 < time.monotonic() - started < 3
+    assert jobs(db) == []  # it returned normally: success
+
+
+async def test_forced_shutdown_fails_running_jobs_so_they_retry(
+    utils: WorkerUtils, db: str
+) -> None:
+    job = await utils.add_job("stuck", {})
+    events = Events()
+    recorder = Recorder(events, "job:start")
+
+    async def stuck(payload: Any, helpers: Helpers) -> None:
+        await asyncio.sleep(60)  # ignores abort_signal
+
+    runner = await run(
+        db,
+        task_list={"stuck": stuck},
+        events=events,
+        no_handle_signals=True,
+        graceful_shutdown_timeout=0.1,
+    )
+    await recorder.wait_for("job:start")
+    runner.pool.stop()
+    await asyncio.sleep(0.3)
+    assert (
+        not runner.pool.stopping
+        or value(db, "select locked_by from graphile_worker._private_jobs") is not None
+    )
+    runner.force_stop()
+    await asyncio.wait_for(asyncio.shield(runner._task), 5)
+    [row] = rows(db, "select * from graphile_worker._private_jobs")
+    assert row["id"] == job.id and row["attempts"] == 1 and row["locked_by"] is None
+    assert "stopped while the job was running" in row["last_error"]
+    assert row["run_at"] > datetime.now(UTC)
+
+
+async def test_breaking_migration_notice_stops_with_exit_code_57(db: str) -> None:
+    async def t(payload: Any, helpers: Helpers) -> None:
+        pass
+
+    events = Events()
+    recorder = Recorder(events, "pool:listen:success")
+    runner = await run(db, task_list={"t": t}, events=events, no_handle_signals=True)
+    await recorder.wait_for("pool:listen:success")
+    rows(db, """select pg_notify('worker:migrate', '{"migrationNumber":21,"breaking":true}')""")
+    await asyncio.wait_for(asyncio.shield(runner._task), 5)
+    assert runner.exit_code == 57
+
+
+async def test_stale_locks_are_released_by_the_sweep(utils: WorkerUtils, db: str) -> None:
+    job = await utils.add_job("t", {}, queue_name="q")
+    rows(
+        db,
+        "update graphile_worker._private_jobs set attempts = 1, "
+        "locked_at = now() - interval '2 minutes', locked_by = 'pool-dead'",
+    )
+    rows(
+        db,
+        "update graphile_worker._private_job_queues "
+        "set locked_at = now() - interval '2 minutes', locked_by = 'pool-dead'",
+    )
+    ran = asyncio.Event()
+
+    async def t(payload: Any, helpers: Helpers) -> None:
+        ran.set()
+
+    options = WorkerOptions(
+        stale_lock_timeout=timedelta(minutes=1), stale_sweep_interval=(0.1, 0.2)
+    )
+    pool = WorkerPool(db, make_task_list({"t": t}), options)
+    running = asyncio.create_task(pool.run())
+    try:
+        await asyncio.wait_for(ran.wait(), 5)
+    finally:
+        pool.stop()
+        await running
+    assert (
+        value(db, "select count(*) from graphile_worker._private_jobs where id = %s", (job.id,))
+        == 0
+    )
+
+
+async def test_events_of_a_successful_job(utils: WorkerUtils, db: str) -> None:
+    await utils.add_job("t", {})
+    events = Events()
+    names = [
+        "pool:create",
+        "worker:create",
+        "job:start",
+        "job:success",
+        "job:complete",
+        "worker:stop",
+        "pool:release",
+        "stop",
+    ]
+    recorder = Recorder(events, *names)
+    seen_async = []
+
+    async def async_handler(data: dict[str, Any]) -> None:
+        await asyncio.sleep(0.01)
+        seen_async.append(data["job"].id)
+
+    events.on("job:success", async_handler)
+    await run_once(db, task_list={"t": lambda payload, helpers: None}, events=events)
+    order = [event for event, _, _ in recorder.seen]
+    for name in names:
+        assert name in order, name
+    assert order.index("job:start") < order.index("job:success") < order.index("job:complete")
+    assert len(seen_async) == 1
+
+
+async def test_task_list_and_directory_are_exclusive(db: str) -> None:
+    from worker_cli import ConfigurationError
+
+    with pytest.raises(ConfigurationError, match="exactly one of task_list and task_directory"):
+        await run(db, no_handle_signals=True)
