@@ -1,6 +1,6 @@
 """Task `hello`: greets the name in its payload.
 
-    SELECT graphile_worker.add_job('hello', '{"name": "Bobby Tables"}');
+SELECT graphile_worker.add_job('hello', '{"name": "Bobby Tables"}');
 """
 
 from typing import Any

@@ -107,6 +107,7 @@ class WorkerPool:
         self._outcomes: list[_Outcome] = []
         self._outcomes_ready = asyncio.Event()
         self._writing = False
+        self._slots_done = False
         self._task_ids: dict[int, str] = {}
         self._sentinels = itertools.count()
         self._utils: WorkerUtils | None = None
@@ -216,6 +217,7 @@ class WorkerPool:
         if self._running:
             await self._wait_for_running(slots)
         await asyncio.gather(*slots)
+        self._slots_done = True
         self._outcomes_ready.set()
         await completer
 
@@ -427,26 +429,28 @@ class WorkerPool:
 
     async def _complete_loop(self) -> None:
         while True:
-            await self._outcomes_ready.wait()
-            self._outcomes_ready.clear()
-            if self._outcomes:
-                batch, self._outcomes = self._outcomes, []
-                self._writing = True
-                try:
-                    await self._with_retries("record job results", self._write_outcomes, batch)
-                finally:
-                    self._writing = False
-                for outcome in batch:
-                    self.events.emit(
-                        "job:complete",
-                        worker_id=outcome.worker_id,
-                        job=outcome.job,
-                        error=outcome.error,
-                    )
-                # A finished job may have released its named queue.
-                self.nudge()
-            elif self._stopping and not self._running and self._local.empty():
-                return
+            # State is checked before waiting, so no wake-up can be missed.
+            if not self._outcomes:
+                if self._slots_done:
+                    return
+                await self._outcomes_ready.wait()
+                self._outcomes_ready.clear()
+                continue
+            batch, self._outcomes = self._outcomes, []
+            self._writing = True
+            try:
+                await self._with_retries("record job results", self._write_outcomes, batch)
+            finally:
+                self._writing = False
+            for outcome in batch:
+                self.events.emit(
+                    "job:complete",
+                    worker_id=outcome.worker_id,
+                    job=outcome.job,
+                    error=outcome.error,
+                )
+            # A finished job may have released its named queue.
+            self.nudge()
 
     async def _write_outcomes(self, batch: list[_Outcome]) -> None:
         assert self._utils is not None
