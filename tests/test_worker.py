@@ -305,7 +305,7 @@ async def test_job_added_to_idle_worker_starts_quickly(db: str) -> None:
             await runner.add_job("t", {"n": n})
             await recorder.wait_for("job:start", n + 1, within=5)
             latencies.append(recorder.seen[-1][1] - added)
-    assert max(latencies) < 0.5, latencies  # the poll interval is 30 s
+    assert max(latencies) < 1.0, latencies  # the poll interval is 30 s
 
 
 async def test_listen_reconnects_after_the_server_drops_it(db: str) -> None:
@@ -337,8 +337,10 @@ async def test_graceful_shutdown_returns_unstarted_jobs(utils: WorkerUtils, db: 
     events = Events()
     recorder = Recorder(events, "job:start", "job:success")
 
+    release = asyncio.Event()
+
     async def slow(payload: Any, helpers: Helpers) -> None:
-        await asyncio.sleep(0.3)
+        await release.wait()
 
     runner = await run(
         db,
@@ -349,11 +351,13 @@ async def test_graceful_shutdown_returns_unstarted_jobs(utils: WorkerUtils, db: 
         local_queue_size=5,
     )
     await recorder.wait_for("job:start", 2)
-    assert (
-        value(db, "select count(*) from graphile_worker._private_jobs where locked_by is not null")
-        == 7
-    )
-    await runner.stop()
+    locked = "select count(*) from graphile_worker._private_jobs where locked_by is not null"
+    assert value(db, locked) == 7  # 2 running + 5 fetched ahead
+    runner.pool.stop()
+    await asyncio.sleep(0.2)
+    assert value(db, locked) == 2  # the 5 unstarted ones are back already
+    release.set()
+    await runner
     assert len(recorder.of("job:success")) == 2
     left = rows(db, "select attempts, locked_by, locked_at from graphile_worker._private_jobs")
     assert len(left) == 8
@@ -404,10 +408,8 @@ async def test_forced_shutdown_fails_running_jobs_so_they_retry(
     await recorder.wait_for("job:start")
     runner.pool.stop()
     await asyncio.sleep(0.3)
-    assert (
-        not runner.pool.stopping
-        or value(db, "select locked_by from graphile_worker._private_jobs") is not None
-    )
+    # Graceful shutdown waits: the job ignores its abort_signal.
+    assert value(db, "select locked_by from graphile_worker._private_jobs") == runner.pool.id
     runner.force_stop()
     await asyncio.wait_for(asyncio.shield(runner._task), 5)
     [row] = rows(db, "select * from graphile_worker._private_jobs")
