@@ -61,9 +61,12 @@ begin
     s.job_key,
     coalesce(s.priority, 0::smallint),
     (select jsonb_object_agg(f.flag, true) from unnest(s.flags) as f(flag))
-  from unnest(specs) as s
+  from unnest(specs) with ordinality as s
   join {{schema}}._private_tasks as t on t.identifier = s.identifier
   left join {{schema}}._private_job_queues as q on q.queue_name = s.queue_name
+  -- Ids follow the order of the specs, so a batch added to a named queue runs
+  -- in that order.
+  order by s.ordinality
   on conflict (key) do update set
     job_queue_id = excluded.job_queue_id,
     task_id = excluded.task_id,

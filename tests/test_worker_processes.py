@@ -131,7 +131,7 @@ async def test_named_queues_stay_serial_across_processes(
     procs = [start([cli_path(), "-c", db, "-j", "10"], folder) for _ in range(3)]
     wait_for(db, "select count(*) from public.runs", 200)
     assert [code for code, _ in stop(procs)] == [0, 0, 0]
-    assert overlapping_runs(db) == []
+    assert overlapping_runs(db) == [], "two jobs of one named queue ran at the same time"
     # Each queue ran its jobs in the order they were added.
     for queue in range(1, 6):
         ns = [
@@ -143,7 +143,7 @@ async def test_named_queues_stay_serial_across_processes(
                 (queue,),
             )
         ]
-        assert ns == sorted(ns)
+        assert ns == sorted(ns), f"queue {queue} ran out of order: {ns}"
     # The queue-less jobs did run in parallel.
     assert (
         value(

@@ -208,3 +208,23 @@ async def test_refused_connection_is_one_clear_error(pg: Any) -> None:
         match=r'could not connect to the database: .*"no_such_database_here" does not exist',
     ):
         await quick_add_job("t", connection_string=bad)
+
+
+async def test_add_jobs_assigns_ids_in_the_order_of_the_specs(utils: WorkerUtils, db: str) -> None:
+    # So that a batch added to a named queue runs in the order given.
+    specs = [
+        {
+            "identifier": f"task{n % 3}",
+            "payload": {"n": n},
+            "queue_name": f"q{n % 7}" if n % 2 else None,
+        }
+        for n in range(300)
+    ]
+    await utils.add_jobs(specs)
+    ns = [
+        r["n"]
+        for r in rows(
+            db, "select (payload->>'n')::int as n from graphile_worker._private_jobs order by id"
+        )
+    ]
+    assert ns == list(range(300))

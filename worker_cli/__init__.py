@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from importlib.metadata import version as _version
 
+from .crontab import CronItem, CrontabError, ParsedCronItem, parse_cron_items, parse_crontab
 from .errors import (
     ConfigurationError,
     DatabaseConnectionError,
@@ -31,6 +32,8 @@ __all__ = [
     "LATEST_REVISION",
     "CleanupTask",
     "ConfigurationError",
+    "CronItem",
+    "CrontabError",
     "DatabaseConnectionError",
     "Events",
     "GraphileWorkerError",
@@ -42,6 +45,7 @@ __all__ = [
     "JobSpecError",
     "MigrationError",
     "MigrationReport",
+    "ParsedCronItem",
     "Runner",
     "SchemaNotInstalledError",
     "Task",
@@ -52,6 +56,8 @@ __all__ = [
     "WorkerUtils",
     "__version__",
     "make_worker_utils",
+    "parse_cron_items",
+    "parse_crontab",
     "quick_add_job",
     "run",
     "run_migrations",

@@ -112,6 +112,13 @@ def _parse_cleanup(_ctx: click.Context, _param: click.Parameter, value: str | No
     + ".",
 )
 @click.option(
+    "--crontab",
+    "crontab_path",
+    type=click.Path(path_type=Path, dir_okay=False),
+    default=None,
+    help="Crontab file of recurring jobs. Default: ./crontab, if there is one.",
+)
+@click.option(
     "--tasks",
     "tasks_dir",
     type=click.Path(path_type=Path, file_okay=False),
@@ -130,6 +137,7 @@ def command(
     poll_interval: int,
     no_prepared_statements: bool,
     cleanup: list[str],
+    crontab_path: Path | None,
     tasks_dir: Path,
 ) -> None:
     """Run jobs from a PostgreSQL queue shared with graphile-worker (Node)."""
@@ -160,6 +168,10 @@ def command(
         click.echo(f"Cleanup done: {', '.join(cleanup)}.")
         return
 
+    crontab_file = crontab_path
+    if crontab_file is None and Path("crontab").is_file():
+        crontab_file = Path("crontab")
+
     async def work() -> int:
         worker = await runner.run(
             connection,
@@ -170,6 +182,7 @@ def command(
             max_pool_size=max_pool_size,
             no_prepared_statements=no_prepared_statements,
             once=once,
+            crontab_file=crontab_file,
         )
         await worker
         return worker.exit_code

@@ -10,11 +10,12 @@ import asyncio
 import logging
 import os
 import signal
-from collections.abc import Generator, Mapping
+from collections.abc import Generator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from .connection import connect, load_dotenv_file, resolve_connection_string, resolve_schema
+from .crontab import CrontabError, ParsedCronItem, parse_crontab
 from .errors import ConfigurationError
 from .events import Events
 from .job import Job
@@ -91,14 +92,20 @@ async def run(
     no_handle_signals: bool = False,
     once: bool = False,
     log_success: bool | None = None,
+    crontab: str | None = None,
+    crontab_file: str | Path | None = None,
+    parsed_cron_items: Sequence[ParsedCronItem] | None = None,
 ) -> Runner:
     """Migrate, load the tasks and start a worker pool; returns once it is running.
 
     ``poll_interval`` is in seconds. Exactly one of ``task_list`` (identifier ->
-    callable) and ``task_directory`` is needed.
+    callable) and ``task_directory`` is needed. Recurring jobs come from at most
+    one of ``crontab`` (its text), ``crontab_file`` and ``parsed_cron_items``
+    (see ``parse_crontab``/``parse_cron_items``); cron does not run with ``once``.
     """
     load_dotenv_file()
     tasks = load_tasks(task_list, task_directory)
+    cron_items = load_cron_items(crontab, crontab_file, parsed_cron_items)
     conninfo = resolve_connection_string(connection_string)
     if log_success is None:
         log_success = not os.environ.get("NO_LOG_SUCCESS")
@@ -123,7 +130,7 @@ async def run(
     async with await connect(conninfo, autocommit=True) as conn:
         await migrate(conn, options.schema)
 
-    pool = WorkerPool(conninfo, tasks, options, events=events, once=once)
+    pool = WorkerPool(conninfo, tasks, options, events=events, once=once, cron_items=cron_items)
     task = asyncio.create_task(pool.run(), name=pool.id)
     if not no_handle_signals:
         _handle_signals(pool, task)
@@ -154,6 +161,30 @@ def load_tasks(
         return make_task_list(task_list)
     assert task_directory is not None
     return load_task_directory(Path(task_directory))
+
+
+def load_cron_items(
+    crontab: str | None,
+    crontab_file: str | Path | None,
+    parsed_cron_items: Sequence[ParsedCronItem] | None,
+) -> list[ParsedCronItem]:
+    """The cron items from at most one of the three ways of giving them."""
+    given = [x for x in (crontab, crontab_file, parsed_cron_items) if x is not None]
+    if len(given) > 1:
+        raise ConfigurationError("give at most one of crontab, crontab_file and parsed_cron_items")
+    if parsed_cron_items is not None:
+        return list(parsed_cron_items)
+    if crontab_file is not None:
+        path = Path(crontab_file)
+        try:
+            crontab = path.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ConfigurationError(f"cannot read crontab {str(path)!r}: {exc.strerror}") from None
+        try:
+            return parse_crontab(crontab)
+        except CrontabError as exc:
+            raise CrontabError(f"{path}: {exc}") from None
+    return parse_crontab(crontab) if crontab is not None else []
 
 
 def _handle_signals(pool: WorkerPool, task: asyncio.Task[None]) -> None:

@@ -40,6 +40,8 @@ from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
 from . import statements
+from .cron import CronScheduler
+from .crontab import ParsedCronItem
 from .events import Events
 from .job import Job
 from .options import WorkerOptions
@@ -86,6 +88,7 @@ class WorkerPool:
         *,
         events: Events | None = None,
         once: bool = False,
+        cron_items: Sequence[ParsedCronItem] = (),
     ) -> None:
         self.id = f"pool-{secrets.token_hex(9)}"
         self.conninfo = conninfo
@@ -93,12 +96,14 @@ class WorkerPool:
         self.options = options
         self.events = events or Events()
         self.once = once
+        self.cron_items = list(cron_items)
         #: Set when a breaking schema migration was announced (exit code 57).
         self.breaking_migration: str | None = None
         self._stop = asyncio.Event()
         self._forced = asyncio.Event()
         self._fetch_wanted = asyncio.Event()
         self._exhausted = False
+        self._nudges = 0
         self._stopping = False
         self._local: asyncio.PriorityQueue[tuple[float, float, int, Job | None]] = (
             asyncio.PriorityQueue()
@@ -143,6 +148,7 @@ class WorkerPool:
 
     def nudge(self) -> None:
         """There may be new runnable jobs: fetch even if the last fetch found none."""
+        self._nudges += 1
         self._exhausted = False
         self._fetch_wanted.set()
 
@@ -184,6 +190,9 @@ class WorkerPool:
                         group.create_task(self._poll_loop()),
                         group.create_task(self._sweep_loop()),
                     ]
+                    if self.cron_items:
+                        scheduler = CronScheduler(self.cron_items, pool, options.schema)
+                        helpers.append(group.create_task(scheduler.run()))
                 self.nudge()
                 self.ready.set()
                 await self._stop.wait()
@@ -283,6 +292,7 @@ class WorkerPool:
             await self._fetch_wanted.wait()
             self._fetch_wanted.clear()
             while (wanted := self._wanted()) and not self._exhausted:
+                nudges = self._nudges
                 try:
                     jobs = await self._fetch(wanted)
                 except psycopg.Error as exc:
@@ -295,7 +305,9 @@ class WorkerPool:
                 failures = 0
                 for job in jobs:
                     self._local.put_nowait((job.priority, job.run_at.timestamp(), job.id, job))
-                if len(jobs) < wanted:
+                # Short: nothing more to fetch, unless a nudge came in meanwhile (the
+                # fetch may not have seen the job that nudge announced).
+                if len(jobs) < wanted and nudges == self._nudges:
                     self._exhausted = True
                     if not jobs:
                         self.events.emit("worker:getJob:empty", pool=self)

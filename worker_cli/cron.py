@@ -1,0 +1,167 @@
+"""The cron scheduler that runs inside a worker: adds jobs for due cron items.
+
+Once per UTC minute it adds the jobs of the items that match that minute, with
+``run_at`` = the minute and ``_cron: {"ts": ..., "backfilled": false}`` merged
+into the payload. ``_private_known_crontabs`` makes this safe with any number
+of workers, in Python or Node, running the same crontab (see
+``statements.schedule_cron_jobs``). At start, items the database already knew
+are backfilled over their ``fill`` period, oldest minute first; new items are
+recorded and not backfilled. A timer that fires early sleeps again; one that
+fires late (a paused process) catches up every missed minute, once each.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any, Protocol
+
+import psycopg
+from psycopg_pool import AsyncConnectionPool
+
+from . import statements
+from .crontab import ParsedCronItem
+
+__all__ = ["Clock", "CronScheduler", "SystemClock", "cron_timestamp"]
+
+logger = logging.getLogger("graphile_worker.cron")
+
+MINUTE = timedelta(minutes=1)
+_RETRY_DELAYS = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
+
+
+class Clock(Protocol):
+    """Where the scheduler reads the time and waits (replaceable in tests)."""
+
+    def now(self) -> datetime: ...
+
+    async def sleep(self, seconds: float) -> None: ...
+
+
+class SystemClock:
+    """The real UTC clock."""
+
+    def now(self) -> datetime:
+        return datetime.now(UTC)
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)
+
+
+def round_up_to_minute(ts: datetime) -> datetime:
+    floor = ts.replace(second=0, microsecond=0)
+    return floor if floor == ts else floor + MINUTE
+
+
+def cron_timestamp(ts: datetime) -> str:
+    """ISO 8601 with milliseconds and Z, as in ``_cron.ts``."""
+    ts = ts.astimezone(UTC)
+    return ts.strftime("%Y-%m-%dT%H:%M:%S.") + f"{ts.microsecond // 1000:03d}Z"
+
+
+class CronScheduler:
+    """Schedules ``items`` on ``pool`` until cancelled."""
+
+    def __init__(
+        self,
+        items: Sequence[ParsedCronItem],
+        pool: AsyncConnectionPool[Any],
+        schema: str,
+        *,
+        clock: Clock | None = None,
+    ) -> None:
+        self.items = list(items)
+        self.pool = pool
+        self.schema = schema
+        self.clock = clock or SystemClock()
+
+    async def run(self) -> None:
+        start = self.clock.now()
+        await self._retrying("register and backfill cron items", self.register_and_backfill, start)
+        ts = round_up_to_minute(start)
+        while True:
+            now = self.clock.now()
+            if now < ts:
+                await self.clock.sleep((ts - now).total_seconds() + 0.001)
+                continue  # woken early (clock skew): check again
+            if now - ts >= MINUTE:
+                logger.warning("Cron is %s behind (paused process?); catching up", now - ts)
+            due = [item for item in self.items if item.matches(ts)]
+            if due:
+                await self._retrying("schedule cron jobs", self.schedule, ts, due, False)
+            ts += MINUTE
+
+    async def register_and_backfill(self, start: datetime) -> None:
+        """Record new identifiers; backfill known items over their fill period."""
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(statements.compose(statements.known_crontabs, self.schema))
+            known = {identifier: (since, last) async for identifier, since, last in cur}
+            unknown = [item.identifier for item in self.items if item.identifier not in known]
+            if unknown:
+                await conn.execute(
+                    statements.compose(statements.register_crontabs, self.schema),
+                    {"identifiers": unknown, "now": start},
+                )
+        backfill = [
+            item for item in self.items if item.identifier in known and item.backfill_period
+        ]
+        if not backfill:
+            return
+        ts = round_up_to_minute(start - max(item.backfill_period for item in backfill))
+        while ts < start:
+            due = [
+                item
+                for item in backfill
+                if item.backfill_period >= start - ts
+                and ts >= (known[item.identifier][1] or known[item.identifier][0])
+                and item.matches(ts)
+            ]
+            if due:
+                await self.schedule(ts, due, True)
+            ts += MINUTE
+
+    async def schedule(
+        self, ts: datetime, items: Sequence[ParsedCronItem], backfilled: bool
+    ) -> list[int]:
+        """Add the jobs of ``items`` for the minute ``ts``; returns the ids added."""
+        stamp = cron_timestamp(ts)
+        specs = [
+            {
+                "identifier": item.identifier,
+                "task": item.task,
+                "payload": {**item.payload, "_cron": {"ts": stamp, "backfilled": backfilled}},
+                "queue_name": item.queue_name,
+                "max_attempts": item.max_attempts,
+                "priority": item.priority,
+                "job_key": item.job_key,
+                "job_key_mode": item.job_key_mode,
+            }
+            for item in items
+        ]
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(
+                statements.compose(statements.schedule_cron_jobs, self.schema),
+                {"specs": json.dumps(specs), "ts": ts},
+            )
+            added = [int(row[0]) async for row in cur]
+        if added:
+            logger.info(
+                "Cron: added %d job(s) for %s%s",
+                len(added),
+                stamp,
+                " (backfill)" if backfilled else "",
+            )
+        return added
+
+    async def _retrying(self, what: str, action: Any, *args: Any) -> None:
+        for attempt in range(1, 1_000_000):
+            try:
+                await action(*args)
+                return
+            except psycopg.Error as exc:
+                delay = _RETRY_DELAYS[min(attempt, len(_RETRY_DELAYS)) - 1]
+                logger.error("Cron failed to %s (retrying in %.1fs): %s", what, delay, exc)
+                await asyncio.sleep(delay)
