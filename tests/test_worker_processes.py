@@ -86,6 +86,16 @@ def wait_for(db: str, query: str, expected: int, timeout: float = 60) -> None:
     raise AssertionError(f"timed out waiting for {query!r} to reach {expected}: {value(db, query)}")
 
 
+def wait_until_listening(db: str, count: int) -> None:
+    """Until ``count`` workers hold a LISTEN connection: they are all running."""
+    wait_for(
+        db,
+        "select count(*) from pg_stat_activity "
+        "where datname = current_database() and query ilike 'listen%%worker:migrate%%'",
+        count,
+    )
+
+
 def stop(procs: list[subprocess.Popen[str]]) -> list[tuple[int, str]]:
     for proc in procs:
         proc.send_signal(signal.SIGINT)
@@ -121,6 +131,8 @@ async def test_named_queues_stay_serial_across_processes(
 ) -> None:
     folder = make_tasks(tmp_path, ["record"])
     create_runs(db)
+    procs = [start([cli_path(), "-c", db, "-j", "10"], folder) for _ in range(3)]
+    wait_until_listening(db, 3)
     await utils.add_jobs(
         [
             {"identifier": "record", "payload": {"sleep": 0.01, "n": n}, "queue_name": f"q{n % 5}"}
@@ -128,7 +140,6 @@ async def test_named_queues_stay_serial_across_processes(
         ]
         + [{"identifier": "record", "payload": {"sleep": 0.01}} for _ in range(100)]
     )
-    procs = [start([cli_path(), "-c", db, "-j", "10"], folder) for _ in range(3)]
     wait_for(db, "select count(*) from public.runs", 200)
     assert [code for code, _ in stop(procs)] == [0, 0, 0]
     assert overlapping_runs(db) == [], "two jobs of one named queue ran at the same time"
@@ -174,11 +185,12 @@ async def test_mixed_fleet_with_node(
         }
         for n in range(30)
     ]
-    await utils.add_jobs(jobs)
     procs = [
         start([cli_path(), "-c", db, "-j", "5"], py_folder),
         start(["node", str(node.cli), "-c", db, "-j", "5"], node_folder),
     ]
+    wait_until_listening(db, 2)
+    await utils.add_jobs(jobs)
     try:
         wait_for(db, "select count(*) from public.runs", len(jobs) + 2)
     finally:

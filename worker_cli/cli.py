@@ -195,4 +195,8 @@ def command(
 def main() -> None:
     """Console entry point: read ``.env`` first, so it can set any option's variable."""
     load_dotenv_file()
-    command(prog_name="graphile-worker")
+    try:
+        command(prog_name="graphile-worker")
+    except KeyboardInterrupt:  # Ctrl-C before the worker could install its handlers
+        click.echo("Interrupted.", err=True)
+        sys.exit(130)

@@ -10,7 +10,7 @@ import asyncio
 import logging
 import os
 import signal
-from collections.abc import Generator, Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -127,13 +127,20 @@ async def run(
             max_pool_size,
             concurrency,
         )
-    async with await connect(conninfo, autocommit=True) as conn:
-        await migrate(conn, options.schema)
-
     pool = WorkerPool(conninfo, tasks, options, events=events, once=once, cron_items=cron_items)
-    task = asyncio.create_task(pool.run(), name=pool.id)
-    if not no_handle_signals:
-        _handle_signals(pool, task)
+    # Signals are handled from here on: one during start-up stops the worker as
+    # soon as it has started.
+    remove_handlers = None if no_handle_signals else _handle_signals(pool)
+    try:
+        async with await connect(conninfo, autocommit=True) as conn:
+            await migrate(conn, options.schema)
+        task = asyncio.create_task(pool.run(), name=pool.id)
+    except BaseException:
+        if remove_handlers:
+            remove_handlers()
+        raise
+    if remove_handlers:
+        task.add_done_callback(lambda _: remove_handlers())
     ready = asyncio.ensure_future(pool.ready.wait())
     await asyncio.wait({task, ready}, return_when=asyncio.FIRST_COMPLETED)
     if not ready.done():
@@ -187,8 +194,8 @@ def load_cron_items(
     return parse_crontab(crontab) if crontab is not None else []
 
 
-def _handle_signals(pool: WorkerPool, task: asyncio.Task[None]) -> None:
-    """SIGINT/SIGTERM: graceful shutdown; a second one forces it."""
+def _handle_signals(pool: WorkerPool) -> Callable[[], None]:
+    """SIGINT/SIGTERM: graceful shutdown; a second one forces it. Returns the remover."""
     loop = asyncio.get_running_loop()
     names = {signal.SIGINT: "SIGINT", signal.SIGTERM: "SIGTERM"}
 
@@ -203,9 +210,8 @@ def _handle_signals(pool: WorkerPool, task: asyncio.Task[None]) -> None:
     for signum in names:
         loop.add_signal_handler(signum, on_signal, signum)
 
-    def remove(_: object) -> None:
+    def remove() -> None:
         for signum in names:
             loop.remove_signal_handler(signum)
-        pool.events.emit("stop")
 
-    task.add_done_callback(remove)
+    return remove

@@ -203,6 +203,7 @@ class WorkerPool:
             await pool.close()
             await self.events.aclose()
             self.events.emit("pool:release", pool=self)
+            self.events.emit("stop")
 
     async def _shutdown(
         self,
