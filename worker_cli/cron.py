@@ -19,11 +19,11 @@ from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
-import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from . import statements
 from .crontab import ParsedCronItem
+from .retry import retry_until_done
 
 __all__ = ["Clock", "CronScheduler", "SystemClock", "cron_timestamp"]
 
@@ -80,7 +80,13 @@ class CronScheduler:
 
     async def run(self) -> None:
         start = self.clock.now()
-        await self._retrying("register and backfill cron items", self.register_and_backfill, start)
+        await retry_until_done(
+            "register and backfill cron items",
+            self.register_and_backfill,
+            start,
+            logger=logger,
+            delays=_RETRY_DELAYS,
+        )
         ts = round_up_to_minute(start)
         while True:
             now = self.clock.now()
@@ -91,7 +97,15 @@ class CronScheduler:
                 logger.warning("Cron is %s behind (paused process?); catching up", now - ts)
             due = [item for item in self.items if item.matches(ts)]
             if due:
-                await self._retrying("schedule cron jobs", self.schedule, ts, due, False)
+                await retry_until_done(
+                    "schedule cron jobs",
+                    self.schedule,
+                    ts,
+                    due,
+                    False,
+                    logger=logger,
+                    delays=_RETRY_DELAYS,
+                )
             ts += MINUTE
 
     async def register_and_backfill(self, start: datetime) -> None:
@@ -155,13 +169,3 @@ class CronScheduler:
                 " (backfill)" if backfilled else "",
             )
         return added
-
-    async def _retrying(self, what: str, action: Any, *args: Any) -> None:
-        for attempt in range(1, 1_000_000):
-            try:
-                await action(*args)
-                return
-            except psycopg.Error as exc:
-                delay = _RETRY_DELAYS[min(attempt, len(_RETRY_DELAYS)) - 1]
-                logger.error("Cron failed to %s (retrying in %.1fs): %s", what, delay, exc)
-                await asyncio.sleep(delay)

@@ -45,15 +45,13 @@ from .crontab import ParsedCronItem
 from .events import Events
 from .job import Job
 from .options import WorkerOptions
+from .retry import DELAYS, retry_until_done
 from .tasks import Task
 from .worker_utils import WorkerUtils
 
 __all__ = ["WorkerPool"]
 
 logger = logging.getLogger("graphile_worker")
-
-# Seconds between retries when the database cannot be reached.
-_RETRY_DELAYS = (0.1, 0.25, 0.5, 1.0, 2.0, 5.0)
 
 
 @dataclass
@@ -222,7 +220,9 @@ class WorkerPool:
         for _ in slots:
             self._local.put_nowait((math.inf, next(self._sentinels), 0, None))
         if unstarted:
-            await self._with_retries("return unstarted jobs", self._return_jobs, unstarted)
+            await retry_until_done(
+                "return unstarted jobs", self._return_jobs, unstarted, logger=logger
+            )
             logger.info("Worker pool %s: returned %d unstarted job(s)", self.id, len(unstarted))
         if self._running:
             await self._wait_for_running(slots)
@@ -298,7 +298,7 @@ class WorkerPool:
                     jobs = await self._fetch(wanted)
                 except psycopg.Error as exc:
                     failures += 1
-                    delay = _RETRY_DELAYS[min(failures, len(_RETRY_DELAYS)) - 1]
+                    delay = DELAYS[min(failures, len(DELAYS)) - 1]
                     logger.error("Failed to fetch jobs (retrying in %.2fs): %s", delay, exc)
                     self.events.emit("worker:getJob:error", pool=self, error=exc)
                     await asyncio.sleep(delay)
@@ -452,7 +452,9 @@ class WorkerPool:
             batch, self._outcomes = self._outcomes, []
             self._writing = True
             try:
-                await self._with_retries("record job results", self._write_outcomes, batch)
+                await retry_until_done(
+                    "record job results", self._write_outcomes, batch, logger=logger
+                )
             finally:
                 self._writing = False
             for outcome in batch:
@@ -494,19 +496,6 @@ class WorkerPool:
                 statements.compose(statements.return_jobs, self.options.schema),
                 {"job_ids": [job.id for job in jobs], "pool_id": self.id},
             )
-
-    async def _with_retries(self, what: str, action: Any, *args: Any) -> None:
-        """Run ``action`` until it succeeds: results must not be lost to an outage."""
-        for attempt in itertools.count(1):
-            try:
-                await action(*args)
-                return
-            except psycopg.Error as exc:
-                delay = _RETRY_DELAYS[min(attempt, len(_RETRY_DELAYS)) - 1]
-                logger.error(
-                    "Failed to %s (attempt %d, retrying in %.2fs): %s", what, attempt, delay, exc
-                )
-                await asyncio.sleep(delay)
 
     # --- listening, polling, sweeping ---------------------------------------
 
