@@ -283,7 +283,12 @@ async def test_named_queue_runs_one_job_at_a_time_in_process(utils: WorkerUtils,
             active -= 1
 
     await run_once(
-        db, task_list={"q": q}, no_handle_signals=True, concurrency=10, local_queue_size=50
+        db,
+        task_list={"q": q},
+        no_handle_signals=True,
+        concurrency=10,
+        local_queue_size=500,
+        local_queue_horizon=math.inf,
     )
     assert peak_serial == 1
     assert order == list(range(12))
@@ -349,6 +354,7 @@ async def test_graceful_shutdown_returns_unstarted_jobs(utils: WorkerUtils, db: 
         no_handle_signals=True,
         concurrency=2,
         local_queue_size=5,
+        local_queue_horizon=math.inf,
     )
     await recorder.wait_for("job:start", 2)
     locked = "select count(*) from graphile_worker._private_jobs where locked_by is not null"

@@ -5,9 +5,9 @@ A PostgreSQL job queue that shares its schema and SQL API with graphile-worker (
 
 from __future__ import annotations
 
-from importlib.metadata import version as _version
+from typing import TYPE_CHECKING, Any
 
-from .crontab import CronItem, CrontabError, ParsedCronItem, parse_cron_items, parse_crontab
+from ._version import __version__
 from .errors import (
     ConfigurationError,
     DatabaseConnectionError,
@@ -64,4 +64,17 @@ __all__ = [
     "run_once",
 ]
 
-__version__ = _version("graphile-worker")
+if TYPE_CHECKING:
+    from .crontab import CronItem, CrontabError, ParsedCronItem, parse_cron_items, parse_crontab
+
+_LAZY = {"CronItem", "CrontabError", "ParsedCronItem", "parse_cron_items", "parse_crontab"}
+
+
+def __getattr__(name: str) -> Any:
+    # The crontab parser is imported on first use: a worker without a crontab
+    # starts faster.
+    if name in _LAZY:
+        from . import crontab
+
+        return getattr(crontab, name)
+    raise AttributeError(f"module 'worker_cli' has no attribute {name!r}")

@@ -5,12 +5,12 @@ from __future__ import annotations
 import logging
 import sys
 from collections.abc import Coroutine
-from importlib.metadata import version
 from pathlib import Path
 from typing import Any, TypeVar
 
 import click
 
+from ._version import __version__
 from .connection import load_dotenv_file
 from .errors import GraphileWorkerError, IncompatibleSchemaError
 
@@ -126,7 +126,7 @@ def _parse_cleanup(_ctx: click.Context, _param: click.Parameter, value: str | No
     show_default=True,
     help="Folder of task files (.py modules with a `task` function, or executables).",
 )
-@click.version_option(version("graphile-worker"), "--version", prog_name="graphile-worker")
+@click.version_option(__version__, "--version", prog_name="graphile-worker")
 def command(
     connection: str | None,
     schema: str,

@@ -21,8 +21,6 @@ from datetime import datetime, timedelta
 from typing import Any
 from urllib.parse import parse_qsl
 
-import json5
-
 from .errors import ConfigurationError
 
 __all__ = [
@@ -308,6 +306,8 @@ def _parse_options(text: str) -> dict[str, Any]:
 def _parse_payload(text: str) -> dict[str, Any]:
     if not text.startswith("{"):
         raise CrontabError(f"the payload {text!r} must be a JSON5 object: {{...}}")
+    import json5  # only crontabs with a payload need it
+
     try:
         payload = json5.loads(text)
     except ValueError as exc:

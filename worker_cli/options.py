@@ -34,10 +34,14 @@ class WorkerOptions:
     no_prepared_statements: bool = False
     #: Jobs carrying any of these flags are not fetched.
     forbidden_flags: ForbiddenFlags = None
-    #: Jobs fetched ahead and held locally beyond the idle slots (None: sized
-    #: from the concurrency). A crashed worker holds at most this many plus
-    #: the running ones.
-    local_queue_size: int | None = None
+    #: Most jobs fetched ahead and held locally, beyond the idle slots. The
+    #: pool holds about ``local_queue_horizon`` seconds of work at its current
+    #: completion rate, up to this many; 0 fetches only for idle slots. A
+    #: crashed worker holds at most this many jobs plus the running ones.
+    local_queue_size: int = 200
+    #: Seconds of work (at the measured rate) the local queue aims to hold;
+    #: ``math.inf`` keeps it always full.
+    local_queue_horizon: float = 0.05
     #: Seconds to wait for running jobs on shutdown before setting abort_signal.
     graceful_shutdown_timeout: float = 5.0
     #: Locks older than this are considered abandoned by a crashed worker.
@@ -54,12 +58,5 @@ class WorkerOptions:
             raise ValueError("poll_interval must be positive")
         if self.max_pool_size < 2:
             raise ValueError("max_pool_size must be at least 2")
-        if self.local_queue_size is not None and self.local_queue_size < 0:
+        if self.local_queue_size < 0:
             raise ValueError("local_queue_size must not be negative")
-
-    @property
-    def buffered_jobs(self) -> int:
-        """How many fetched jobs may wait locally for a free slot."""
-        if self.local_queue_size is not None:
-            return self.local_queue_size
-        return self.concurrency

@@ -12,10 +12,9 @@ import os
 import signal
 from collections.abc import Callable, Generator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .connection import connect, load_dotenv_file, resolve_connection_string, resolve_schema
-from .crontab import CrontabError, ParsedCronItem, parse_crontab
 from .errors import ConfigurationError
 from .events import Events
 from .job import Job
@@ -23,6 +22,9 @@ from .migrate import MigrationReport, migrate
 from .options import ForbiddenFlags, WorkerOptions
 from .tasks import Task, TaskFunction, load_task_directory, make_task_list
 from .worker_pool import WorkerPool
+
+if TYPE_CHECKING:
+    from .crontab import ParsedCronItem
 
 __all__ = ["Runner", "run", "run_migrations", "run_once"]
 
@@ -86,7 +88,8 @@ async def run(
     max_pool_size: int = 10,
     no_prepared_statements: bool = False,
     forbidden_flags: ForbiddenFlags = None,
-    local_queue_size: int | None = None,
+    local_queue_size: int = 200,
+    local_queue_horizon: float = 0.05,
     graceful_shutdown_timeout: float = 5.0,
     events: Events | None = None,
     no_handle_signals: bool = False,
@@ -117,6 +120,7 @@ async def run(
         no_prepared_statements=no_prepared_statements,
         forbidden_flags=forbidden_flags,
         local_queue_size=local_queue_size,
+        local_queue_horizon=local_queue_horizon,
         graceful_shutdown_timeout=graceful_shutdown_timeout,
         log_success=log_success,
     )
@@ -176,6 +180,8 @@ def load_cron_items(
     parsed_cron_items: Sequence[ParsedCronItem] | None,
 ) -> list[ParsedCronItem]:
     """The cron items from at most one of the three ways of giving them."""
+    from .crontab import CrontabError, parse_crontab  # only imported when cron is used
+
     given = [x for x in (crontab, crontab_file, parsed_cron_items) if x is not None]
     if len(given) > 1:
         raise ConfigurationError("give at most one of crontab, crontab_file and parsed_cron_items")

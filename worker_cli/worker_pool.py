@@ -33,21 +33,22 @@ import traceback
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
 from . import statements
-from .cron import CronScheduler
-from .crontab import ParsedCronItem
 from .events import Events
 from .job import Job
 from .options import WorkerOptions
 from .retry import DELAYS, retry_until_done
 from .tasks import Task
 from .worker_utils import WorkerUtils
+
+if TYPE_CHECKING:
+    from .crontab import ParsedCronItem
 
 __all__ = ["WorkerPool"]
 
@@ -113,6 +114,7 @@ class WorkerPool:
         self._slots_done = False
         self._task_ids: dict[int, str] = {}
         self._sentinels = itertools.count()
+        self._rate = _Rate()
         self._utils: WorkerUtils | None = None
         #: Set once the pool is connected and its tasks are registered.
         self.ready = asyncio.Event()
@@ -189,6 +191,8 @@ class WorkerPool:
                         group.create_task(self._sweep_loop()),
                     ]
                     if self.cron_items:
+                        from .cron import CronScheduler
+
                         scheduler = CronScheduler(self.cron_items, pool, options.schema)
                         helpers.append(group.create_task(scheduler.run()))
                 self.nudge()
@@ -277,15 +281,26 @@ class WorkerPool:
             )
             self._task_ids = {int(id_): identifier async for id_, identifier in cur}
 
+    def _buffer_target(self) -> int:
+        """Jobs to hold ahead: enough for ``local_queue_horizon`` seconds of work at
+        the current completion rate, within ``local_queue_size``. Slow jobs are
+        not hoarded (other workers can take them); fast ones come in batches."""
+        horizon = self.options.local_queue_horizon
+        if math.isinf(horizon):
+            return self.options.local_queue_size  # always full
+        wanted = math.ceil(self._rate.per_second() * horizon)
+        return min(self.options.local_queue_size, wanted)
+
     def _wanted(self) -> int:
         """How many jobs to fetch now (0: none)."""
         if self._stopping:
             return 0
         idle = self.options.concurrency - len(self._running)
         buffered = self._local.qsize()
-        if buffered >= idle and buffered > self.options.buffered_jobs // 2:
+        target = self._buffer_target()
+        if buffered >= idle and buffered > target // 2:
             return 0
-        return max(0, idle + self.options.buffered_jobs - buffered)
+        return max(0, idle + target - buffered)
 
     async def _fetch_loop(self) -> None:
         failures = 0
@@ -394,6 +409,7 @@ class WorkerPool:
         self._report(outcome, duration)
         self._outcomes.append(outcome)
         self._outcomes_ready.set()
+        self._rate.record()
 
     @staticmethod
     def _check_batch_result(job: Job, result: Any, outcome: _Outcome) -> None:
@@ -572,6 +588,27 @@ class WorkerPool:
                     self.options.stale_lock_timeout,
                 )
                 self.nudge()
+
+
+class _Rate:
+    """Events per second, as an exponentially decaying average (time constant 1 s)."""
+
+    TAU = 1.0
+
+    def __init__(self) -> None:
+        self._value = 0.0
+        self._at = time.monotonic()
+
+    def _decayed(self, now: float) -> float:
+        return self._value * math.exp((self._at - now) / self.TAU)
+
+    def record(self) -> None:
+        now = time.monotonic()
+        self._value = self._decayed(now) + 1 / self.TAU
+        self._at = now
+
+    def per_second(self) -> float:
+        return self._decayed(time.monotonic())
 
 
 class _Escaped(Exception):

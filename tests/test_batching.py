@@ -1,0 +1,105 @@
+"""The guarantees of fetching ahead (the local queue) and batched results."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from dbhelpers import rows, value
+
+from worker_cli import Helpers, WorkerUtils, run, run_once
+
+
+async def test_priorities_are_respected_within_a_batch(utils: WorkerUtils, db: str) -> None:
+    rng = random.Random(7)
+    priorities = [rng.randint(-5, 5) for _ in range(60)]
+    await utils.add_jobs(
+        [{"identifier": "t", "payload": {"n": n}, "priority": p} for n, p in enumerate(priorities)]
+    )
+    ran: list[int] = []
+
+    async def t(payload: dict[str, int], helpers: Helpers) -> None:
+        ran.append(helpers.job.priority)
+
+    # One slot and a local queue big enough to fetch everything in one batch.
+    await run_once(
+        db,
+        task_list={"t": t},
+        no_handle_signals=True,
+        concurrency=1,
+        local_queue_size=100,
+        local_queue_horizon=math.inf,
+    )
+    assert ran == sorted(priorities)
+
+
+CRASHING_WORKER = """
+import asyncio, sys
+from worker_cli import run
+
+async def slow(payload, helpers):
+    await asyncio.sleep(60)
+
+async def main():
+    runner = await run(sys.argv[1], task_list={"slow": slow}, concurrency=3,
+                       local_queue_size=7, local_queue_horizon=float("inf"))
+    await runner
+
+asyncio.run(main())
+"""
+
+
+def test_a_crashed_worker_holds_no_more_than_its_local_queue(db: str, tmp_path: Path) -> None:
+    rows(
+        db,
+        "select graphile_worker.add_jobs(array(select"
+        " ('slow', null, null, null, null, null, null, null)::graphile_worker.job_spec"
+        " from generate_series(1, 50)))",
+    )
+    script = tmp_path / "worker.py"
+    script.write_text(CRASHING_WORKER)
+    proc = subprocess.Popen(
+        [sys.executable, str(script), db], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
+    locked = "select count(*) from graphile_worker._private_jobs where locked_by is not null"
+    deadline = time.monotonic() + 30
+    while value(db, locked) < 10:
+        assert time.monotonic() < deadline and proc.poll() is None, (
+            proc.stderr.read() if proc.stderr else ""
+        )
+        time.sleep(0.05)
+    time.sleep(0.3)  # it would fetch more now if it were going to
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert value(db, locked) == 10  # 3 running + 7 fetched ahead, of 50
+    # Attempts were counted only for those ten.
+    assert value(db, "select count(*) from graphile_worker._private_jobs where attempts > 0") == 10
+
+
+async def test_slow_jobs_are_not_hoarded_by_one_worker(utils: WorkerUtils, db: str) -> None:
+    await utils.add_jobs([{"identifier": "slow", "payload": {"n": n}} for n in range(24)])
+    ran_by: dict[str, int] = {}
+
+    async def slow(payload: Any, helpers: Helpers) -> None:
+        ran_by[helpers.job.locked_by or ""] = ran_by.get(helpers.job.locked_by or "", 0) + 1
+        await asyncio.sleep(0.1)
+
+    # Two workers with default settings: the first to start must not take the lot.
+    first = await run(db, task_list={"slow": slow}, no_handle_signals=True, concurrency=2)
+    second = await run(db, task_list={"slow": slow}, no_handle_signals=True, concurrency=2)
+    deadline = time.monotonic() + 30
+    while value(db, "select count(*) from graphile_worker._private_jobs") > 0:
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.05)
+    await first.stop()
+    await second.stop()
+    assert sum(ran_by.values()) == 24
+    assert min(ran_by.values()) >= 8, ran_by  # each did a fair share (12 each if perfectly even)
