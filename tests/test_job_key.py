@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
@@ -58,11 +57,11 @@ class PythonAdder:
         self.utils = utils
 
     async def add(self, identifier: str, payload: Any = None, **options: Any) -> dict[str, Any]:
-        return dataclasses.asdict(await self.utils.add_job(identifier, payload, **options))
+        return (await self.utils.add_job(identifier, payload, **options))._asdict()
 
     async def remove(self, key: str) -> dict[str, Any] | None:
         job = await self.utils.remove_job(key)
-        return dataclasses.asdict(job) if job else None
+        return job._asdict() if job else None
 
 
 @pytest.fixture(params=["sql", "python"])

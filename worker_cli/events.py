@@ -38,7 +38,10 @@ class Events:
         self._handlers[name].remove(handler)
 
     def emit(self, name: str, **data: Any) -> None:
-        for handler in tuple(self._handlers.get(name, ())):
+        handlers = self._handlers.get(name)
+        if not handlers:
+            return
+        for handler in tuple(handlers):
             try:
                 result = handler({"event": name, **data})
                 if inspect.isawaitable(result):

@@ -2,19 +2,18 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
-__all__ = ["Job"]
+__all__ = ["JOB_COLUMNS", "Job"]
 
 
-@dataclass(frozen=True, slots=True)
-class Job:
-    """One row of the jobs table, read-only.
+class Job(NamedTuple):
+    """One row of the jobs table, read-only (``job.attempts = 3`` raises).
 
     ``task_identifier`` and ``queue_name`` are looked up from the task and
-    queue tables so callers never deal with their internal ids.
+    queue tables so callers never deal with their internal ids. A NamedTuple:
+    cheap to build from a row, and ``job._asdict()`` gives a dict.
     """
 
     id: int
@@ -40,7 +39,8 @@ class Job:
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> Job:
         """Build a Job from a dict row holding every column (extra keys ignored)."""
-        return cls(**{name: row[name] for name in _FIELD_NAMES})
+        return cls(*(row[name] for name in cls._fields))
 
 
-_FIELD_NAMES = tuple(f.name for f in fields(Job))
+#: The columns of _private_jobs, in the order of Job's first fields.
+JOB_COLUMNS = Job._fields[:17]

@@ -172,7 +172,9 @@ get_jobs = """
   set attempts = j.attempts + 1, locked_at = now(), locked_by = %(pool_id)s
   from chosen
   where j.id = chosen.id
-  returning j.*, chosen.queue_name
+  returning j.id, j.job_queue_id, j.task_id, j.payload, j.priority, j.run_at, j.attempts,
+    j.max_attempts, j.last_error, j.created_at, j.updated_at, j.key, j.locked_at,
+    j.locked_by, j.revision, j.flags, j.is_available, chosen.queue_name
 """
 
 # Success: delete the jobs and unlock their queues (where this pool holds them).

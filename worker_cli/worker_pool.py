@@ -36,7 +36,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import psycopg
-from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
 from . import statements
@@ -113,6 +112,8 @@ class WorkerPool:
         self._writing = False
         self._slots_done = False
         self._task_ids: dict[int, str] = {}
+        self._task_id_list: list[int] = []
+        self._get_jobs = statements.compose(statements.get_jobs, options.schema)
         self._sentinels = itertools.count()
         self._rate = _Rate()
         self._utils: WorkerUtils | None = None
@@ -280,6 +281,7 @@ class WorkerPool:
                 {"identifiers": list(self.tasks)},
             )
             self._task_ids = {int(id_): identifier async for id_, identifier in cur}
+        self._task_id_list = list(self._task_ids)
 
     def _buffer_target(self) -> int:
         """Jobs to hold ahead: enough for ``local_queue_horizon`` seconds of work at
@@ -345,19 +347,19 @@ class WorkerPool:
     async def _fetch(self, limit: int) -> list[Job]:
         assert self._utils is not None
         async with self._utils.pool.connection() as conn:
-            cur = await conn.cursor(row_factory=dict_row).execute(
-                statements.compose(statements.get_jobs, self.options.schema),
+            cur = await conn.execute(
+                self._get_jobs,
                 {
-                    "task_ids": list(self._task_ids),
+                    "task_ids": self._task_id_list,
                     "forbidden_flags": await self._forbidden_flags(),
                     "limit": limit,
                     "pool_id": self.id,
                 },
             )
             rows = await cur.fetchall()
-        return [
-            Job.from_row({**row, "task_identifier": self._task_ids[row["task_id"]]}) for row in rows
-        ]
+        # Rows are the 17 job columns then the queue name (statements.get_jobs).
+        names = self._task_ids
+        return [Job._make((*row[:17], names[row[2]], row[17])) for row in rows]
 
     # --- running ------------------------------------------------------------
 

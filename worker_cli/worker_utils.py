@@ -16,7 +16,6 @@ from typing import Any, Literal, LiteralString, TypeAlias
 
 import psycopg
 from psycopg import errors as pg_errors
-from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
 from . import statements
@@ -200,32 +199,25 @@ class WorkerUtils:
     async def _fetch(self, statement: LiteralString, params: Mapping[str, Any]) -> list[Job]:
         async with self.pool.connection() as conn:
             try:
-                cur = await conn.cursor(row_factory=dict_row).execute(
-                    statements.compose(statement, self.schema), params
-                )
+                # Rows are the columns of _private_jobs, in Job's field order.
+                cur = await conn.execute(statements.compose(statement, self.schema), params)
                 rows = await cur.fetchall()
                 if not rows:
                     return []
                 names = await conn.execute(
                     statements.compose(statements.job_names, self.schema),
                     {
-                        "task_ids": list({row["task_id"] for row in rows}),
-                        "queue_ids": list({row["job_queue_id"] for row in rows} - {None}),
+                        "task_ids": list({row[2] for row in rows}),
+                        "queue_ids": list({row[1] for row in rows} - {None}),
                     },
                 )
-                name_of = {(kind, id_): name async for kind, id_, name in names}
+                tasks: dict[int, str] = {}
+                queues: dict[int | None, str] = {}
+                async for kind, id_, name in names:
+                    (tasks if kind == "task" else queues)[id_] = name
             except _SCHEMA_MISSING as exc:
                 raise self._not_installed(exc) from exc
-        return [
-            Job.from_row(
-                {
-                    **row,
-                    "task_identifier": name_of[("task", row["task_id"])],
-                    "queue_name": name_of.get(("queue", row["job_queue_id"])),
-                }
-            )
-            for row in rows
-        ]
+        return [Job._make((*row, tasks[row[2]], queues.get(row[1]))) for row in rows]
 
     async def _execute(self, statement: LiteralString, params: Mapping[str, Any]) -> None:
         query = statements.compose(statement, self.schema)
