@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, NamedTuple
 
-__all__ = ["JOB_COLUMNS", "Job"]
+__all__ = ["Job"]
 
 
 class Job(NamedTuple):
@@ -35,12 +35,3 @@ class Job(NamedTuple):
     is_available: bool
     task_identifier: str
     queue_name: str | None
-
-    @classmethod
-    def from_row(cls, row: dict[str, Any]) -> Job:
-        """Build a Job from a dict row holding every column (extra keys ignored)."""
-        return cls(*(row[name] for name in cls._fields))
-
-
-#: The columns of _private_jobs, in the order of Job's first fields.
-JOB_COLUMNS = Job._fields[:17]

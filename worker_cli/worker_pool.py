@@ -3,7 +3,8 @@
 One pool per process. Its parts, each one task the pool owns:
 
 - the *fetcher* locks batches of runnable jobs (``statements.get_jobs``) into
-  a local priority queue, as many as the idle slots plus ``buffered_jobs``;
+  a local priority queue: the idle slots plus about ``local_queue_horizon``
+  seconds of work at the current rate, at most ``local_queue_size`` ahead;
 - N *slots* take jobs from the local queue and run their tasks;
 - the *completer* writes successes and failures back in batches: whatever
   finished while the previous batch was being written goes in the next one
