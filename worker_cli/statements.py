@@ -7,6 +7,7 @@ Schema DDL lives in ``migrations/*.sql``, not here.
 
 from __future__ import annotations
 
+from functools import cache
 from typing import LiteralString
 
 from psycopg import sql
@@ -97,8 +98,12 @@ delete_permafailed_jobs = """
 """
 
 
+@cache
 def compose(statement: LiteralString, schema: str) -> sql.Composed:
-    """Return ``statement`` with ``{schema}`` replaced by the quoted schema name."""
+    """Return ``statement`` with ``{schema}`` replaced by the quoted schema name.
+
+    Cached: the worker composes the same few statements for every batch.
+    """
     return sql.SQL(statement).format(schema=sql.Identifier(schema))
 
 

@@ -114,7 +114,6 @@ class WorkerPool:
         self._slots_done = False
         self._task_ids: dict[int, str] = {}
         self._task_id_list: list[int] = []
-        self._get_jobs = statements.compose(statements.get_jobs, options.schema)
         self._sentinels = itertools.count()
         self._rate = _Rate()
         self._utils: WorkerUtils | None = None
@@ -349,7 +348,7 @@ class WorkerPool:
         assert self._utils is not None
         async with self._utils.pool.connection() as conn:
             cur = await conn.execute(
-                self._get_jobs,
+                statements.compose(statements.get_jobs, self.options.schema),
                 {
                     "task_ids": self._task_id_list,
                     "forbidden_flags": await self._forbidden_flags(),
