@@ -31,6 +31,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import psycopg
 
@@ -65,8 +66,9 @@ class System:
     name: str
     command: list[str]
     workdir: Path
+    latency: bool = True  # measure latency too (the default settings only)
     startup_ms: list[float] = field(default_factory=list)
-    throughput: list[float] = field(default_factory=list)
+    throughput: dict[int, list[float]] = field(default_factory=dict)
     latency_p50: list[float] = field(default_factory=list)
     latency_p95: list[float] = field(default_factory=list)
 
@@ -183,6 +185,169 @@ def measure_latency(
     return statistics.median(latencies), latencies[int(len(latencies) * 0.95) - 1]
 
 
+NODE_BATCH_CONFIG = """\
+// graphile-worker's batching: a local queue of 500 and batched completion.
+module.exports = {
+  worker: {
+    localQueue: { size: 500, refetchDelay: { durationMs: 10 } },
+    completeJobBatchDelay: 0,
+    failJobBatchDelay: 0,
+  },
+};
+"""
+
+SCALE_LABEL = "drain 20,000 jobs/s{}"
+# Template databases: what lies in the jobs table before 20,000 due jobs are added.
+SCALE_TEMPLATES = {
+    "gw_scale_none": [],
+    "gw_scale_future": [
+        "select count(*) from graphile_worker.add_jobs(array(select ('noop', null, null,"
+        " now() + interval '1 day', null, null, null, null)::graphile_worker.job_spec"
+        " from generate_series(1, 1000000)))"
+    ],
+    "gw_scale_other": [
+        "select count(*) from graphile_worker.add_jobs(array(select ('other', null, null,"
+        " now() - interval '1 hour', null, null, null, null)::graphile_worker.job_spec"
+        " from generate_series(1, 1000000)))"
+    ],
+    "gw_scale_failed": [
+        "select count(*) from graphile_worker.add_jobs(array(select ('noop', null, null,"
+        " now() - interval '1 hour', 1, null, null, null)::graphile_worker.job_spec"
+        " from generate_series(1, 10000)))",
+        "update graphile_worker._private_jobs set attempts = 1, last_error = 'failed'",
+    ],
+}
+SCALE_NAMES = {
+    "gw_scale_none": "",
+    "gw_scale_future": " behind 1M future jobs",
+    "gw_scale_other": " behind 1M due jobs of another task",
+    "gw_scale_failed": " beside 10k permanently failed jobs",
+}
+
+
+def _admin(pg: PgServer, statement: str) -> None:
+    with psycopg.connect(pg.admin_url, autocommit=True) as conn:
+        conn.execute(statement)  # type: ignore[arg-type]
+
+
+def _scale_template(pg: PgServer, system: System, name: str) -> None:
+    with psycopg.connect(pg.admin_url, autocommit=True) as conn:
+        exists = conn.execute("select 1 from pg_database where datname = %s", (name,)).fetchone()
+    if exists:
+        return
+    url = fresh_database(pg, system, name)
+    with psycopg.connect(url, autocommit=True) as conn:
+        for statement in SCALE_TEMPLATES[name]:
+            conn.execute(statement)  # type: ignore[arg-type]
+        conn.execute("vacuum analyze graphile_worker._private_jobs")
+
+
+def measure_scale(
+    pg: PgServer, system: System, concurrency: int, startup_ms: float
+) -> dict[str, float]:
+    """Drain rate of 20,000 due jobs with each template's rows already in the table."""
+    results = {}
+    for name, label in SCALE_NAMES.items():
+        _scale_template(pg, system, name)
+        pg.drop_database("gw_bench")
+        _admin(pg, f"create database gw_bench template {name}")
+        url = pg.url("gw_bench")
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(
+                "select count(*) from graphile_worker.add_jobs(array("
+                "select ('noop', null, null, null, null, null, null, null)"
+                "::graphile_worker.job_spec from generate_series(1, 20000)))"
+            )
+            conn.execute("vacuum analyze graphile_worker._private_jobs")
+            conn.execute("checkpoint")
+        time.sleep(1)
+        start = time.perf_counter()
+        result = system.run(url, "--once", "-j", str(concurrency))
+        wall = time.perf_counter() - start
+        assert result.returncode == 0, result.stderr.decode()
+        with psycopg.connect(url) as conn:
+            left = conn.execute(
+                "select count(*) from graphile_worker._private_jobs"
+                " where task_id = (select id from graphile_worker._private_tasks"
+                " where identifier = 'noop') and run_at <= now() and attempts < max_attempts"
+            ).fetchone()
+        assert left == (0,), left
+        results[SCALE_LABEL.format(label)] = 20000 / max(wall - startup_ms / 1000, 1e-6)
+    return results
+
+
+def measure_enqueue(pg: PgServer, system: System, count: int = 100000) -> float:
+    """WorkerUtils.add_jobs of ``count`` jobs in one call: jobs/s."""
+    import asyncio
+
+    from worker_cli import JobSpec, make_worker_utils
+
+    url = fresh_database(pg, system, "gw_bench")
+    specs = [JobSpec(identifier="noop", payload={"n": n}) for n in range(count)]
+
+    async def add() -> float:
+        async with make_worker_utils(connection_string=url) as utils:
+            start = time.perf_counter()
+            await utils.add_jobs(specs)
+            return count / (time.perf_counter() - start)
+
+    return asyncio.run(add())
+
+
+def _rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError("no VmRSS")
+
+
+def measure_memory(pg: PgServer, system: System, concurrency: int) -> dict[str, float]:
+    """RSS of an idle worker, then while it drains 200,000 jobs."""
+    url = fresh_database(pg, system, "gw_bench")
+    worker = system.start(url, "-j", str(concurrency))
+    try:
+        with psycopg.connect(url, autocommit=True) as conn:
+            _wait(
+                lambda: (
+                    conn.execute(
+                        "select count(*) from pg_stat_activity where query ilike 'listen%%'"
+                    ).fetchone()
+                    >= (1,)
+                )
+            )
+            time.sleep(2)
+            idle = _rss_mb(worker.pid)
+            conn.execute(
+                "select count(*) from graphile_worker.add_jobs(array("
+                "select ('noop', null, null, null, null, null, null, null)"
+                "::graphile_worker.job_spec from generate_series(1, 200000)))"
+            )
+            samples: list[tuple[int, float]] = []
+            while True:
+                left = conn.execute("select count(*) from graphile_worker._private_jobs").fetchone()
+                samples.append((int(left[0]) if left else 0, _rss_mb(worker.pid)))
+                if samples[-1][0] == 0:
+                    break
+                time.sleep(0.2)
+    finally:
+        worker.send_signal(signal.SIGINT)
+        worker.wait(timeout=30)
+    early = [rss for left, rss in samples if left >= 150000] or [samples[0][1]]
+    return {
+        "RSS idle, MB": idle,
+        "RSS draining 200k, first 50k done, MB": max(early),
+        "RSS draining 200k, at the end, MB": samples[-1][1],
+    }
+
+
+def measure_extras(pg: PgServer, system: System, concurrency: int) -> dict[str, float]:
+    startup = statistics.median(system.startup_ms)
+    results = {"add_jobs 100,000 jobs/s": measure_enqueue(pg, system)}
+    results.update(measure_scale(pg, system, concurrency, startup))
+    results.update(measure_memory(pg, system, concurrency))
+    return results
+
+
 def _wait(check: Callable[[], bool], within: float = 30) -> None:
     deadline = time.monotonic() + within
     while not check():
@@ -206,75 +371,129 @@ def _ratio(ours: list[float], theirs: list[float], lower_is_better: bool = False
     return f"{value:.2f}x (rounds {min(pairs):.2f}-{max(pairs):.2f})"
 
 
+def _system(
+    name: str, command: list[str], workdir: Path, tasks: dict[str, str], **kw: Any
+) -> System:
+    (workdir / "tasks").mkdir(parents=True)
+    for file, text in tasks.items():
+        (workdir / "tasks" / file).write_text(text)
+    return System(name, command, workdir, **kw)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--jobs", type=int, default=20000, help="jobs per throughput run")
-    parser.add_argument("--processes", type=int, default=1)
+    parser.add_argument(
+        "--processes", default="1", help="worker processes per throughput run, e.g. 1,2"
+    )
     parser.add_argument("--concurrency", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds")
     parser.add_argument("--latency-samples", type=int, default=1000)
     parser.add_argument("--node", default="node", help="the node binary")
     parser.add_argument("--no-node", action="store_true", help="measure this worker only")
+    parser.add_argument(
+        "--batching",
+        action="store_true",
+        help="also both with batching on: Node with local queue 500 and batched "
+        "completion, this worker with --local-queue-size 500",
+    )
+    parser.add_argument(
+        "--extras",
+        action="store_true",
+        help="also this worker's enqueue rate, drain rate behind large tables, and memory",
+    )
     args = parser.parse_args()
+    process_counts = [int(n) for n in args.processes.split(",")]
 
     scratch = Path(tempfile.mkdtemp(prefix="gw-bench-"))
-    systems = []
-    py_dir = scratch / "python"
-    (py_dir / "tasks").mkdir(parents=True)
-    for name, text in PY_TASKS.items():
-        (py_dir / "tasks" / name).write_text(text)
-    systems.append(System("python", [str(Path(sys.executable).parent / "graphile-worker")], py_dir))
+    py_cli = str(Path(sys.executable).parent / "graphile-worker")
+    systems = [_system("python", [py_cli], scratch / "python", PY_TASKS)]
+    if args.batching:
+        systems.append(
+            _system(
+                "python, batching",
+                [py_cli, "--local-queue-size", "500"],
+                scratch / "python-batch",
+                PY_TASKS,
+                latency=False,
+            )
+        )
     if not args.no_node:
         node = install("0.18.0")
-        node_dir = scratch / "node"
-        (node_dir / "tasks").mkdir(parents=True)
-        for name, text in NODE_TASKS.items():
-            (node_dir / "tasks" / name).write_text(text)
-        systems.append(System("node", [args.node, str(node.cli)], node_dir))
+        systems.append(_system("node", [args.node, str(node.cli)], scratch / "node", NODE_TASKS))
+        if args.batching:
+            batch = _system(
+                "node, batching",
+                [args.node, str(node.cli)],
+                scratch / "node-batch",
+                NODE_TASKS,
+                latency=False,
+            )
+            (batch.workdir / "graphile.config.cjs").write_text(NODE_BATCH_CONFIG)
+            systems.append(batch)
 
+    extras: dict[str, list[float]] = {}
     with start_server() as pg:
         for round_ in range(args.rounds):
             order = systems if round_ % 2 == 0 else systems[::-1]
             for system in order:
                 startup = measure_startup(pg, system, args.concurrency)
                 system.startup_ms.append(startup)
-                system.throughput.append(
-                    measure_throughput(
-                        pg, system, args.jobs, args.processes, args.concurrency, startup
+                line = f"round {round_ + 1} {system.name}: start-up {startup:.0f} ms"
+                for processes in process_counts:
+                    rate = measure_throughput(
+                        pg, system, args.jobs, processes, args.concurrency, startup
                     )
-                )
-                p50, p95 = measure_latency(pg, system, args.latency_samples, args.concurrency)
-                system.latency_p50.append(p50)
-                system.latency_p95.append(p95)
-                print(
-                    f"round {round_ + 1} {system.name}: start-up {startup:.0f} ms, "
-                    f"{system.throughput[-1]:,.0f} jobs/s, latency p50 {p50:.2f} p95 {p95:.2f} ms",
-                    file=sys.stderr,
-                )
+                    system.throughput.setdefault(processes, []).append(rate)
+                    line += f", {processes}p {rate:,.0f} jobs/s"
+                if system.latency:
+                    p50, p95 = measure_latency(pg, system, args.latency_samples, args.concurrency)
+                    system.latency_p50.append(p50)
+                    system.latency_p95.append(p95)
+                    line += f", latency p50 {p50:.2f} p95 {p95:.2f} ms"
+                print(line, file=sys.stderr)
+            if args.extras:
+                for key, value in measure_extras(pg, systems[0], args.concurrency).items():
+                    extras.setdefault(key, []).append(value)
         pg.drop_database("gw_bench")
+        for name in SCALE_TEMPLATES:
+            pg.drop_database(name)
 
     print(
-        f"\n{args.jobs:,} jobs, {args.processes} process(es) x concurrency {args.concurrency}, "
-        f"{args.latency_samples} latency samples, {args.rounds} alternating rounds "
-        "(median [min-max])\n"
+        f"\n{args.jobs:,} jobs, concurrency {args.concurrency}, {args.latency_samples} latency "
+        f"samples, {args.rounds} alternating rounds (median [min-max])\n"
     )
-    print("| system | jobs/s (net) | latency p50 ms | latency p95 ms | start+stop `--once` ms |")
-    print("|---|---|---|---|---|")
+    head = "| system | " + " | ".join(f"jobs/s, {n} process(es)" for n in process_counts)
+    print(head + " | latency p50 ms | latency p95 ms | start+stop `--once` ms |")
+    print("|---" * (4 + len(process_counts)) + "|")
     for s in systems:
+        rates = " | ".join(_fmt(s.throughput[n]) for n in process_counts)
         print(
-            f"| {s.name} | {_fmt(s.throughput)} | {_fmt(s.latency_p50, 2)} | "
+            f"| {s.name} | {rates} | {_fmt(s.latency_p50, 2)} | "
             f"{_fmt(s.latency_p95, 2)} | {_fmt(s.startup_ms)} |"
         )
-    if len(systems) == 2:
-        py, node_s = systems
+    by_name = {s.name: s for s in systems}
+    for ours, theirs in [("python", "node"), ("python, batching", "node, batching")]:
+        if ours not in by_name or theirs not in by_name:
+            continue
+        a, b = by_name[ours], by_name[theirs]
+        rates = " | ".join(_ratio(a.throughput[n], b.throughput[n]) for n in process_counts)
         print(
-            f"| python / node | {_ratio(py.throughput, node_s.throughput)} | "
-            f"{_ratio(py.latency_p50, node_s.latency_p50)} | "
-            f"{_ratio(py.latency_p95, node_s.latency_p95)} | "
-            f"{_ratio(py.startup_ms, node_s.startup_ms)} |"
+            f"| {ours} / {theirs} | {rates} | "
+            f"{_ratio(a.latency_p50, b.latency_p50)} | "
+            f"{_ratio(a.latency_p95, b.latency_p95)} | "
+            f"{_ratio(a.startup_ms, b.startup_ms)} |"
         )
+    if extras:
+        print("\n| this worker | median [min-max] |\n|---|---|")
+        for key, values in extras.items():
+            print(f"| {key} | {_fmt(values, 1 if 'MB' in key else 0)} |")
+        base = extras.get(SCALE_LABEL.format(""), [])
+        for label in extras:
+            if label.startswith("drain") and label != SCALE_LABEL.format("") and base:
+                print(f"| {label} / no backlog | {_ratio(extras[label], base)} |")
     print()
 
 
