@@ -47,8 +47,10 @@ _QUERIES: dict[str, str] = {
         select i.indexrelid::regclass::text, pg_get_indexdef(i.indexrelid)
         from pg_index i
         join pg_class c on c.oid = i.indrelid
+        join pg_class ic on ic.oid = i.indexrelid
         where c.relnamespace = %(schema)s::regnamespace
           and c.relname not like '\\_private\\_py\\_%%'
+          and ic.relname not like '\\_private\\_py\\_%%'
         order by 1
     """,
     "views": """

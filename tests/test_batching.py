@@ -13,9 +13,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+import psycopg
 from dbhelpers import rows, value
 
-from worker_cli import Helpers, WorkerUtils, run, run_once
+from worker_cli import Helpers, WorkerUtils, run, run_once, statements
 
 
 async def test_priorities_are_respected_within_a_batch(utils: WorkerUtils, db: str) -> None:
@@ -39,6 +40,38 @@ async def test_priorities_are_respected_within_a_batch(utils: WorkerUtils, db: s
         local_queue_horizon=math.inf,
     )
     assert ran == sorted(priorities)
+
+
+async def test_a_fetch_never_locks_a_job_of_a_named_queue_it_does_not_hold(
+    utils: WorkerUtils, db: str
+) -> None:
+    """Another fetch holding queue q must find every job of q unlocked.
+
+    If a fetch locked job rows of q while another fetch held q, that fetch
+    (skipping locked rows, as every fetch does) would take the second job of
+    q before the first: q would run out of order.
+    """
+    await utils.add_jobs(
+        [{"identifier": "t", "payload": {"n": n}, "queue_name": "q"} for n in range(5)]
+        + [{"identifier": "t", "payload": {"n": n}} for n in range(5, 8)]
+    )
+    task_id = value(db, "select id from graphile_worker._private_tasks where identifier = 't'")
+    with psycopg.connect(db) as holder, psycopg.connect(db) as fetcher:
+        # A concurrent fetch, caught after it locked queue q.
+        holder.execute(
+            "select id from graphile_worker._private_job_queues where queue_name = 'q' for update"
+        )
+        fetched = fetcher.execute(
+            statements.compose(statements.get_jobs, "graphile_worker"),
+            {"task_ids": [task_id], "forbidden_flags": None, "limit": 10, "pool_id": "p"},
+        ).fetchall()
+        # This fetch took the queue-less jobs only, and left q's rows alone.
+        assert [row[1] for row in fetched] == [None, None, None]
+        free = holder.execute(
+            "select (payload->>'n')::int from graphile_worker._private_jobs "
+            "where job_queue_id is not null order by id for update skip locked"
+        ).fetchall()
+        assert [n for (n,) in free] == [0, 1, 2, 3, 4]
 
 
 CRASHING_WORKER = """

@@ -72,3 +72,32 @@ def test_python_dash_m_works_the_same(empty_db: str) -> None:
     )
     assert result.returncode == 0, result.stderr
     assert "migrated to revision 20" in result.stdout
+
+
+def test_add_job_command_adds_one_job_with_its_options(db: str) -> None:
+    result = run_cli(
+        "add-job", "-c", db, "hello", '{"name": "CLI"}', "--queue", "q1", "--priority", "-3",
+        "--run-at", "2030-01-02T03:04:05Z", "--max-attempts", "4", "--job-key", "k1",
+        "--flag", "slow", "--flag", "big",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "Added job" in result.stdout and "(hello) in queue 'q1'" in result.stdout
+    row = value(
+        db,
+        "select json_build_array(task_identifier, queue_name, priority, run_at = '2030-01-02"
+        " 03:04:05+00', max_attempts, key, flags) from graphile_worker.jobs",
+    )
+    assert row == ["hello", "q1", -3, True, 4, "k1", {"slow": True, "big": True}]
+    assert value(db, "select payload from graphile_worker._private_jobs") == {"name": "CLI"}
+
+
+def test_add_job_command_refuses_bad_input_and_adds_nothing(db: str) -> None:
+    bad_json = run_cli("add-job", "-c", db, "hello", "{name: 1}")
+    assert bad_json.returncode == 2
+    assert "Invalid value for '[PAYLOAD]': not JSON" in bad_json.stderr
+    naive = run_cli("add-job", "-c", db, "hello", "--run-at", "2030-01-02T03:04:05")
+    assert naive.returncode == 2 and "has no time zone" in naive.stderr
+    too_long = run_cli("add-job", "-c", db, "hello", "--job-key", "k" * 513)
+    assert too_long.returncode == 2 and "job_key" in too_long.stderr
+    assert "Traceback" not in bad_json.stderr + naive.stderr + too_long.stderr
+    assert value(db, "select count(*) from graphile_worker._private_jobs") == 0

@@ -9,6 +9,7 @@ import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import psycopg
 import pytest
 from dbhelpers import rows, value
 from workers import Recorder, worker
@@ -37,6 +38,45 @@ async def test_runs_jobs_in_priority_then_run_at_order(utils: WorkerUtils, db: s
     assert await run_once(db, task_list={"record": record}, no_handle_signals=True) == 0
     assert ran == [3, 2, 1, 4, 0]
     assert jobs(db) == []
+
+
+async def test_future_jobs_between_priorities_neither_run_nor_hide_due_ones(
+    utils: WorkerUtils, db: str
+) -> None:
+    # The fetch reads each priority's due jobs as a range that stops at the
+    # first future job; the next priority must still be found.
+    later = datetime.now(UTC) + timedelta(hours=1)
+    specs = [
+        (-5, later),
+        (-5, None),
+        (3, None),
+        (-5, later),
+        (3, later),
+        (0, None),
+        (-5, None),
+        (0, later),
+        (3, None),
+        (0, None),
+    ]
+    await utils.add_jobs(
+        [
+            {"identifier": "t", "payload": {"n": n}, "priority": p, "run_at": when}
+            for n, (p, when) in enumerate(specs)
+        ]
+    )
+    ran: list[int] = []
+
+    async def t(payload: dict[str, int], helpers: Helpers) -> None:
+        ran.append(payload["n"])
+
+    await run_once(
+        db, task_list={"t": t}, no_handle_signals=True, concurrency=1, local_queue_size=1
+    )
+    assert ran == [1, 6, 5, 9, 2, 8]
+    left = rows(
+        db, "select (payload->>'n')::int as n from graphile_worker._private_jobs order by 1"
+    )
+    assert [r["n"] for r in left] == [0, 3, 4, 7]
 
 
 async def test_future_jobs_and_unknown_tasks_are_left_alone(utils: WorkerUtils, db: str) -> None:
@@ -337,6 +377,55 @@ async def test_listen_reconnects_after_the_server_drops_it(db: str) -> None:
         assert recorder.seen[-1][1] - added < 1.0
 
 
+async def test_a_task_added_by_another_transaction_during_start_up_is_run(db: str) -> None:
+    # A job for a new task is added while the worker registers its tasks: the
+    # worker's insert of the identifier waits for that transaction, and must
+    # still learn the task's id (it once never fetched that task's jobs).
+    events = Events()
+    recorder = Recorder(events, "job:success")
+
+    async def t(payload: Any, helpers: Helpers) -> None:
+        return None
+
+    with psycopg.connect(db) as other:
+        other.execute("select graphile_worker.add_job('t', '{}')")  # not committed yet
+        starting = asyncio.ensure_future(
+            run(db, task_list={"t": t}, events=events, no_handle_signals=True)
+        )
+        await asyncio.sleep(0.5)  # the worker's registration now waits for `other`
+        assert not starting.done()
+        other.commit()
+    runner = await starting
+    try:
+        await recorder.wait_for("job:success", within=10)
+    finally:
+        await runner.stop()
+    assert value(db, "select count(*) from graphile_worker._private_jobs") == 0
+
+
+async def test_jobs_added_together_run_in_the_order_they_were_added(
+    utils: WorkerUtils, db: str
+) -> None:
+    # One add_jobs call gives every job the same run_at, so only the id says
+    # which came first. Rows updated since (here: the first five of each
+    # kind, moved to the end of the table) must not lose their turn.
+    await utils.add_jobs(
+        [{"identifier": "t", "payload": {"n": n}, "queue_name": "serial"} for n in range(10)]
+        + [{"identifier": "t", "payload": {"n": n}} for n in range(10, 20)]
+    )
+    first_five = "(payload->>'n')::int % 10 < 5"
+    rows(db, f"update graphile_worker._private_jobs set priority = 1 where {first_five}")
+    rows(db, f"update graphile_worker._private_jobs set priority = 0 where {first_five}")
+    ran: list[int] = []
+
+    async def t(payload: Any, helpers: Helpers) -> None:
+        ran.append(payload["n"])
+
+    await run_once(db, task_list={"t": t}, concurrency=1)
+    assert [n for n in ran if n < 10] == list(range(10))  # the named queue
+    assert [n for n in ran if n >= 10] == list(range(10, 20))
+
+
 async def test_graceful_shutdown_returns_unstarted_jobs(utils: WorkerUtils, db: str) -> None:
     await utils.add_jobs([{"identifier": "slow", "payload": {"n": n}} for n in range(10)])
     events = Events()
@@ -360,8 +449,12 @@ async def test_graceful_shutdown_returns_unstarted_jobs(utils: WorkerUtils, db: 
     locked = "select count(*) from graphile_worker._private_jobs where locked_by is not null"
     assert value(db, locked) == 7  # 2 running + 5 fetched ahead
     runner.pool.stop()
-    await asyncio.sleep(0.2)
-    assert value(db, locked) == 2  # the 5 unstarted ones are back already
+    # The 5 unstarted ones come back while the 2 running jobs still run.
+    deadline = time.monotonic() + 10
+    while value(db, locked) != 2:
+        assert time.monotonic() < deadline, value(db, locked)
+        await asyncio.sleep(0.05)
+    assert len(recorder.of("job:success")) == 0
     release.set()
     await runner
     assert len(recorder.of("job:success")) == 2

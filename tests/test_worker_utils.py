@@ -228,3 +228,83 @@ async def test_add_jobs_assigns_ids_in_the_order_of_the_specs(utils: WorkerUtils
         )
     ]
     assert ns == list(range(300))
+
+
+# A large add_jobs goes out in chunks of 5,000 specs (one transaction); these
+# batches span three chunks.
+BIG = 12_000
+
+
+async def test_a_large_add_jobs_adds_every_job_in_order(utils: WorkerUtils, db: str) -> None:
+    payloads: list[Any] = [{"n": n} for n in range(BIG)]
+    # Payloads of every JSON kind, with escapes, come back as they were given.
+    payloads[1] = [1, "two", None, {"x": 3.5}]
+    payloads[5_001] = 'a string with \t, " and \u00e9'
+    payloads[10_002] = 42
+    specs = [
+        {"identifier": f"task{n % 3}", "payload": payload, "queue_name": "q" if n % 5 else None}
+        for n, payload in enumerate(payloads)
+    ]
+    jobs = await utils.add_jobs(specs)
+    assert len(jobs) == BIG
+    by_id = sorted(jobs, key=lambda job: job.id)
+    assert [job.payload for job in by_id] == payloads
+    assert [job.task_identifier for job in by_id] == [f"task{n % 3}" for n in range(BIG)]
+    assert [job.queue_name for job in by_id] == ["q" if n % 5 else None for n in range(BIG)]
+    # Ids follow the order of the specs across chunks.
+    stored = rows(db, "select payload from graphile_worker._private_jobs order by id")
+    assert [r["payload"] for r in stored] == payloads
+
+
+@pytest.mark.parametrize(
+    "bad,message",
+    [
+        ({"priority": 40_000}, r"specs\[11000\]\.priority: is 40000; it must be between"),
+        ({"payload": {1, 2}}, r"specs\[11000\]\.payload: cannot be encoded as JSON"),
+        ({"job_key": "k3"}, r"specs\[11000\]\.job_key: is also the job_key of specs\[3\]"),
+    ],
+)
+async def test_a_bad_spec_late_in_a_large_add_jobs_adds_nothing(
+    utils: WorkerUtils, db: str, bad: dict[str, Any], message: str
+) -> None:
+    specs: list[dict[str, Any]] = [
+        {"identifier": "t", "payload": {"n": n}, "job_key": f"k{n}" if n < 10 else None}
+        for n in range(BIG)
+    ]
+    specs[11_000] = {**specs[11_000], **bad}
+    with pytest.raises(JobSpecError, match=message):
+        await utils.add_jobs(specs)
+    # The two chunks already inserted were rolled back.
+    assert job_count(db) == 0
+
+
+async def test_a_failed_large_add_jobs_leaves_the_callers_transaction_usable(
+    utils: WorkerUtils, db: str
+) -> None:
+    specs: list[dict[str, Any]] = [{"identifier": "t", "payload": {"n": n}} for n in range(BIG)]
+    specs[-1] = {"identifier": "t", "max_attempts": 0}
+    async with utils.holding_connection() as conn, conn.transaction():
+        await utils.add_job("before")
+        with pytest.raises(JobSpecError, match=r"specs\[11999\]\.max_attempts"):
+            await utils.add_jobs(specs)
+        await utils.add_job("after")
+    assert [
+        r["task_identifier"]
+        for r in rows(db, "select task_identifier from graphile_worker.jobs order by id")
+    ] == ["before", "after"]
+
+
+async def test_repeated_job_keys_are_refused_in_a_small_add_jobs_too(
+    utils: WorkerUtils, db: str
+) -> None:
+    with pytest.raises(
+        JobSpecError, match=r"specs\[2\]\.job_key: is also the job_key of specs\[0\]"
+    ):
+        await utils.add_jobs(
+            [
+                {"identifier": "t", "job_key": "same"},
+                {"identifier": "t", "job_key": "other"},
+                {"identifier": "t", "job_key": "same"},
+            ]
+        )
+    assert job_count(db) == 0

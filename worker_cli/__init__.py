@@ -26,6 +26,7 @@ from .migrate import LATEST_REVISION, MigrationReport
 from .options import WorkerOptions
 from .runner import Runner, run, run_migrations, run_once
 from .tasks import Task, TaskLoadError
+from .unique import UniqueJobResult, UniqueRule, UniqueRuleError
 from .worker_utils import CleanupTask, WorkerUtils, make_worker_utils, quick_add_job
 
 __all__ = [
@@ -51,6 +52,9 @@ __all__ = [
     "Task",
     "TaskLoadError",
     "TaskSpec",
+    "UniqueJobResult",
+    "UniqueRule",
+    "UniqueRuleError",
     "UnsupportedPostgresError",
     "WorkerOptions",
     "WorkerUtils",

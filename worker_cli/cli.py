@@ -3,22 +3,32 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
 
 import click
+from click.core import ParameterSource
 
+from . import logs
 from ._version import __version__
 from .connection import load_dotenv_file
 from .errors import GraphileWorkerError, IncompatibleSchemaError
+from .logs import LOG_FORMATS, LogFormat
+from .options import WorkerOptions
 
 __all__ = ["command", "main"]
 
 T = TypeVar("T")
 
-CLEANUP_TASKS = ("GC_TASK_IDENTIFIERS", "GC_JOB_QUEUES", "DELETE_PERMAFAILED_JOBS")
+CLEANUP_TASKS = (
+    "GC_TASK_IDENTIFIERS",
+    "GC_JOB_QUEUES",
+    "DELETE_PERMAFAILED_JOBS",
+    "GC_UNIQUE_LOCKS",
+)
 
 
 class SchemaIncompatible(click.ClickException):
@@ -56,14 +66,19 @@ def _parse_cleanup(_ctx: click.Context, _param: click.Parameter, value: str | No
     return names
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option(
+CONTEXT_SETTINGS: dict[str, Any] = {"help_option_names": ["-h", "--help"]}
+
+#: Options the worker and its subcommands share (given before a subcommand,
+#: they apply to it).
+connection_option = click.option(
     "-c",
     "--connection",
     metavar="URL",
+    envvar="DATABASE_URL",
+    show_envvar=True,
     help="PostgreSQL connection string. Default: DATABASE_URL, else the libpq PG* variables.",
 )
-@click.option(
+schema_option = click.option(
     "-s",
     "--schema",
     envvar="GRAPHILE_WORKER_SCHEMA",
@@ -72,6 +87,16 @@ def _parse_cleanup(_ctx: click.Context, _param: click.Parameter, value: str | No
     show_default=True,
     help="The schema graphile-worker's tables and functions live in.",
 )
+SHARED_OPTIONS = ("connection", "schema")
+
+
+@click.group(
+    context_settings=CONTEXT_SETTINGS,
+    invoke_without_command=True,
+    subcommand_metavar="[COMMAND [ARGS]...]",
+)
+@connection_option
+@schema_option
 @click.option("--schema-only", is_flag=True, help="Install or upgrade the schema, then exit.")
 @click.option("--once", is_flag=True, help="Run until no runnable job is left, then exit.")
 @click.option(
@@ -89,6 +114,17 @@ def _parse_cleanup(_ctx: click.Context, _param: click.Parameter, value: str | No
     default=10,
     show_default=True,
     help="Largest number of PostgreSQL connections in the pool.",
+)
+@click.option(
+    "--local-queue-size",
+    type=click.IntRange(min=0),
+    default=200,
+    show_default=True,
+    envvar="GRAPHILE_WORKER_LOCAL_QUEUE_SIZE",
+    show_envvar=True,
+    help="Most jobs fetched ahead of free slots (about 50 ms of work at the current "
+    "rate is kept; 0: fetch only for idle slots). A crashed worker holds at most "
+    "this many plus -j jobs until their locks expire.",
 )
 @click.option(
     "--poll-interval",
@@ -119,6 +155,24 @@ def _parse_cleanup(_ctx: click.Context, _param: click.Parameter, value: str | No
     help="Crontab file of recurring jobs. Default: ./crontab, if there is one.",
 )
 @click.option(
+    "--heartbeat-interval",
+    type=click.FloatRange(min=0, min_open=True),
+    envvar="GRAPHILE_WORKER_HEARTBEAT_INTERVAL",
+    show_envvar=True,
+    metavar="SECONDS",
+    help="Record a heartbeat every SECONDS, and release the jobs of worker pools whose "
+    "heartbeat stopped (crashed workers). Default: off.",
+)
+@click.option(
+    "--heartbeat-timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    envvar="GRAPHILE_WORKER_HEARTBEAT_TIMEOUT",
+    show_envvar=True,
+    metavar="SECONDS",
+    help="With --heartbeat-interval: a pool without a heartbeat for this long is declared "
+    "dead. Default: 300.",
+)
+@click.option(
     "--tasks",
     "tasks_dir",
     type=click.Path(path_type=Path, file_okay=False),
@@ -126,26 +180,77 @@ def _parse_cleanup(_ctx: click.Context, _param: click.Parameter, value: str | No
     show_default=True,
     help="Folder of task files (.py modules with a `task` function, or executables).",
 )
+@click.option(
+    "--log-format",
+    type=click.Choice(LOG_FORMATS),
+    default="text",
+    show_default=True,
+    envvar="GRAPHILE_WORKER_LOG_FORMAT",
+    show_envvar=True,
+    help="Log lines as text, or as JSON objects (one per line, with the job's fields).",
+)
+@click.option(
+    "--progress-interval",
+    type=click.FloatRange(min=0),
+    default=5.0,
+    show_default=True,
+    metavar="SECONDS",
+    envvar="GRAPHILE_WORKER_PROGRESS_INTERVAL",
+    show_envvar=True,
+    help="With --once: log jobs done, rate and jobs remaining this often (0: never).",
+)
+@click.option(
+    "--embedded-db",
+    metavar="DIR",
+    type=click.Path(path_type=Path, file_okay=False),
+    help="Start a private PostgreSQL with its data in DIR (created on first use, kept) "
+    "and use it; for trying and developing. Needs graphile-worker[embedded].",
+)
 @click.version_option(__version__, "--version", prog_name="graphile-worker")
+@click.pass_context
 def command(
+    ctx: click.Context,
     connection: str | None,
     schema: str,
     schema_only: bool,
     once: bool,
     jobs: int,
     max_pool_size: int,
+    local_queue_size: int,
     poll_interval: int,
     no_prepared_statements: bool,
     cleanup: list[str],
     crontab_path: Path | None,
+    heartbeat_interval: float | None,
+    heartbeat_timeout: float | None,
     tasks_dir: Path,
+    log_format: LogFormat,
+    progress_interval: float,
+    embedded_db: Path | None,
 ) -> None:
-    """Run jobs from a PostgreSQL queue shared with graphile-worker (Node)."""
+    """Run jobs from a PostgreSQL queue shared with graphile-worker (Node).
+
+    Without a COMMAND, run the worker with the options below; `status` prints
+    what is in the queue.
+    """
+    if ctx.invoked_subcommand is not None:
+        _check_shared_options_only(ctx)
+        return
     if once and schema_only:
         raise click.UsageError("--once and --schema-only cannot be used together")
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr
-    )
+    if heartbeat_timeout is not None and heartbeat_interval is None:
+        raise click.UsageError("--heartbeat-timeout needs --heartbeat-interval")
+    if heartbeat_timeout is None:
+        heartbeat_timeout = WorkerOptions.heartbeat_timeout
+    try:
+        WorkerOptions(heartbeat_interval=heartbeat_interval, heartbeat_timeout=heartbeat_timeout)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+    logs.configure(log_format)
+    if embedded_db is not None:  # runs until the command ends
+        from .embedded import use_embedded_database
+
+        connection = use_embedded_database(embedded_db, connection)
     from . import runner
     from .worker_utils import make_worker_utils
 
@@ -180,16 +285,183 @@ def command(
             schema=schema,
             poll_interval=poll_interval / 1000,
             max_pool_size=max_pool_size,
+            local_queue_size=local_queue_size,
             no_prepared_statements=no_prepared_statements,
             once=once,
+            progress_interval=progress_interval,
             crontab_file=crontab_file,
+            heartbeat_interval=heartbeat_interval,
+            heartbeat_timeout=heartbeat_timeout,
         )
         await worker
         return worker.exit_code
 
     code = _run(work())
+    _exit_despite_stuck_task_threads(code)
     if code:
         sys.exit(code)
+
+
+def _exit_despite_stuck_task_threads(code: int) -> None:
+    """A plain ``def`` task that ignored a forced shutdown still runs in its
+    thread, and Python would wait for it forever at exit. Its job is already
+    failed and written back, so leave without it."""
+    from .worker_pool import busy_task_threads
+
+    stuck = busy_task_threads()
+    if not stuck:
+        return
+    logging.getLogger("graphile_worker").warning(
+        "%d task thread(s) still running (a plain `def` task that ignored the shutdown); "
+        "exiting without waiting for them",
+        stuck,
+    )
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def _check_shared_options_only(ctx: click.Context) -> None:
+    """Before a subcommand, only the shared options (-c, -s) may be given."""
+    given = [
+        param
+        for param in ctx.command.params
+        if param.name not in SHARED_OPTIONS
+        and param.name is not None
+        and ctx.get_parameter_source(param.name) is ParameterSource.COMMANDLINE
+    ]
+    if given:
+        names = ", ".join(param.opts[-1] for param in given)
+        raise click.UsageError(
+            f"{names} cannot be used with the {ctx.invoked_subcommand} command", ctx
+        )
+
+
+def _shared(ctx: click.Context, name: str, value: Any) -> Any:
+    """A shared option's value: the subcommand's own, unless it was only given
+    (on the command line) before the subcommand."""
+    parent = ctx.parent
+    if (
+        parent is not None
+        and ctx.get_parameter_source(name) is not ParameterSource.COMMANDLINE
+        and parent.get_parameter_source(name) is ParameterSource.COMMANDLINE
+    ):
+        return parent.params[name]
+    return value
+
+
+@command.command(context_settings=CONTEXT_SETTINGS)
+@connection_option
+@schema_option
+@click.option("--json", "as_json", is_flag=True, help="Print the figures as one JSON document.")
+@click.pass_context
+def status(ctx: click.Context, connection: str | None, schema: str, as_json: bool) -> None:
+    """Print what is in the queue (read-only): jobs waiting, scheduled, locked
+    and permanently failed, by task and by named queue, and the oldest waiting
+    job."""
+    from .status import format_json, format_text, read_status
+
+    connection = _shared(ctx, "connection", connection)
+    schema = _shared(ctx, "schema", schema)
+    figures = _run(read_status(connection, schema=schema))
+    click.echo(format_json(figures) if as_json else format_text(figures))
+
+
+def _json_payload(_ctx: click.Context, _param: click.Parameter, value: str | None) -> Any:
+    if value is None:
+        return None
+    import json
+
+    try:
+        return json.loads(value)
+    except ValueError as exc:
+        raise click.BadParameter(f"not JSON ({exc}): {value!r}") from None
+
+
+def _aware_datetime(_ctx: click.Context, _param: click.Parameter, value: str | None) -> Any:
+    if value is None:
+        return None
+    from datetime import datetime
+
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError:
+        raise click.BadParameter(f"not an ISO 8601 date and time: {value!r}") from None
+    if moment.tzinfo is None:
+        raise click.BadParameter(
+            f"{value!r} has no time zone; add one, e.g. {value}+00:00 or {value}Z"
+        )
+    return moment
+
+
+@command.command("add-job", context_settings=CONTEXT_SETTINGS)
+@connection_option
+@schema_option
+@click.argument("identifier")
+@click.argument("payload", required=False, callback=_json_payload)
+@click.option("-q", "--queue", "queue_name", metavar="NAME", help="Named queue (runs serially).")
+@click.option(
+    "--run-at",
+    metavar="DATETIME",
+    callback=_aware_datetime,
+    help="When to run it, ISO 8601 with a time zone. Default: now.",
+)
+@click.option("--max-attempts", type=click.IntRange(min=1), help="Default: 25.")
+@click.option("--priority", type=int, help="Lower runs first. Default: 0.")
+@click.option("--job-key", metavar="KEY", help="Replace or dedupe the pending job with this key.")
+@click.option(
+    "--job-key-mode",
+    type=click.Choice(["replace", "preserve_run_at", "unsafe_dedupe"]),
+    help="How --job-key treats an existing job. Default: replace.",
+)
+@click.option("--flag", "flags", multiple=True, metavar="FLAG", help="A flag (repeatable).")
+@click.pass_context
+def add_job(
+    ctx: click.Context,
+    connection: str | None,
+    schema: str,
+    identifier: str,
+    payload: Any,
+    queue_name: str | None,
+    run_at: Any,
+    max_attempts: int | None,
+    priority: int | None,
+    job_key: str | None,
+    job_key_mode: Any,
+    flags: tuple[str, ...],
+) -> None:
+    """Add a job: IDENTIFIER is the task, PAYLOAD a JSON document (default {}).
+
+    The schema must be installed (run the worker or --schema-only first).
+    """
+    from .worker_utils import make_worker_utils
+
+    connection = _shared(ctx, "connection", connection)
+    schema = _shared(ctx, "schema", schema)
+
+    async def add() -> Any:
+        async with make_worker_utils(connection, schema=schema) as utils:
+            return await utils.add_job(
+                identifier,
+                payload,
+                queue_name=queue_name,
+                run_at=run_at,
+                max_attempts=max_attempts,
+                priority=priority,
+                job_key=job_key,
+                job_key_mode=job_key_mode,
+                flags=list(flags) or None,
+            )
+
+    try:
+        job = _run(add())
+    except ValueError as exc:  # JobSpecError names the field
+        raise click.UsageError(str(exc), ctx) from None
+    where = f" in queue {job.queue_name!r}" if job.queue_name else ""
+    click.echo(
+        f"Added job {job.id} ({job.task_identifier}){where}, run at {job.run_at.isoformat()}."
+    )
 
 
 def main() -> None:

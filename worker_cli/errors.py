@@ -49,8 +49,9 @@ class SchemaNotInstalledError(GraphileWorkerError):
 class JobSpecError(ValueError):
     """A job's options are invalid; ``field`` names the offending option.
 
-    Raised before anything is sent to the database, so a bad call never leaves
-    a half-added job behind.
+    Raised before the call commits anything (a large ``add_jobs`` rolls back
+    the chunks it has already sent), so a bad call never leaves a half-added
+    job or batch behind.
     """
 
     def __init__(self, field: str, reason: str) -> None:

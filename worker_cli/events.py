@@ -37,6 +37,10 @@ class Events:
     def off(self, name: str, handler: EventHandler) -> None:
         self._handlers[name].remove(handler)
 
+    def wants(self, name: str) -> bool:
+        """True if a handler listens to ``name`` (lets hot paths skip building events)."""
+        return bool(self._handlers.get(name))
+
     def emit(self, name: str, **data: Any) -> None:
         handlers = self._handlers.get(name)
         if not handlers:

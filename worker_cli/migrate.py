@@ -301,13 +301,13 @@ async def _apply_py_migrations(
         return []
     record = sql.Identifier(schema, "_private_py_migrations")
     try:
-        cur = await conn.execute(sql.SQL("select coalesce(max(id), 0) from {}").format(record))
-        row = await cur.fetchone()
-        done = int(row[0]) if row else 0
+        cur = await conn.execute(sql.SQL("select id from {}").format(record))
+        done = {int(row[0]) for row in await cur.fetchall()}
     except pg_errors.UndefinedTable:
-        done = 0
+        done = set()
     applied: list[int] = []
-    for number in (n for n in numbers if n > done):
+    # Every number not recorded yet, in order (a lower number added later still applies).
+    for number in (n for n in numbers if n not in done):
         async with conn.transaction():
             await _lock(conn, schema)
             await conn.execute(compose_script(files.read("py/record.sql"), schema))

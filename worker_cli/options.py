@@ -50,6 +50,12 @@ class WorkerOptions:
     stale_sweep_interval: tuple[float, float] = (480.0, 600.0)
     #: Log a line for every successful job (``NO_LOG_SUCCESS`` turns it off).
     log_success: bool = True
+    #: Seconds between heartbeats (``--heartbeat-interval``); None (the default)
+    #: turns heartbeats off. See ``worker_cli.heartbeat``.
+    heartbeat_interval: float | None = None
+    #: Seconds without a heartbeat after which any live pool with heartbeats on
+    #: declares this pool dead and releases its jobs (``--heartbeat-timeout``).
+    heartbeat_timeout: float = 300.0
 
     def __post_init__(self) -> None:
         if self.concurrency < 1:
@@ -60,3 +66,11 @@ class WorkerOptions:
             raise ValueError("max_pool_size must be at least 2")
         if self.local_queue_size < 0:
             raise ValueError("local_queue_size must not be negative")
+        if self.heartbeat_interval is not None:
+            if not self.heartbeat_interval > 0:
+                raise ValueError("heartbeat_interval must be positive")
+            if not self.heartbeat_timeout >= 2 * self.heartbeat_interval:
+                raise ValueError(
+                    f"heartbeat_timeout ({self.heartbeat_timeout:g}s) must be at least twice "
+                    f"heartbeat_interval ({self.heartbeat_interval:g}s)"
+                )

@@ -12,15 +12,18 @@ import os
 import signal
 from collections.abc import Callable, Generator, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, overload
 
+from . import logs
 from .connection import connect, load_dotenv_file, resolve_connection_string, resolve_schema
 from .errors import ConfigurationError
 from .events import Events
 from .job import Job
 from .migrate import MigrationReport, migrate
 from .options import ForbiddenFlags, WorkerOptions
+from .progress import ProgressReporter
 from .tasks import Task, TaskFunction, load_task_directory, make_task_list
+from .unique import UniqueJobResult, UniqueSpec
 from .worker_pool import WorkerPool
 
 if TYPE_CHECKING:
@@ -66,12 +69,33 @@ class Runner:
         """Fail running jobs (they will retry) and stop as soon as possible."""
         self.pool.force_stop()
 
-    async def add_job(self, identifier: str, payload: Any = None, **options: Any) -> Job:
+    @overload
+    async def add_job(
+        self, identifier: str, payload: Any = None, *, unique: None = None, **options: Any
+    ) -> Job: ...
+
+    @overload
+    async def add_job(
+        self, identifier: str, payload: Any = None, *, unique: UniqueSpec, **options: Any
+    ) -> UniqueJobResult: ...
+
+    async def add_job(
+        self,
+        identifier: str,
+        payload: Any = None,
+        *,
+        unique: UniqueSpec | None = None,
+        **options: Any,
+    ) -> Job | UniqueJobResult:
         """Add a job through the worker's own pool (options as WorkerUtils.add_job)."""
         utils = self.pool.utils
         if utils is None:
             raise RuntimeError("the worker has stopped")
-        return await utils.add_job(identifier, payload, **options)
+        if unique is None:
+            job: Job = await utils.add_job(identifier, payload, **options)
+            return job
+        result: UniqueJobResult = await utils.add_job(identifier, payload, unique=unique, **options)
+        return result
 
     def __await__(self) -> Generator[Any, None, None]:
         return self._task.__await__()
@@ -95,9 +119,12 @@ async def run(
     no_handle_signals: bool = False,
     once: bool = False,
     log_success: bool | None = None,
+    progress_interval: float | None = None,
     crontab: str | None = None,
     crontab_file: str | Path | None = None,
     parsed_cron_items: Sequence[ParsedCronItem] | None = None,
+    heartbeat_interval: float | None = None,
+    heartbeat_timeout: float = 300.0,
 ) -> Runner:
     """Migrate, load the tasks and start a worker pool; returns once it is running.
 
@@ -105,11 +132,18 @@ async def run(
     callable) and ``task_directory`` is needed. Recurring jobs come from at most
     one of ``crontab`` (its text), ``crontab_file`` and ``parsed_cron_items``
     (see ``parse_crontab``/``parse_cron_items``); cron does not run with ``once``.
+    With ``once`` and a ``progress_interval`` (seconds), a progress line (jobs
+    done, rate, jobs remaining) is logged that often, and a total at the end.
+
+    ``heartbeat_interval`` (seconds) turns on heartbeats: a pool silent for
+    ``heartbeat_timeout`` seconds is declared dead and its jobs are released.
     """
     load_dotenv_file()
     tasks = load_tasks(task_list, task_directory)
     cron_items = load_cron_items(crontab, crontab_file, parsed_cron_items)
     conninfo = resolve_connection_string(connection_string)
+    if progress_interval is not None and progress_interval < 0:
+        raise ConfigurationError("progress_interval must not be negative")
     if log_success is None:
         log_success = not os.environ.get("NO_LOG_SUCCESS")
     options = WorkerOptions(
@@ -123,6 +157,8 @@ async def run(
         local_queue_horizon=local_queue_horizon,
         graceful_shutdown_timeout=graceful_shutdown_timeout,
         log_success=log_success,
+        heartbeat_interval=heartbeat_interval,
+        heartbeat_timeout=heartbeat_timeout,
     )
     if max_pool_size < concurrency:
         logger.warning(
@@ -132,6 +168,8 @@ async def run(
             concurrency,
         )
     pool = WorkerPool(conninfo, tasks, options, events=events, once=once, cron_items=cron_items)
+    if logger.isEnabledFor(logging.DEBUG):
+        logs.attach_debug_logging(pool.events)
     # Signals are handled from here on: one during start-up stops the worker as
     # soon as it has started.
     remove_handlers = None if no_handle_signals else _handle_signals(pool)
@@ -150,6 +188,10 @@ async def run(
     if not ready.done():
         ready.cancel()
         await task  # start-up failed: raise its error
+    if once and progress_interval:
+        reporter = ProgressReporter(pool, progress_interval)
+        reporter.start()
+        task.add_done_callback(reporter.finish)
     return Runner(pool, task)
 
 
@@ -193,6 +235,12 @@ def load_cron_items(
             crontab = path.read_text(encoding="utf-8")
         except OSError as exc:
             raise ConfigurationError(f"cannot read crontab {str(path)!r}: {exc.strerror}") from None
+        except UnicodeDecodeError as exc:
+            line = path.read_bytes()[: exc.start].count(b"\n") + 1
+            raise ConfigurationError(
+                f"crontab {str(path)!r} line {line}: not UTF-8 text "
+                f"(byte 0x{exc.object[exc.start]:02x})"
+            ) from None
         try:
             return parse_crontab(crontab)
         except CrontabError as exc:

@@ -130,40 +130,77 @@ register_tasks = """
 # locked in the same statement, so a named queue runs strictly one job at a
 # time across every worker (Python or Node). Rows another worker is locking
 # right now are skipped, not waited for.
+#
+# Named queues are locked before any of their jobs (as Node's fetch does):
+# a job row of a named queue is only ever locked by the fetch holding that
+# queue. Locking a job first would let a concurrent fetch skip that locked
+# row, take the queue, and run the next job of the queue before it.
 get_jobs = """
-  with candidates as (
-    select j.id, j.job_queue_id, j.priority, j.run_at
-    from {schema}._private_jobs as j
-    where j.is_available = true
-      and j.run_at <= now()
-      and j.task_id = any(%(task_ids)s::int[])
-      and (
-        j.job_queue_id is null
-        or j.job_queue_id in (
-          select q.id from {schema}._private_job_queues as q where q.is_available = true
-        )
-      )
-      and (%(forbidden_flags)s::text[] is null or j.flags is null
-           or not (j.flags ?| %(forbidden_flags)s::text[]))
-    -- Exactly the key of jobs_main_index, so this is an index scan that stops
-    -- after %(limit)s rows (adding "id" would sort the whole table).
-    order by j.priority, j.run_at
-    limit %(limit)s
-    for update of j skip locked
-  ),
-  queues as (
-    select q.id, q.queue_name
+  with queues as materialized (
+    -- Read only when a candidate job is in a named queue: queue-less
+    -- workloads never lock (or scan) the queues table.
+    select q.id
     from {schema}._private_job_queues as q
-    where q.id in (select c.job_queue_id from candidates as c)
-      and q.is_available = true
+    where q.is_available = true
     for update skip locked
   ),
+  candidates as (
+    -- Per task, through _private_py_jobs_task_order (migrations/py/000003.sql):
+    -- due jobs of other tasks, however many, are never scanned. And per
+    -- priority: the task's priorities are found one index descent each (a
+    -- loose index scan), so that each priority's due jobs are a bounded range
+    -- and its future jobs, however many, are never walked either. Each scan
+    -- locks as it goes and skips rows another worker is locking right now
+    -- (not waiting for them), so it still fills the limit; rows beyond the
+    -- overall limit are unlocked when the statement ends.
+    select c.id, c.job_queue_id, c.priority, c.run_at
+    from unnest(%(task_ids)s::int[]) as t(id)
+    cross join lateral (
+      with recursive priorities (priority) as (
+        (
+          select j.priority from {schema}._private_jobs as j
+          where j.task_id = t.id and j.is_available = true
+          order by j.priority
+          limit 1
+        )
+        union all
+        select (
+          select j.priority from {schema}._private_jobs as j
+          where j.task_id = t.id and j.is_available = true and j.priority > p.priority
+          order by j.priority
+          limit 1
+        )
+        from priorities as p
+        where p.priority is not null
+      )
+      select p.priority from priorities as p where p.priority is not null
+    ) as p
+    cross join lateral (
+      select j.id, j.job_queue_id, j.priority, j.run_at
+      from {schema}._private_jobs as j
+      where j.task_id = t.id
+        and j.priority = p.priority
+        and j.is_available = true
+        and j.run_at <= now()
+        and (j.job_queue_id is null or j.job_queue_id in (select queues.id from queues))
+        and (%(forbidden_flags)s::text[] is null or j.flags is null
+             or not (j.flags ?| %(forbidden_flags)s::text[]))
+      -- id breaks ties (one add_jobs call gives every job the same run_at), so
+      -- a named queue runs its jobs in the order they were added, whatever the
+      -- plan; the index holds the same order, so nothing is sorted.
+      order by j.run_at, j.id
+      limit %(limit)s
+      for update of j skip locked
+    ) as c
+    order by c.priority, c.run_at, c.id
+    limit %(limit)s
+  ),
   chosen as (
+    -- The first candidate of each named queue is the head of that queue: no
+    -- other fetch can lock its rows while this one holds the queue.
     select distinct on (c.job_queue_id, case when c.job_queue_id is null then c.id end)
-      c.id, c.job_queue_id, queues.queue_name
+      c.id, c.job_queue_id
     from candidates as c
-    left join queues on queues.id = c.job_queue_id
-    where c.job_queue_id is null or queues.id is not null
     order by c.job_queue_id, case when c.job_queue_id is null then c.id end,
              c.priority, c.run_at, c.id
   ),
@@ -173,13 +210,17 @@ get_jobs = """
     from chosen
     where q.id = chosen.job_queue_id
   )
+  -- "= any(array(...))": an index scan on the primary key. A join with
+  -- "chosen" lets the planner hash the whole jobs table instead.
   update {schema}._private_jobs as j
   set attempts = j.attempts + 1, locked_at = now(), locked_by = %(pool_id)s
-  from chosen
-  where j.id = chosen.id
+  where j.id = any(array(select chosen.id from chosen))
   returning j.id, j.job_queue_id, j.task_id, j.payload, j.priority, j.run_at, j.attempts,
     j.max_attempts, j.last_error, j.created_at, j.updated_at, j.key, j.locked_at,
-    j.locked_by, j.revision, j.flags, j.is_available, chosen.queue_name
+    j.locked_by, j.revision, j.flags, j.is_available,
+    case when j.job_queue_id is not null then
+      (select q.queue_name from {schema}._private_job_queues as q where q.id = j.job_queue_id)
+    end
 """
 
 # Success: delete the jobs and unlock their queues (where this pool holds them).
@@ -288,4 +329,219 @@ schedule_cron_jobs = """
   )).id
   from specs as s
   join advanced on advanced.identifier = s.identifier
+"""
+
+
+# --- Operations: --once progress, `graphile-worker status` (read-only) ---------
+
+# Due, unlocked jobs of the given tasks, counted up to %(cap)s rows (the
+# --once progress line; the jobs' main index holds exactly the available ones).
+progress_remaining = """
+  select count(*) from (
+    select 1
+    from {schema}._private_jobs as j
+    where j.is_available = true
+      and j.run_at <= now()
+      and j.task_id in (
+        select t.id from {schema}._private_tasks as t
+        where t.identifier = any(%(identifiers)s::text[])
+      )
+    limit %(cap)s
+  ) as due
+"""
+
+# Whether the schema holds graphile-worker's jobs and migrations tables (the
+# schema name is a bound parameter here: a value, not an identifier).
+status_installed = """
+  select to_regclass(format('%%I._private_jobs', %(schema)s::text)) is not null
+    and to_regclass(format('%%I.migrations', %(schema)s::text)) is not null
+"""
+
+status_revision = """
+  select max(id) from {schema}.migrations
+"""
+
+# Every job is in exactly one of: locked (being run, or held by a crashed
+# worker), permanently failed (attempts used up), scheduled (run_at in the
+# future) or waiting (due now). "retrying" counts the waiting and scheduled
+# jobs that have been attempted before. Grouped by task and named queue;
+# status.py adds the groups up. now() is the transaction's start, so all the
+# status statements (run in one read-only repeatable-read transaction) agree.
+status_counts = """
+  select
+    t.identifier,
+    q.queue_name,
+    count(*),
+    count(*) filter (
+      where j.locked_at is null and j.attempts < j.max_attempts and j.run_at <= now()
+    ),
+    count(*) filter (
+      where j.locked_at is null and j.attempts < j.max_attempts and j.run_at > now()
+    ),
+    count(*) filter (where j.locked_at is not null),
+    count(*) filter (where j.locked_at is null and j.attempts >= j.max_attempts),
+    count(*) filter (
+      where j.locked_at is null and j.attempts < j.max_attempts and j.attempts > 0
+    )
+  from {schema}._private_jobs as j
+  join {schema}._private_tasks as t on t.id = j.task_id
+  left join {schema}._private_job_queues as q on q.id = j.job_queue_id
+  group by t.identifier, q.queue_name
+"""
+
+# The job that has been due the longest without being taken.
+status_oldest_waiting = """
+  select j.id, t.identifier, q.queue_name, j.run_at, extract(epoch from now() - j.run_at)
+  from {schema}._private_jobs as j
+  join {schema}._private_tasks as t on t.id = j.task_id
+  left join {schema}._private_job_queues as q on q.id = j.job_queue_id
+  where j.locked_at is null and j.attempts < j.max_attempts and j.run_at <= now()
+  order by j.run_at, j.id
+  limit 1
+"""
+
+# Named queues that are locked (one of their jobs is running), with the holder.
+status_locked_queues = """
+  select q.queue_name, q.locked_by, extract(epoch from now() - q.locked_at)
+  from {schema}._private_job_queues as q
+  where q.locked_at is not null
+"""
+
+status_now = """
+  select now()
+"""
+
+# --- Unique jobs (migrations/py/000001.sql) -------------------------------------
+#
+# None of the worker's statements above knows about these: jobs added without
+# a rule cost nothing more.
+
+
+def _returning_unique_results(call: LiteralString) -> LiteralString:
+    # The existing or new job is expanded into the columns of _private_jobs
+    # (all null when the existing job has already succeeded).
+    return (
+        "select r.job_id, r.conflict, r.conflict_state, r.replaced, (r.job).* from "
+        + call
+        + " as r"
+    )
+
+
+add_unique_job = _returning_unique_results(
+    """{schema}.py_add_job(
+      identifier => %(identifier)s,
+      payload => %(payload)s::json,
+      queue_name => %(queue_name)s,
+      run_at => %(run_at)s,
+      max_attempts => %(max_attempts)s,
+      job_key => %(job_key)s,
+      priority => %(priority)s,
+      flags => %(flags)s::text[],
+      job_key_mode => %(job_key_mode)s,
+      unique_rule => %(unique_rule)s::jsonb
+    )"""
+)
+
+# One result per spec, in the order of the specs.
+add_unique_jobs = (
+    _returning_unique_results(
+        """{schema}.py_add_jobs(
+      array(
+        select spec
+        from json_populate_recordset(null::{schema}.job_spec, %(specs)s::json) as spec
+      ),
+      %(unique_rules)s::jsonb,
+      %(job_key_preserve_run_at)s
+    )"""
+    )
+    + " order by r.spec_index"
+)
+
+# remove_job, and the uniqueness lock its job held: a job an administrator
+# removed does not block duplicates.
+remove_job_releasing_unique_lock = """
+  with removed as (
+    select j.* from {schema}.remove_job(%(job_key)s) as j where j.id is not null
+  ),
+  released as (
+    delete from {schema}._private_py_unique_locks as l
+    where l.job_id in (select removed.id from removed)
+  )
+  select * from removed
+"""
+
+# DELETE_PERMAFAILED_JOBS, and the uniqueness locks of the deleted jobs: a
+# job row that disappears otherwise looks like a success.
+delete_permafailed_jobs_releasing_unique_locks = """
+  with deleted as (
+    delete from {schema}._private_jobs as j
+    where j.attempts >= j.max_attempts and j.locked_at is null
+    returning j.id
+  )
+  delete from {schema}._private_py_unique_locks as l
+  where l.job_id in (select deleted.id from deleted)
+"""
+
+# Delete up to %(max_rows)s uniqueness locks that can never block again;
+# returns how many.
+gc_unique_locks = "select {schema}.py_gc_unique_locks(%(max_rows)s)"
+
+# --- Heartbeats (opt-in; migrations/py/000002.sql) ----------------------------
+
+# Record that this pool is alive. Returns a row only when the pool had no row:
+# its first beat, or another pool declared it dead meanwhile (and released its jobs).
+heartbeat_beat = """
+  with beat as (
+    update {schema}._private_py_heartbeats as h
+    set beat_at = now(), timeout = %(timeout)s::interval
+    where h.pool_id = %(pool_id)s
+    returning h.pool_id
+  )
+  insert into {schema}._private_py_heartbeats (pool_id, timeout, hostname, pid)
+  select %(pool_id)s, %(timeout)s::interval, %(hostname)s, %(pid)s
+  where not exists (select 1 from beat)
+  on conflict (pool_id) do nothing
+  returning pool_id
+"""
+
+# Declare dead every other pool whose last beat is older than its own timeout:
+# delete its row and release its jobs and queues. The attempt the dead pool had
+# counted when it fetched a job stays counted; last_error says what happened.
+# Only locked_by values that had a heartbeat row are touched, never Node's.
+heartbeat_reap = """
+  with dead as (
+    delete from {schema}._private_py_heartbeats as h
+    where h.beat_at < now() - h.timeout and h.pool_id <> %(pool_id)s
+    returning h.pool_id, h.beat_at, h.timeout, h.hostname, h.pid
+  ),
+  jobs as (
+    update {schema}._private_jobs as j
+    set locked_at = null,
+        locked_by = null,
+        run_at = greatest(j.run_at, now()),
+        last_error = 'the worker pool ' || dead.pool_id
+          || coalesce(' (host ' || dead.hostname || ', pid ' || dead.pid || ')', '')
+          || ' running this job was declared dead: no heartbeat since '
+          || dead.beat_at || ' (timeout ' || dead.timeout || ')',
+        updated_at = now()
+    from dead
+    where j.locked_by = dead.pool_id
+    returning dead.pool_id
+  ),
+  queues as (
+    update {schema}._private_job_queues as q
+    set locked_at = null, locked_by = null
+    from dead
+    where q.locked_by = dead.pool_id
+    returning dead.pool_id
+  )
+  select dead.pool_id, dead.hostname, dead.pid, dead.beat_at,
+    (select count(*) from jobs where jobs.pool_id = dead.pool_id) as jobs,
+    (select count(*) from queues where queues.pool_id = dead.pool_id) as queues
+  from dead
+"""
+
+# A pool stopping cleanly (every result written) forgets its heartbeat.
+heartbeat_remove = """
+  delete from {schema}._private_py_heartbeats where pool_id = %(pool_id)s
 """
