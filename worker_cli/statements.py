@@ -124,103 +124,13 @@ register_tasks = """
   select id, identifier from {schema}._private_tasks where identifier = any(%(identifiers)s::text[])
 """
 
-# Lock up to %(limit)s runnable jobs for this pool: available, due, of our
-# tasks, without forbidden flags, and either queue-less or in an available
-# named queue. At most one job per named queue is taken, and its queue is
-# locked in the same statement, so a named queue runs strictly one job at a
-# time across every worker (Python or Node). Rows another worker is locking
-# right now are skipped, not waited for.
-#
-# Named queues are locked before any of their jobs (as Node's fetch does):
-# a job row of a named queue is only ever locked by the fetch holding that
-# queue. Locking a job first would let a concurrent fetch skip that locked
-# row, take the queue, and run the next job of the queue before it.
+# Lock up to %(limit)s runnable jobs of our tasks for this pool, at most one
+# per named queue, and return them with their queue names. The statement is
+# the function py_get_jobs (migrations/py/000003.sql), for its plan settings.
 get_jobs = """
-  with queues as materialized (
-    -- Read only when a candidate job is in a named queue: queue-less
-    -- workloads never lock (or scan) the queues table.
-    select q.id
-    from {schema}._private_job_queues as q
-    where q.is_available = true
-    for update skip locked
-  ),
-  candidates as (
-    -- Per task, through _private_py_jobs_task_order (migrations/py/000003.sql):
-    -- due jobs of other tasks, however many, are never scanned. And per
-    -- priority: the task's priorities are found one index descent each (a
-    -- loose index scan), so that each priority's due jobs are a bounded range
-    -- and its future jobs, however many, are never walked either. Each scan
-    -- locks as it goes and skips rows another worker is locking right now
-    -- (not waiting for them), so it still fills the limit; rows beyond the
-    -- overall limit are unlocked when the statement ends.
-    select c.id, c.job_queue_id, c.priority, c.run_at
-    from unnest(%(task_ids)s::int[]) as t(id)
-    cross join lateral (
-      with recursive priorities (priority) as (
-        (
-          select j.priority from {schema}._private_jobs as j
-          where j.task_id = t.id and j.is_available = true
-          order by j.priority
-          limit 1
-        )
-        union all
-        select (
-          select j.priority from {schema}._private_jobs as j
-          where j.task_id = t.id and j.is_available = true and j.priority > p.priority
-          order by j.priority
-          limit 1
-        )
-        from priorities as p
-        where p.priority is not null
-      )
-      select p.priority from priorities as p where p.priority is not null
-    ) as p
-    cross join lateral (
-      select j.id, j.job_queue_id, j.priority, j.run_at
-      from {schema}._private_jobs as j
-      where j.task_id = t.id
-        and j.priority = p.priority
-        and j.is_available = true
-        and j.run_at <= now()
-        and (j.job_queue_id is null or j.job_queue_id in (select queues.id from queues))
-        and (%(forbidden_flags)s::text[] is null or j.flags is null
-             or not (j.flags ?| %(forbidden_flags)s::text[]))
-      -- id breaks ties (one add_jobs call gives every job the same run_at), so
-      -- a named queue runs its jobs in the order they were added, whatever the
-      -- plan; the index holds the same order, so nothing is sorted.
-      order by j.run_at, j.id
-      limit %(limit)s
-      for update of j skip locked
-    ) as c
-    order by c.priority, c.run_at, c.id
-    limit %(limit)s
-  ),
-  chosen as (
-    -- The first candidate of each named queue is the head of that queue: no
-    -- other fetch can lock its rows while this one holds the queue.
-    select distinct on (c.job_queue_id, case when c.job_queue_id is null then c.id end)
-      c.id, c.job_queue_id
-    from candidates as c
-    order by c.job_queue_id, case when c.job_queue_id is null then c.id end,
-             c.priority, c.run_at, c.id
-  ),
-  lock_queues as (
-    update {schema}._private_job_queues as q
-    set locked_at = now(), locked_by = %(pool_id)s
-    from chosen
-    where q.id = chosen.job_queue_id
+  select * from {schema}.py_get_jobs(
+    %(task_ids)s::int[], %(forbidden_flags)s::text[], %(limit)s::int, %(pool_id)s::text
   )
-  -- "= any(array(...))": an index scan on the primary key. A join with
-  -- "chosen" lets the planner hash the whole jobs table instead.
-  update {schema}._private_jobs as j
-  set attempts = j.attempts + 1, locked_at = now(), locked_by = %(pool_id)s
-  where j.id = any(array(select chosen.id from chosen))
-  returning j.id, j.job_queue_id, j.task_id, j.payload, j.priority, j.run_at, j.attempts,
-    j.max_attempts, j.last_error, j.created_at, j.updated_at, j.key, j.locked_at,
-    j.locked_by, j.revision, j.flags, j.is_available,
-    case when j.job_queue_id is not null then
-      (select q.queue_name from {schema}._private_job_queues as q where q.id = j.job_queue_id)
-    end
 """
 
 # Success: delete the jobs and unlock their queues (where this pool holds them).

@@ -435,11 +435,8 @@ class WorkerPool:
         """The fetcher's own connection: one fetch runs at a time, and an idle
         worker's first fetch does not wait for a pool checkout.
 
-        get_jobs keeps PostgreSQL's default plan choice (a custom plan per
-        fetch). A forced generic plan saved ~0.3 ms per fetch, but it is made
-        once from the statistics of the moment: made on a near-empty table it
-        scans and sorts every due job of a task instead of reading the index in
-        order, and with JIT on it compiled for ~30 ms per fetch behind 1M jobs.
+        get_jobs calls py_get_jobs, whose plan is made once per session: a
+        long-lived connection plans it once.
         """
         conn = await psycopg.AsyncConnection.connect(self.conninfo, **self._connection_kwargs)
         read_payloads_raw(conn)
