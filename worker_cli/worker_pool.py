@@ -614,6 +614,9 @@ class WorkerPool:
                     self.nudge()  # catch up on jobs added while we were not listening
                     async for notify in conn.notifies():
                         self._on_notify(notify.channel, notify.payload)
+                        # Let the fetcher send its query before psycopg goes on
+                        # reading this connection: ~0.1 ms off add_job -> task start.
+                        await asyncio.sleep(0)
             except psycopg.Error as exc:
                 attempt += 1
                 delay = min(30.0, 0.5 * 2 ** (attempt - 1)) * (0.5 + random.random())
