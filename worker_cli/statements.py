@@ -32,8 +32,8 @@ def _returning_jobs(call: LiteralString) -> LiteralString:
     return "select j.* from " + call + " as j"
 
 
-add_job = _returning_jobs(
-    """{schema}.add_job(
+# add_job's arguments, shared by add_job and py_add_job (add_unique_job).
+_ADD_JOB_ARGUMENTS = """
       identifier => %(identifier)s,
       payload => %(payload)s::json,
       queue_name => %(queue_name)s,
@@ -42,9 +42,9 @@ add_job = _returning_jobs(
       job_key => %(job_key)s,
       priority => %(priority)s,
       flags => %(flags)s::text[],
-      job_key_mode => %(job_key_mode)s
-    )"""
-)
+      job_key_mode => %(job_key_mode)s"""
+
+add_job = _returning_jobs("{schema}.add_job(" + _ADD_JOB_ARGUMENTS + "\n    )")
 
 # The specs travel as one JSON array and become job_spec[] in the server.
 add_jobs = _returning_jobs(
@@ -338,16 +338,9 @@ def _returning_unique_results(call: LiteralString) -> LiteralString:
 
 
 add_unique_job = _returning_unique_results(
-    """{schema}.py_add_job(
-      identifier => %(identifier)s,
-      payload => %(payload)s::json,
-      queue_name => %(queue_name)s,
-      run_at => %(run_at)s,
-      max_attempts => %(max_attempts)s,
-      job_key => %(job_key)s,
-      priority => %(priority)s,
-      flags => %(flags)s::text[],
-      job_key_mode => %(job_key_mode)s,
+    "{schema}.py_add_job("
+    + _ADD_JOB_ARGUMENTS
+    + """,
       unique_rule => %(unique_rule)s::jsonb
     )"""
 )
