@@ -28,7 +28,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -156,14 +155,7 @@ def measure_latency(
     latencies = []
     try:
         with psycopg.connect(url, autocommit=True) as conn:
-            _wait(
-                lambda: (
-                    conn.execute(
-                        "select count(*) from pg_stat_activity where query ilike 'listen%%'"
-                    ).fetchone()
-                    >= (1,)
-                )
-            )
+            _wait_listening(conn)
             time.sleep(0.5)
             for n in range(samples + 20):
                 sent = time.monotonic_ns()
@@ -307,14 +299,7 @@ def measure_memory(pg: PgServer, system: System, concurrency: int) -> dict[str, 
     worker = system.start(url, "-j", str(concurrency))
     try:
         with psycopg.connect(url, autocommit=True) as conn:
-            _wait(
-                lambda: (
-                    conn.execute(
-                        "select count(*) from pg_stat_activity where query ilike 'listen%%'"
-                    ).fetchone()
-                    >= (1,)
-                )
-            )
+            _wait_listening(conn)
             time.sleep(2)
             idle = _rss_mb(worker.pid)
             conn.execute(
@@ -348,9 +333,11 @@ def measure_extras(pg: PgServer, system: System, concurrency: int) -> dict[str, 
     return results
 
 
-def _wait(check: Callable[[], bool], within: float = 30) -> None:
+def _wait_listening(conn: psycopg.Connection[Any], within: float = 30) -> None:
+    """Wait until a worker's LISTEN connection is open."""
+    query = "select count(*) from pg_stat_activity where query ilike 'listen%%'"
     deadline = time.monotonic() + within
-    while not check():
+    while conn.execute(query).fetchone() < (1,):
         if time.monotonic() > deadline:
             raise TimeoutError("the worker did not start listening")
         time.sleep(0.05)
