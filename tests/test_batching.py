@@ -136,3 +136,122 @@ async def test_slow_jobs_are_not_hoarded_by_one_worker(utils: WorkerUtils, db: s
     await second.stop()
     assert sum(ran_by.values()) == 24
     assert min(ran_by.values()) >= 8, ran_by  # each did a fair share (12 each if perfectly even)
+
+
+async def _wait_until(condition: Any, within: float = 10) -> float:
+    """Poll ``condition()`` until true; returns the time it took."""
+    start = time.monotonic()
+    while not condition():
+        assert time.monotonic() - start < within, "condition not met in time"
+        await asyncio.sleep(0.01)
+    return time.monotonic() - start
+
+
+def _job_count(db: str, task: str) -> int:
+    return int(
+        value(
+            db,
+            "select count(*) from graphile_worker.jobs where task_identifier = %s",
+            (task,),
+        )
+    )
+
+
+async def test_a_busy_pool_writes_a_result_after_the_batch_delay_and_at_stop(
+    utils: WorkerUtils, db: str
+) -> None:
+    """While another job runs, a finished job's result waits (up to the batch
+    delay) for others to join its write; a stop writes it without waiting."""
+    release = asyncio.Event()
+    finished = asyncio.Event()
+
+    async def slow(payload: Any, helpers: Helpers) -> None:
+        await release.wait()
+
+    async def fast(payload: Any, helpers: Helpers) -> None:
+        finished.set()
+
+    await utils.add_job("slow")
+    runner = await run(
+        db,
+        task_list={"slow": slow, "fast": fast},
+        no_handle_signals=True,
+        concurrency=2,
+        complete_job_batch_delay=5.0,
+    )
+    try:
+        await _wait_until(
+            lambda: (
+                value(db, "select count(*) from graphile_worker.jobs where locked_at is not null")
+                == 1
+            )
+        )
+        await utils.add_job("fast")
+        await asyncio.wait_for(finished.wait(), 10)
+        await asyncio.sleep(0.3)
+        assert _job_count(db, "fast") == 1  # finished, its result still waiting
+        stopping = asyncio.ensure_future(runner.stop())
+        # Written at once, while the slow job is still running.
+        assert await _wait_until(lambda: _job_count(db, "fast") == 0) < 2.5
+        assert _job_count(db, "slow") == 1
+    finally:
+        release.set()
+    await stopping
+    assert _job_count(db, "slow") == 0
+
+
+async def test_an_idle_pool_writes_a_result_at_once(utils: WorkerUtils, db: str) -> None:
+    finished = asyncio.Event()
+
+    async def fast(payload: Any, helpers: Helpers) -> None:
+        finished.set()
+
+    runner = await run(
+        db, task_list={"fast": fast}, no_handle_signals=True, complete_job_batch_delay=5.0
+    )
+    try:
+        await utils.add_job("fast")
+        await asyncio.wait_for(finished.wait(), 10)
+        # Nothing else runs or waits: no reason to hold the result back.
+        assert await _wait_until(lambda: _job_count(db, "fast") == 0) < 2.5
+    finally:
+        await runner.stop()
+
+
+async def test_a_named_queue_job_result_is_not_held_back(utils: WorkerUtils, db: str) -> None:
+    """A named queue stays locked until its running job's result is written:
+    that write does not wait for the batch delay, or the queue would run one
+    job per delay."""
+    release = asyncio.Event()
+    ran: list[int] = []
+
+    async def slow(payload: Any, helpers: Helpers) -> None:
+        await release.wait()
+
+    async def queued(payload: dict[str, int], helpers: Helpers) -> None:
+        ran.append(payload["n"])
+
+    await utils.add_job("slow")
+    runner = await run(
+        db,
+        task_list={"slow": slow, "queued": queued},
+        no_handle_signals=True,
+        concurrency=3,
+        complete_job_batch_delay=5.0,
+    )
+    try:
+        await _wait_until(
+            lambda: (
+                value(db, "select count(*) from graphile_worker.jobs where locked_at is not null")
+                == 1
+            )
+        )
+        await utils.add_jobs(
+            [{"identifier": "queued", "payload": {"n": n}, "queue_name": "q"} for n in range(3)]
+        )
+        # Three jobs one after another in the queue, while the pool stays busy.
+        assert await _wait_until(lambda: _job_count(db, "queued") == 0) < 4
+        assert ran == [0, 1, 2]
+    finally:
+        release.set()
+        await runner.stop()

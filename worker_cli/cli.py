@@ -127,6 +127,18 @@ SHARED_OPTIONS = ("connection", "schema")
     "this many plus -j jobs until their locks expire.",
 )
 @click.option(
+    "--complete-job-batch-delay",
+    type=click.IntRange(min=0, max=10000),
+    default=2,
+    show_default=True,
+    metavar="MS",
+    envvar="GRAPHILE_WORKER_COMPLETE_JOB_BATCH_DELAY",
+    show_envvar=True,
+    help="While the worker is busy, how long finished jobs may wait for others to be "
+    "written back with them (one statement and one commit); 0: write as soon as "
+    "the previous write is done.",
+)
+@click.option(
     "--poll-interval",
     type=click.IntRange(min=1),
     default=2000,
@@ -217,6 +229,7 @@ def command(
     jobs: int,
     max_pool_size: int,
     local_queue_size: int,
+    complete_job_batch_delay: int,
     poll_interval: int,
     no_prepared_statements: bool,
     cleanup: list[str],
@@ -286,6 +299,7 @@ def command(
             poll_interval=poll_interval / 1000,
             max_pool_size=max_pool_size,
             local_queue_size=local_queue_size,
+            complete_job_batch_delay=complete_job_batch_delay / 1000,
             no_prepared_statements=no_prepared_statements,
             once=once,
             progress_interval=progress_interval,

@@ -42,6 +42,12 @@ class WorkerOptions:
     #: Seconds of work (at the measured rate) the local queue aims to hold;
     #: ``math.inf`` keeps it always full.
     local_queue_horizon: float = 0.05
+    #: Seconds a batch of job results may wait for more results to join it
+    #: while the pool is busy (one statement and one commit for all of them);
+    #: 0 writes whatever has finished as soon as the previous write is done.
+    #: Results are written without this delay when the pool has nothing else
+    #: to run and for jobs of named queues.
+    complete_job_batch_delay: float = 0.002
     #: Seconds to wait for running jobs on shutdown before setting abort_signal.
     graceful_shutdown_timeout: float = 5.0
     #: Locks older than this are considered abandoned by a crashed worker.
@@ -66,6 +72,8 @@ class WorkerOptions:
             raise ValueError("max_pool_size must be at least 2")
         if self.local_queue_size < 0:
             raise ValueError("local_queue_size must not be negative")
+        if not 0 <= self.complete_job_batch_delay <= 10:
+            raise ValueError("complete_job_batch_delay must be between 0 and 10 seconds")
         if self.heartbeat_interval is not None:
             if not self.heartbeat_interval > 0:
                 raise ValueError("heartbeat_interval must be positive")

@@ -114,6 +114,7 @@ async def run(
     forbidden_flags: ForbiddenFlags = None,
     local_queue_size: int = 200,
     local_queue_horizon: float = 0.05,
+    complete_job_batch_delay: float = 0.002,
     graceful_shutdown_timeout: float = 5.0,
     events: Events | None = None,
     no_handle_signals: bool = False,
@@ -128,10 +129,11 @@ async def run(
 ) -> Runner:
     """Migrate, load the tasks and start a worker pool; returns once it is running.
 
-    ``poll_interval`` is in seconds. Exactly one of ``task_list`` (identifier ->
-    callable) and ``task_directory`` is needed. Recurring jobs come from at most
-    one of ``crontab`` (its text), ``crontab_file`` and ``parsed_cron_items``
-    (see ``parse_crontab``/``parse_cron_items``); cron does not run with ``once``.
+    ``poll_interval`` and ``complete_job_batch_delay`` are in seconds. Exactly
+    one of ``task_list`` (identifier -> callable) and ``task_directory`` is
+    needed. Recurring jobs come from at most one of ``crontab`` (its text),
+    ``crontab_file`` and ``parsed_cron_items`` (see
+    ``parse_crontab``/``parse_cron_items``); cron does not run with ``once``.
     With ``once`` and a ``progress_interval`` (seconds), a progress line (jobs
     done, rate, jobs remaining) is logged that often, and a total at the end.
 
@@ -155,6 +157,7 @@ async def run(
         forbidden_flags=forbidden_flags,
         local_queue_size=local_queue_size,
         local_queue_horizon=local_queue_horizon,
+        complete_job_batch_delay=complete_job_batch_delay,
         graceful_shutdown_timeout=graceful_shutdown_timeout,
         log_success=log_success,
         heartbeat_interval=heartbeat_interval,

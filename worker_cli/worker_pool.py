@@ -22,6 +22,7 @@ the graceful timeout, and on a forced stop fail them so they retry elsewhere.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import itertools
 import json
@@ -33,7 +34,7 @@ import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import psycopg
@@ -59,8 +60,9 @@ logger = logging.getLogger("graphile_worker")
 
 #: A slot running jobs that never await yields to the event loop at least this often.
 _YIELD_EVERY = 64
-#: ... and as soon as this many results wait for an idle completer.
-_COMPLETE_BATCH = 32
+#: A batch of results is written at once when it holds this many (however busy
+#: the pool is): a bounded statement, and bounded work lost to a crash.
+_WRITE_AT_MOST = 1000
 #: Name prefix of the threads that run plain (``def``) tasks.
 TASK_THREAD_PREFIX = "graphile-worker-task"
 #: Rounds of task registration; each round after the first only meets rows
@@ -68,30 +70,33 @@ TASK_THREAD_PREFIX = "graphile-worker-task"
 _REGISTER_ATTEMPTS = 5
 
 
-@dataclass
-class _Running:
-    """A job a slot is running."""
+@dataclass(slots=True)
+class _Slot:
+    """One of the pool's N slots, and the job it is running (if any)."""
 
-    job: Job
-    abort_signal: asyncio.Event
+    worker_id: str
     #: The slot's asyncio task, cancelled (inside the job) by a forced shutdown.
-    slot: asyncio.Task[Any]
-    started: float = field(default_factory=time.perf_counter)
+    task: asyncio.Task[None] | None = None
+    job: Job | None = None
+    started: float = 0.0
 
 
-@dataclass
-class _Outcome:
-    """A finished job waiting to be written back."""
+@dataclass(slots=True)
+class _Failure:
+    """A failed job waiting to be written back."""
 
     job: Job
     worker_id: str
-    error: BaseException | None = None
-    message: str | None = None
+    error: BaseException
+    message: str
     replacement_payload: str | None = None
 
 
 class WorkerPool:
     """Runs jobs of the given tasks until stopped (or, with ``once``, drained)."""
+
+    #: The event loop the pool runs on (set by :meth:`run`).
+    _loop: asyncio.AbstractEventLoop
 
     def __init__(
         self,
@@ -121,9 +126,20 @@ class WorkerPool:
         self._local: asyncio.PriorityQueue[tuple[float, float, int, Job | None]] = (
             asyncio.PriorityQueue()
         )
-        self._running: dict[str, _Running] = {}
-        self._outcomes: list[_Outcome] = []
+        self._slots: list[_Slot] = []
+        #: Slots running a job right now.
+        self._busy = 0
+        #: Set (for every running job at once) when the graceful shutdown timeout
+        #: has passed: each job's ``helpers.abort_signal``.
+        self._abort = asyncio.Event()
+        #: Results waiting to be written: successes (job, worker id) and failures.
+        self._succeeded: list[tuple[Job, str]] = []
+        self._failed: list[_Failure] = []
         self._outcomes_ready = asyncio.Event()
+        #: Ends the completer's batching delay early (see _complete_loop).
+        self._write_now = asyncio.Event()
+        #: Results of named-queue jobs among the waiting ones (written without delay).
+        self._queue_results = 0
         self._writing = False
         self._slots_done = False
         self._task_ids: dict[int, str] = {}
@@ -197,6 +213,7 @@ class WorkerPool:
             max_workers=options.concurrency, thread_name_prefix=TASK_THREAD_PREFIX
         )
         self.events.emit("pool:create", pool=self)
+        self._loop = asyncio.get_running_loop()
         try:
             self._utils = WorkerUtils(pool, options.schema)
             await self._register_tasks()
@@ -209,10 +226,13 @@ class WorkerPool:
             async with asyncio.TaskGroup() as group:
                 if heartbeat:
                     group.create_task(heartbeat.run())
-                slots = [
-                    group.create_task(self._slot(f"worker-{secrets.token_hex(9)}", executor))
-                    for _ in range(options.concurrency)
+                self._slots = [
+                    _Slot(f"worker-{secrets.token_hex(9)}") for _ in range(options.concurrency)
                 ]
+                slots = []
+                for slot in self._slots:
+                    slot.task = group.create_task(self._slot(slot, executor))
+                    slots.append(slot.task)
                 fetcher = group.create_task(self._fetch_loop())
                 completer = group.create_task(self._complete_loop())
                 helpers = []
@@ -252,6 +272,7 @@ class WorkerPool:
         helpers: Sequence[asyncio.Task[None]],
     ) -> None:
         self._stopping = True
+        self._write_now.set()  # results no longer wait for others to join them
         for task in helpers:
             task.cancel()
         # A fetch in flight is allowed to finish: its jobs are locked for us.
@@ -263,12 +284,13 @@ class WorkerPool:
         # Returned while the running jobs are waited for: the return may need a
         # connection that a running task holds until its abort_signal is set.
         returning = asyncio.ensure_future(self._return_unstarted(unstarted))
-        if self._running:
+        if self._busy:
             await self._wait_for_running(slots)
         await asyncio.gather(*slots)
         await returning
         self._slots_done = True
         self._outcomes_ready.set()
+        self._write_now.set()
         await completer
 
     async def _return_unstarted(self, unstarted: list[Job]) -> None:
@@ -292,15 +314,15 @@ class WorkerPool:
                     "Worker pool %s: %d job(s) still running after %.1fs; "
                     "setting their abort_signal",
                     self.id,
-                    len(self._running),
+                    self._busy,
                     self.options.graceful_shutdown_timeout,
                 )
-                for running in self._running.values():
-                    running.abort_signal.set()
+                self._abort.set()
                 await asyncio.wait({all_slots, forced}, return_when=asyncio.FIRST_COMPLETED)
             if self._forced.is_set():
-                for running in self._running.values():
-                    running.slot.cancel()
+                for slot in self._slots:
+                    if slot.job is not None and slot.task is not None:
+                        slot.task.cancel()
             await all_slots
         finally:
             forced.cancel()
@@ -354,7 +376,7 @@ class WorkerPool:
         """How many jobs to fetch now (0: none)."""
         if self._stopping:
             return 0
-        idle = self.options.concurrency - len(self._running)
+        idle = self.options.concurrency - self._busy
         buffered = self._local.qsize()
         target = self._buffer_target()
         self._refill_below = max(self.options.concurrency, target // 2)
@@ -392,7 +414,11 @@ class WorkerPool:
 
     def _is_drained(self) -> bool:
         return (
-            self._local.empty() and not self._running and not self._outcomes and not self._writing
+            self._local.empty()
+            and not self._busy
+            and not self._succeeded
+            and not self._failed
+            and not self._writing
         )
 
     async def _forbidden_flags(self) -> list[str] | None:
@@ -444,31 +470,29 @@ class WorkerPool:
 
     # --- running ------------------------------------------------------------
 
-    async def _slot(self, worker_id: str, executor: ThreadPoolExecutor) -> None:
-        self.events.emit("worker:create", worker_id=worker_id, tasks=self.tasks)
+    async def _slot(self, slot: _Slot, executor: ThreadPoolExecutor) -> None:
+        self.events.emit("worker:create", worker_id=slot.worker_id, tasks=self.tasks)
         local = self._local
         streak = 0
         while True:
-            job = (await local.get())[3]
+            job = (local.get_nowait() if not local.empty() else await local.get())[3]
             if job is None:
                 break
-            await self._run_job(worker_id, job, executor)
+            await self._run_job(slot, job, executor)
             streak += 1
             # Wake the fetcher only when it has something to do (it re-checks).
             if not self._exhausted and local.qsize() <= self._refill_below:
                 self._fetch_wanted.set()
                 streak = _YIELD_EVERY
             # Jobs that never await would let this slot drain the whole local
-            # queue in one step: yield when the fetcher or an idle completer has
-            # work, and at least every _YIELD_EVERY jobs.
-            if streak >= _YIELD_EVERY or (
-                not self._writing and len(self._outcomes) >= _COMPLETE_BATCH
-            ):
+            # queue in one step: yield when the fetcher has work, and at least
+            # every _YIELD_EVERY jobs (the completer's timer runs then too).
+            if streak >= _YIELD_EVERY:
                 streak = 0
                 await asyncio.sleep(0)
-        self.events.emit("worker:stop", worker_id=worker_id)
+        self.events.emit("worker:stop", worker_id=slot.worker_id)
 
-    async def _run_job(self, worker_id: str, job: Job, executor: ThreadPoolExecutor) -> None:
+    async def _run_job(self, slot: _Slot, job: Job, executor: ThreadPoolExecutor) -> None:
         """Run one job and queue its outcome for the completer.
 
         An async task runs inline in this slot's asyncio task (no task per
@@ -476,109 +500,157 @@ class WorkerPool:
         A plain function runs in the executor.
         """
         task = self.tasks[job.task_identifier]
-        abort_signal = asyncio.Event()
         assert self._utils is not None
-        helpers = Helpers(job, worker_id=worker_id, utils=self._utils, abort_signal=abort_signal)
-        current = asyncio.current_task()
-        assert current is not None
-        running = _Running(job, abort_signal, current)
-        self._running[worker_id] = running
-        if self.events.wants("job:start"):
-            self.events.emit("job:start", worker_id=worker_id, job=job)
+        helpers = Helpers(
+            job,
+            worker_id=slot.worker_id,
+            utils=self._utils,
+            abort_signal=self._abort,
+            loop=self._loop,
+        )
+        slot.job = job
+        slot.started = started = time.perf_counter()
+        self._busy += 1
+        events = self.events
+        if events.wants("job:start"):
+            events.emit("job:start", worker_id=slot.worker_id, job=job)
         error: BaseException | None = None
         replacement: str | None = None
         try:
             if task.is_async:
                 result = await task.function(job.payload, helpers)
             else:
-                loop = asyncio.get_running_loop()
-                result = await loop.run_in_executor(
+                result = await self._loop.run_in_executor(
                     executor, _contained_call, task.function, job.payload, helpers
                 )
             if isinstance(result, list) and isinstance(job.payload, list):
                 error, replacement = _batch_failures(job.payload, result)
         except asyncio.CancelledError:
-            if not self._forced.is_set():
+            if not self._forced.is_set() or slot.task is None:
                 raise
-            current.uncancel()
+            slot.task.uncancel()
             error = RuntimeError("the worker was stopped while the job was running")
         except _Escaped as exc:
             error = exc.original
         except BaseException as exc:  # SystemExit, GeneratorExit, ... too: the job failed
             error = exc
         finally:
-            del self._running[worker_id]
-        outcome = _Outcome(job, worker_id, error, None, replacement)
+            slot.job = None
+            self._busy -= 1
         self.jobs_done += 1
-        if error is not None or self.options.log_success or self.events.wants("job:success"):
-            self._report(outcome, (time.perf_counter() - running.started) * 1000)
-        self._outcomes.append(outcome)
+        if error is None:
+            if self.options.log_success or events.wants("job:success"):
+                self._report_success(job, slot.worker_id, started)
+            self._succeeded.append((job, slot.worker_id))
+        else:
+            failure = _Failure(job, slot.worker_id, error, _describe(error), replacement)
+            self._report_failure(failure, started)
+            self._failed.append(failure)
         self._outcomes_ready.set()
+        # The completer may be letting a batch grow (see _complete_loop): end
+        # the wait if this result should not wait.
+        if (
+            job.job_queue_id is not None  # its named queue stays locked until written
+            or (not self._busy and self._local.empty())  # nothing else is coming
+            or len(self._succeeded) + len(self._failed) >= _WRITE_AT_MOST
+        ):
+            if job.job_queue_id is not None:
+                self._queue_results += 1
+            self._write_now.set()
 
-    def _report(self, outcome: _Outcome, duration: float) -> None:
-        job = outcome.job
-        if outcome.error is None:
-            if self.options.log_success:
-                logs.job_succeeded(job, outcome.worker_id, self.id, duration)
-            self.events.emit("job:success", worker_id=outcome.worker_id, job=job)
-            return
-        outcome.message = _describe(outcome.error)
-        logs.job_failed(job, outcome.worker_id, self.id, duration, outcome.message, outcome.error)
-        self.events.emit("job:error", worker_id=outcome.worker_id, job=job, error=outcome.error)
+    def _report_success(self, job: Job, worker_id: str, started: float) -> None:
+        if self.options.log_success:
+            duration = (time.perf_counter() - started) * 1000
+            logs.job_succeeded(job, worker_id, self.id, duration)
+        self.events.emit("job:success", worker_id=worker_id, job=job)
+
+    def _report_failure(self, failure: _Failure, started: float) -> None:
+        job, worker_id, error = failure.job, failure.worker_id, failure.error
+        duration = (time.perf_counter() - started) * 1000
+        logs.job_failed(job, worker_id, self.id, duration, failure.message, error)
+        self.events.emit("job:error", worker_id=worker_id, job=job, error=error)
         if job.attempts >= job.max_attempts:
-            self.events.emit(
-                "job:failed", worker_id=outcome.worker_id, job=job, error=outcome.error
-            )
+            self.events.emit("job:failed", worker_id=worker_id, job=job, error=error)
 
     # --- writing results ----------------------------------------------------
 
+    def _results_due(self) -> bool:
+        """True when the waiting results should be written without a batching delay."""
+        return (
+            self._stopping
+            or self._queue_results > 0
+            or (not self._busy and self._local.empty())
+            or len(self._succeeded) + len(self._failed) >= _WRITE_AT_MOST
+        )
+
     async def _complete_loop(self) -> None:
+        """Write results back in batches (group commit).
+
+        Whatever finished while the previous batch was being written goes into
+        the next one. While the pool is busy, a batch also waits up to
+        ``complete_job_batch_delay`` for more results to join it: one statement
+        and one commit (a WAL flush) for all of them. It is written at once
+        when the pool has nothing else running or queued, when it holds a job
+        of a named queue (the queue stays locked until then), and when it is
+        large.
+        """
+        delay = self.options.complete_job_batch_delay
         while True:
             # State is checked before waiting, so no wake-up can be missed.
-            if not self._outcomes:
+            if not self._succeeded and not self._failed:
                 if self._slots_done:
                     return
                 await self._outcomes_ready.wait()
                 self._outcomes_ready.clear()
                 continue
-            batch, self._outcomes = self._outcomes, []
+            if delay > 0:
+                self._write_now.clear()
+                if not self._results_due():
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(delay):
+                            await self._write_now.wait()
+            succeeded, self._succeeded = self._succeeded, []
+            failed, self._failed = self._failed, []
+            self._queue_results = 0
             self._writing = True
             try:
                 await retry_until_done(
-                    "record job results", self._write_outcomes, batch, logger=logger
+                    "record job results", self._write_outcomes, succeeded, failed, logger=logger
                 )
             finally:
                 self._writing = False
-            self._rate.record(len(batch))
+            self._rate.record(len(succeeded) + len(failed))
             if self.events.wants("job:complete"):
-                for outcome in batch:
+                for job, worker_id in succeeded:
+                    self.events.emit("job:complete", worker_id=worker_id, job=job, error=None)
+                for failure in failed:
                     self.events.emit(
                         "job:complete",
-                        worker_id=outcome.worker_id,
-                        job=outcome.job,
-                        error=outcome.error,
+                        worker_id=failure.worker_id,
+                        job=failure.job,
+                        error=failure.error,
                     )
             # A finished job may have released its named queue.
             self.nudge()
 
-    async def _write_outcomes(self, batch: list[_Outcome]) -> None:
+    async def _write_outcomes(
+        self, succeeded: list[tuple[Job, str]], failed: list[_Failure]
+    ) -> None:
         assert self._utils is not None
-        done = [o.job.id for o in batch if o.error is None]
-        failed = [o for o in batch if o.error is not None]
         schema = self.options.schema
         async with self._utils.pool.connection() as conn:
-            if done:
+            if succeeded:
                 await conn.execute(
                     statements.compose(statements.complete_batch, schema),
-                    {"job_ids": done, "pool_id": self.id},
+                    {"job_ids": [job.id for job, _ in succeeded], "pool_id": self.id},
                 )
             if failed:
                 await conn.execute(
                     statements.compose(statements.fail_batch, schema),
                     {
-                        "job_ids": [o.job.id for o in failed],
-                        "messages": [o.message for o in failed],
-                        "payloads": [o.replacement_payload for o in failed],
+                        "job_ids": [f.job.id for f in failed],
+                        "messages": [f.message for f in failed],
+                        "payloads": [f.replacement_payload for f in failed],
                         "pool_id": self.id,
                     },
                 )
