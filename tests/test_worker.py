@@ -6,7 +6,7 @@ import asyncio
 import math
 import threading
 import time
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import psycopg
@@ -14,7 +14,7 @@ import pytest
 from dbhelpers import rows, value
 from workers import Recorder, worker
 
-from worker_cli import Events, Helpers, WorkerUtils, run, run_once, statements
+from worker_cli import Events, Helpers, Job, WorkerUtils, run, run_once, statements
 from worker_cli.options import WorkerOptions
 from worker_cli.tasks import make_task_list
 from worker_cli.worker_pool import WorkerPool
@@ -290,6 +290,43 @@ async def test_helpers(utils: WorkerUtils, db: str, caplog: pytest.LogCaptureFix
     [line] = [r.getMessage() for r in caplog.records if "inspecting" in r.getMessage()]
     assert f"inspect{{{added.id}}}" in line and "worker-" in line
     assert any(f"Completed task {added.id} (inspect" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize("no_prepared_statements", [False, True])
+async def test_a_task_sees_its_job_as_it_is_stored(
+    utils: WorkerUtils, db: str, no_prepared_statements: bool
+) -> None:
+    """The fetch reads rows in binary, on a UTC session: every field of
+    helpers.job is the stored value (timestamps the same instants)."""
+    run_at = datetime(2020, 2, 29, 23, 59, 58, 123456, tzinfo=timezone(timedelta(hours=5)))
+    payloads: list[Any] = [{"x": [1, 2.5, None]}, [1, "two"], "text", 3, None, {"é": "😀"}]
+    added = [
+        await utils.add_job(
+            "inspect", payload, run_at=run_at, flags=["f1", "f2"], job_key=f"k{n}", priority=n
+        )
+        for n, payload in enumerate(payloads)
+    ]
+    seen: dict[int, Job] = {}
+
+    async def inspect(payload: Any, helpers: Helpers) -> None:
+        seen[helpers.job.id] = helpers.job
+
+    await run_once(
+        db,
+        task_list={"inspect": inspect},
+        no_handle_signals=True,
+        no_prepared_statements=no_prepared_statements,
+    )
+    assert len(seen) == len(added)
+    for before in added:
+        job = seen[before.id]
+        assert job.payload == before.payload
+        assert job.run_at == run_at and job.created_at == before.created_at
+        assert job.flags == {"f1": True, "f2": True}
+        assert job._replace(
+            attempts=0, locked_at=None, locked_by=None, is_available=True
+        ) == before._replace(attempts=0)
+        assert job.attempts == 1 and job.locked_at is not None and not job.is_available
 
 
 async def test_no_log_success_hides_success_lines(

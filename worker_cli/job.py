@@ -9,8 +9,15 @@ from typing import Any, NamedTuple
 
 from psycopg.abc import AdaptContext, Buffer
 from psycopg.adapt import Loader
+from psycopg.pq import Format
 
-__all__ = ["Job", "RawPayloadLoader", "parse_payloads", "read_payloads_raw"]
+__all__ = [
+    "Job",
+    "RawPayloadBinaryLoader",
+    "RawPayloadLoader",
+    "parse_payloads",
+    "read_payloads_raw",
+]
 
 
 class Job(NamedTuple):
@@ -54,9 +61,18 @@ class RawPayloadLoader(Loader):
         return bytes(data)
 
 
+class RawPayloadBinaryLoader(RawPayloadLoader):
+    """:class:`RawPayloadLoader` for results in binary format (``json`` is sent
+    as its text in both formats)."""
+
+    format = Format.BINARY
+
+
 def read_payloads_raw(context: AdaptContext) -> None:
-    """Make a connection or cursor load ``json`` columns with :class:`RawPayloadLoader`."""
+    """Make a connection or cursor load ``json`` columns with :class:`RawPayloadLoader`
+    (in text and binary results)."""
     context.adapters.register_loader("json", RawPayloadLoader)
+    context.adapters.register_loader("json", RawPayloadBinaryLoader)
 
 
 def parse_payloads(raw: Sequence[bytes | None]) -> list[Any]:

@@ -108,6 +108,8 @@ def compose(statement: LiteralString, schema: str) -> sql.Composed:
 
 
 # --- The worker's own statements ---------------------------------------------
+# Arrays of job ids are sent in binary (%(job_ids)b): psycopg dumps a list of
+# ints about three times faster that way than as text.
 
 # Register the identifiers of the loaded tasks (without consuming identity
 # values for known ones) and return their ids.
@@ -137,7 +139,7 @@ get_jobs = """
 complete_batch = """
   with done as (
     delete from {schema}._private_jobs as j
-    where j.id = any(%(job_ids)s::bigint[])
+    where j.id = any(%(job_ids)b::bigint[])
     returning j.job_queue_id
   )
   update {schema}._private_job_queues as q
@@ -151,7 +153,7 @@ complete_batch = """
 fail_batch = """
   with failure as (
     select *
-    from unnest(%(job_ids)s::bigint[], %(messages)s::text[], %(payloads)s::json[])
+    from unnest(%(job_ids)b::bigint[], %(messages)s::text[], %(payloads)s::json[])
       as f(id, message, payload)
   ),
   failed as (
@@ -176,7 +178,7 @@ return_jobs = """
   with returned as (
     update {schema}._private_jobs as j
     set attempts = greatest(0, j.attempts - 1), locked_at = null, locked_by = null
-    where j.id = any(%(job_ids)s::bigint[]) and j.locked_by = %(pool_id)s
+    where j.id = any(%(job_ids)b::bigint[]) and j.locked_by = %(pool_id)s
     returning j.job_queue_id
   )
   update {schema}._private_job_queues as q
