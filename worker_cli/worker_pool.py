@@ -151,6 +151,8 @@ class WorkerPool:
         self._refill_below = options.concurrency
         self._utils: WorkerUtils | None = None
         self._fetch_conn: psycopg.AsyncConnection[Any] | None = None
+        #: The fetch connection has its settings (time zone, loaders).
+        self._fetch_conn_ready = False
         #: How every connection of the pool is opened (the fetcher's and the
         #: heartbeat's too).
         self._connection_kwargs: dict[str, Any] = {"autocommit": True}
@@ -196,6 +198,13 @@ class WorkerPool:
 
     # --- main ---------------------------------------------------------------
 
+    def adopt_connection(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        """Take over an open autocommit connection (the one that checked the
+        schema) as the fetcher's, instead of opening another; closed with the pool."""
+        if self._fetch_conn is not None:
+            raise RuntimeError("the pool already has a fetch connection")
+        self._fetch_conn = conn
+
     async def run(self) -> None:
         """Run until stopped; returns once every job is written back."""
         options = self.options
@@ -208,15 +217,18 @@ class WorkerPool:
             open=False,
             name=self.id,
         )
-        await pool.open(wait=True)
         executor = ThreadPoolExecutor(
             max_workers=options.concurrency, thread_name_prefix=TASK_THREAD_PREFIX
         )
-        self.events.emit("pool:create", pool=self)
         self._loop = asyncio.get_running_loop()
+        self.events.emit("pool:create", pool=self)
         try:
+            # The pool's connections open while the tasks are registered
+            # through the fetcher's connection.
+            async with asyncio.TaskGroup() as start:
+                start.create_task(pool.open(wait=True))
+                start.create_task(self._register_tasks())
             self._utils = WorkerUtils(pool, options.schema)
-            await self._register_tasks()
             heartbeat = None
             if options.heartbeat_interval is not None:
                 heartbeat = Heartbeat(
@@ -345,14 +357,13 @@ class WorkerPool:
         and skip it, and it is not in this statement's snapshot either: the
         statement runs again for the missing ones, and then sees it.
         """
-        assert self._utils is not None
         statement = statements.compose(statements.register_tasks, self.options.schema)
         task_ids: dict[int, str] = {}
         missing = list(self.tasks)
         for _ in range(_REGISTER_ATTEMPTS):
-            async with self._utils.pool.connection() as conn:
-                cur = await conn.execute(statement, {"identifiers": missing})
-                task_ids.update({int(id_): identifier async for id_, identifier in cur})
+            conn = await self._fetcher_connection()
+            cur = await conn.execute(statement, {"identifiers": missing})
+            task_ids.update({int(id_): identifier async for id_, identifier in cur})
             found = set(task_ids.values())
             missing = [identifier for identifier in self.tasks if identifier not in found]
             if not missing:
@@ -429,9 +440,7 @@ class WorkerPool:
         return [str(flag) for flag in flags] if flags else None
 
     async def _fetch(self, limit: int) -> list[Job]:
-        conn = self._fetch_conn
-        if conn is None or conn.closed:
-            conn = self._fetch_conn = await self._connect_fetcher()
+        conn = await self._fetcher_connection()
         try:
             # Binary results: timestamps cost the server and psycopg a fraction
             # of their text form.
@@ -448,6 +457,7 @@ class WorkerPool:
         except psycopg.Error:
             if conn.broken or conn.closed:
                 self._fetch_conn = None
+                self._fetch_conn_ready = False
                 await conn.close()
             raise
         # Rows are the 17 job columns then the queue name (statements.get_jobs);
@@ -459,7 +469,7 @@ class WorkerPool:
             for row, payload in zip(rows, payloads, strict=True)
         ]
 
-    async def _connect_fetcher(self) -> psycopg.AsyncConnection[Any]:
+    async def _fetcher_connection(self) -> psycopg.AsyncConnection[Any]:
         """The fetcher's own connection: one fetch runs at a time, and an idle
         worker's first fetch does not wait for a pool checkout.
 
@@ -470,10 +480,20 @@ class WorkerPool:
         through pgBouncer (``no_prepared_statements``): a session setting
         there could land on another client's server connection.
         """
-        conn = await psycopg.AsyncConnection.connect(self.conninfo, **self._connection_kwargs)
-        if not self.options.no_prepared_statements:
+        conn = self._fetch_conn
+        if conn is not None and not conn.closed:
+            if self._fetch_conn_ready:
+                return conn
+        else:
+            conn = self._fetch_conn = await psycopg.AsyncConnection.connect(
+                self.conninfo, **self._connection_kwargs
+            )
+        if self.options.no_prepared_statements:
+            conn.prepare_threshold = None
+        else:
             await conn.execute("set time zone 'UTC'")
         read_payloads_raw(conn)
+        self._fetch_conn_ready = True
         return conn
 
     # --- running ------------------------------------------------------------
