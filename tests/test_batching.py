@@ -14,9 +14,11 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+import pytest
 from dbhelpers import rows, value
 
-from worker_cli import Helpers, WorkerUtils, run, run_once, statements
+from worker_cli import Helpers, Job, WorkerUtils, run, run_once, statements
+from worker_cli.worker_pool import WorkerPool
 
 
 async def test_priorities_are_respected_within_a_batch(utils: WorkerUtils, db: str) -> None:
@@ -255,3 +257,35 @@ async def test_a_named_queue_job_result_is_not_held_back(utils: WorkerUtils, db:
     finally:
         release.set()
         await runner.stop()
+
+
+async def test_a_backlog_is_fetched_in_full_batches_within_a_few_fetches(
+    utils: WorkerUtils, db: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Fetching ahead follows the rate jobs finish at: a backlog of fast jobs
+    must reach fetches of the whole local queue quickly, not after thousands
+    of jobs fetched a dozen at a time."""
+    rows(
+        db,
+        "select graphile_worker.add_jobs(array(select"
+        " ('noop', null, null, null, null, null, null, null)::graphile_worker.job_spec"
+        " from generate_series(1, 5000)))",
+    )
+    limits: list[int] = []
+    fetch = WorkerPool._fetch
+
+    async def counting_fetch(self: WorkerPool, limit: int) -> list[Job]:
+        limits.append(limit)
+        return await fetch(self, limit)
+
+    monkeypatch.setattr(WorkerPool, "_fetch", counting_fetch)
+
+    async def noop(payload: Any, helpers: Helpers) -> None:
+        pass
+
+    await run_once(
+        db, task_list={"noop": noop}, no_handle_signals=True, concurrency=10, local_queue_size=500
+    )
+    assert value(db, "select count(*) from graphile_worker.jobs") == 0
+    # A fetch asks for the idle slots plus up to 500 ahead, less what is buffered.
+    assert max(limits[:15]) >= 250, limits[:15]
