@@ -289,3 +289,121 @@ async def test_a_backlog_is_fetched_in_full_batches_within_a_few_fetches(
     assert value(db, "select count(*) from graphile_worker.jobs") == 0
     # A fetch asks for the idle slots plus up to 500 ahead, less what is buffered.
     assert max(limits[:15]) >= 250, limits[:15]
+
+
+# A deferred constraint trigger that refuses the first commit of a transaction
+# that locked a job (a sequence, so the refusal itself is not rolled back).
+REFUSE_FIRST_LOCKING_COMMIT = """
+  create sequence test_locking_commits;
+  create function test_refuse_first_locking_commit() returns trigger
+  language plpgsql as $$
+  begin
+    if nextval('test_locking_commits') = 1 then
+      raise exception 'commit refused by the test';
+    end if;
+    return null;
+  end $$;
+  create constraint trigger test_refuse_first_locking_commit
+    after update on graphile_worker._private_jobs
+    deferrable initially deferred
+    for each row when (new.locked_by is not null)
+    execute function test_refuse_first_locking_commit();
+"""
+
+
+async def test_jobs_started_before_a_failed_commit_are_reported_and_none_is_lost(
+    utils: WorkerUtils, db: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An idle worker starts jobs while their lock commits; if that commit
+    fails, those jobs are reported (another worker may run them again), the
+    fetch is retried, and every job still runs."""
+    rows(db, REFUSE_FIRST_LOCKING_COMMIT)
+    added = await utils.add_jobs([{"identifier": "t", "payload": {"n": n}} for n in range(3)])
+    ran: list[int] = []
+
+    async def t(payload: dict[str, int], helpers: Helpers) -> None:
+        ran.append(payload["n"])
+
+    caplog.set_level("INFO")
+    await run_once(db, task_list={"t": t}, no_handle_signals=True, concurrency=2)
+    assert value(db, "select count(*) from graphile_worker.jobs") == 0
+    assert sorted(set(ran)) == [0, 1, 2] and ran.count(2) == 1
+    reported = [
+        r.getMessage() for r in caplog.records if "before its lock was committed" in r.getMessage()
+    ]
+    assert len(reported) == 2, reported  # the two jobs handed to the two idle slots
+    assert {added[0].id, added[1].id} == {int(line.split()[1]) for line in reported}
+    assert any("Failed to fetch jobs" in r.getMessage() for r in caplog.records)
+
+
+async def test_a_named_queue_job_never_starts_before_its_lock_is_committed(
+    utils: WorkerUtils, db: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    rows(db, REFUSE_FIRST_LOCKING_COMMIT)
+    await utils.add_job("t", {"n": 0}, queue_name="serial", priority=-1)
+    await utils.add_job("t", {"n": 1})
+    ran: list[int] = []
+
+    async def t(payload: dict[str, int], helpers: Helpers) -> None:
+        ran.append(payload["n"])
+
+    caplog.set_level("INFO")
+    await run_once(db, task_list={"t": t}, no_handle_signals=True, concurrency=2)
+    # The first job in order is in a named queue: nothing started before the
+    # (refused) commit, and each job ran once after the fetch was retried.
+    assert sorted(ran) == [0, 1]
+    assert not [r for r in caplog.records if "before its lock was committed" in r.getMessage()]
+
+
+# A deferred constraint trigger that makes every commit of a transaction that
+# locked a job take 0.3 s: jobs handed out before that commit start well before
+# it ends.
+SLOW_LOCKING_COMMIT = """
+  create function test_slow_locking_commit() returns trigger language plpgsql as $$
+  begin
+    perform pg_sleep(0.3);
+    return null;
+  end $$;
+  create constraint trigger test_slow_locking_commit
+    after update on graphile_worker._private_jobs
+    deferrable initially deferred
+    for each row when (new.locked_by is not null)
+    execute function test_slow_locking_commit();
+"""
+
+
+async def test_a_job_failing_while_its_fetch_commits_has_its_failure_recorded(
+    utils: WorkerUtils, db: str
+) -> None:
+    """A job handed out before its fetch committed can fail before that commit
+    ends; its failure (written only where this pool holds the lock) must still
+    be recorded, not matched against the row as it was before the fetch."""
+    rows(db, SLOW_LOCKING_COMMIT)
+    await utils.add_job("fails")
+
+    async def fails(payload: Any, helpers: Helpers) -> None:
+        raise RuntimeError("boom")
+
+    await run_once(db, task_list={"fails": fails}, no_handle_signals=True)
+    [job] = rows(db, "select attempts, last_error, locked_at from graphile_worker._private_jobs")
+    assert job == {"attempts": 1, "last_error": "RuntimeError: boom", "locked_at": None}
+
+
+async def test_a_task_sees_its_own_job_locked_while_its_fetch_commits(
+    utils: WorkerUtils, db: str
+) -> None:
+    """A task may start before its fetch has committed; its helpers' queries
+    wait for that commit, so the task sees its own row locked by its pool."""
+    rows(db, SLOW_LOCKING_COMMIT)
+    await utils.add_job("look")
+    seen: dict[str, Any] = {}
+
+    async def look(payload: Any, helpers: Helpers) -> None:
+        [seen["row"]] = await helpers.query(
+            "select locked_by, attempts from graphile_worker._private_jobs where id = %s",
+            (helpers.job.id,),
+        )
+        seen["pool"] = helpers.job.locked_by
+
+    await run_once(db, task_list={"look": look}, no_handle_signals=True)
+    assert seen["row"] == {"locked_by": seen["pool"], "attempts": 1}

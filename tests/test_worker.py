@@ -17,7 +17,7 @@ from workers import Recorder, worker
 from worker_cli import Events, Helpers, Job, WorkerUtils, run, run_once, statements
 from worker_cli.options import WorkerOptions
 from worker_cli.tasks import make_task_list
-from worker_cli.worker_pool import WorkerPool
+from worker_cli.worker_pool import WorkerPool, configure_fetch_connection, jobs_from_rows
 
 
 def jobs(db: str) -> list[dict[str, Any]]:
@@ -292,12 +292,7 @@ async def test_helpers(utils: WorkerUtils, db: str, caplog: pytest.LogCaptureFix
     assert any(f"Completed task {added.id} (inspect" in r.getMessage() for r in caplog.records)
 
 
-@pytest.mark.parametrize("no_prepared_statements", [False, True])
-async def test_a_task_sees_its_job_as_it_is_stored(
-    utils: WorkerUtils, db: str, no_prepared_statements: bool
-) -> None:
-    """The fetch reads rows in binary, on a UTC session: every field of
-    helpers.job is the stored value (timestamps the same instants)."""
+async def _add_jobs_of_every_kind(utils: WorkerUtils) -> tuple[datetime, list[Job]]:
     run_at = datetime(2020, 2, 29, 23, 59, 58, 123456, tzinfo=timezone(timedelta(hours=5)))
     payloads: list[Any] = [{"x": [1, 2.5, None]}, [1, "two"], "text", 3, None, {"é": "😀"}]
     added = [
@@ -306,6 +301,56 @@ async def test_a_task_sees_its_job_as_it_is_stored(
         )
         for n, payload in enumerate(payloads)
     ]
+    return run_at, added
+
+
+@pytest.mark.parametrize("no_prepared_statements", [False, True])
+async def test_both_fetch_forms_read_jobs_as_they_are_stored(
+    utils: WorkerUtils, db: str, no_prepared_statements: bool
+) -> None:
+    """The fetch reads binary rows in autocommit, or (for idle slots) text rows
+    of ``begin; get_jobs``: both give the stored values."""
+    _, added = await _add_jobs_of_every_kind(utils)
+    task_id = value(
+        db, "select id from graphile_worker._private_tasks where identifier = 'inspect'"
+    )
+    params = {"task_ids": [task_id], "forbidden_flags": None, "limit": 10, "pool_id": "pool-t"}
+    names = {task_id: "inspect"}
+    async with await psycopg.AsyncConnection.connect(db, autocommit=True) as conn:
+        await configure_fetch_connection(conn, no_prepared_statements=no_prepared_statements)
+        async with conn.transaction(force_rollback=True):
+            cur = await conn.cursor(binary=True).execute(
+                statements.compose(statements.get_jobs, "graphile_worker"), params
+            )
+            binary = jobs_from_rows(await cur.fetchall(), names)
+        text_cur = psycopg.AsyncClientCursor(conn)
+        await text_cur.execute(
+            statements.compose(statements.begin_get_jobs, "graphile_worker"), params
+        )
+        text_cur.nextset()
+        text = jobs_from_rows(await text_cur.fetchall(), names)
+        await conn.execute("rollback")
+    # Two transactions: only locked_at (their now()) differs.
+    assert [job._replace(locked_at=None) for job in sorted(binary)] == [
+        job._replace(locked_at=None) for job in sorted(text)
+    ]
+    by_id = {job.id: job for job in binary}
+    for before in added:
+        job = by_id[before.id]
+        assert job.payload == before.payload and job.flags == {"f1": True, "f2": True}
+        assert job._replace(
+            attempts=0, locked_at=None, locked_by=None, is_available=True
+        ) == before._replace(attempts=0)
+        assert (job.attempts, job.locked_by, job.is_available) == (1, "pool-t", False)
+
+
+@pytest.mark.parametrize("no_prepared_statements", [False, True])
+async def test_a_task_sees_its_job_as_it_is_stored(
+    utils: WorkerUtils, db: str, no_prepared_statements: bool
+) -> None:
+    """The fetch reads rows on a UTC session: every field of helpers.job is the
+    stored value (timestamps the same instants)."""
+    run_at, added = await _add_jobs_of_every_kind(utils)
     seen: dict[int, Job] = {}
 
     async def inspect(payload: Any, helpers: Helpers) -> None:

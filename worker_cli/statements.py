@@ -135,6 +135,13 @@ get_jobs = """
   )
 """
 
+# get_jobs as the first statement of a transaction that the worker commits
+# itself: sent in one round trip (simple protocol, client-side parameters),
+# its rows arrive before the commit's WAL flush (WorkerPool._fetch_for_idle_slots).
+begin_get_jobs = "begin;" + get_jobs
+
+commit = "commit"
+
 # Success: delete the jobs and unlock their queues (where this pool holds them).
 complete_batch = """
   with done as (
