@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import sys
@@ -310,6 +311,10 @@ def command(
         await worker
         return worker.exit_code
 
+    # Everything imported so far lives until the process ends: the collector
+    # need not traverse it again, neither in the worker's collections nor in
+    # the interpreter's at exit (~60 ms of a --once run here).
+    gc.freeze()
     code = _run(work())
     _exit_despite_stuck_task_threads(code)
     if code:
