@@ -5,10 +5,14 @@ One pool per process. Its parts, each one task the pool owns:
 - the *fetcher* locks batches of runnable jobs (``statements.get_jobs``) into
   a local priority queue: the idle slots plus about ``local_queue_horizon``
   seconds of work at the current rate, at most ``local_queue_size`` ahead;
+  for slots that are waiting, it hands the first jobs over while the fetch
+  commits (see ``_fetch_for_idle_slots``);
 - N *slots* take jobs from the local queue and run their tasks;
 - the *completer* writes successes and failures back in batches: whatever
-  finished while the previous batch was being written goes in the next one
-  (group commit: no added delay when idle, big batches under load);
+  finished while the previous batch was being written goes in the next one,
+  and while the pool is busy a batch waits up to
+  ``complete_job_batch_delay`` for more (group commit: no added delay when
+  idle, big batches under load);
 - the *listener* holds a dedicated connection that LISTENs to ``jobs:insert``
   and ``worker:migrate``, reconnecting with backoff;
 - the *poller* nudges the fetcher every poll interval (due retries and
