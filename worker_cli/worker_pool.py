@@ -82,7 +82,6 @@ class _Slot:
     #: The slot's asyncio task, cancelled (inside the job) by a forced shutdown.
     task: asyncio.Task[None] | None = None
     job: Job | None = None
-    started: float = 0.0
 
 
 @dataclass(slots=True)
@@ -641,7 +640,7 @@ class WorkerPool:
             lock_committed=self._fetch_committed,
         )
         slot.job = job
-        slot.started = started = time.perf_counter()
+        started = time.perf_counter()
         self._busy += 1
         events = self.events
         if events.wants("job:start"):
@@ -681,13 +680,9 @@ class WorkerPool:
         self._outcomes_ready.set()
         # The completer may be letting a batch grow (see _complete_loop): end
         # the wait if this result should not wait.
-        if (
-            job.job_queue_id is not None  # its named queue stays locked until written
-            or (not self._busy and self._local.empty())  # nothing else is coming
-            or len(self._succeeded) + len(self._failed) >= _WRITE_AT_MOST
-        ):
-            if job.job_queue_id is not None:
-                self._queue_results += 1
+        if job.job_queue_id is not None:
+            self._queue_results += 1  # its named queue stays locked until written
+        if self._results_due():
             self._write_now.set()
 
     def _report_success(self, job: Job, worker_id: str, started: float) -> None:
