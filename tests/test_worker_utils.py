@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
 import os
 from datetime import UTC, datetime, timedelta
@@ -11,6 +12,8 @@ from typing import Any
 import pytest
 from dbhelpers import rows, value
 from psycopg.conninfo import conninfo_to_dict
+from psycopg_pool import AsyncConnectionPool
+from workers import until
 
 from worker_cli import (
     ConfigurationError,
@@ -22,6 +25,9 @@ from worker_cli import (
     make_worker_utils,
     quick_add_job,
 )
+from worker_cli.options import WorkerOptions
+from worker_cli.tasks import load_task_directory
+from worker_cli.worker_pool import WorkerPool
 
 
 def job_count(db: str) -> int:
@@ -308,3 +314,122 @@ async def test_repeated_job_keys_are_refused_in_a_small_add_jobs_too(
             ]
         )
     assert job_count(db) == 0
+
+
+# --- Pooled connections come back as they went out ------------------------------
+
+
+@pytest.mark.parametrize("autocommit", [True, False])
+async def test_maintenance_leaves_pooled_connections_as_they_were(
+    db: str, autocommit: bool
+) -> None:
+    """gc_unique_locks and migrate need autocommit; on a pool's connection they
+    restore the mode it had, so the next user of that connection (a task's
+    ``with_pg_client``) commits the same way as before."""
+    rows(db, "create table public.t (n int)")
+    pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
+        db, min_size=1, max_size=1, kwargs={"autocommit": autocommit}, open=False
+    )
+    await pool.open(wait=True)
+    try:
+        async with make_worker_utils(pool=pool) as utils:
+            await utils.gc_unique_locks()
+            await utils.migrate()
+            with pytest.raises(RuntimeError):
+                async with utils.holding_connection() as conn:
+                    assert conn.autocommit is autocommit
+                    await conn.execute("insert into public.t values (1)")
+                    raise RuntimeError("the block fails after its insert")
+    finally:
+        await pool.close()
+    # Autocommit: the insert was committed as it ran; otherwise the block's
+    # transaction was rolled back.
+    assert value(db, "select count(*) from public.t") == (1 if autocommit else 0)
+
+
+SWEEP_INSERT_TASK = """\
+async def task(payload, helpers):
+    async with helpers.with_pg_client() as conn:
+        await conn.execute("insert into public.t values (%s)", (payload["n"],))
+        raise RuntimeError("the task fails after its insert")
+"""
+
+
+async def test_a_tasks_statements_commit_the_same_way_after_a_sweep(
+    utils: WorkerUtils, db: str, tmp_path: Path
+) -> None:
+    """The worker's pool is in autocommit: a statement a task runs is committed
+    at once, before and after the periodic sweep (whose unique-lock cleanup
+    needs autocommit) has used the task's connection."""
+    rows(db, "create table public.t (n int)")
+    (tmp_path / "insert.py").write_text(SWEEP_INSERT_TASK)
+    # An expired unique-job lock: its deletion shows that a sweep has run.
+    await utils.add_job("unknown_task", {}, unique={"period": 0.001})
+    pool = WorkerPool(
+        db,
+        load_task_directory(tmp_path),
+        WorkerOptions(
+            concurrency=1, max_pool_size=2, stale_sweep_interval=(0.02, 0.05), log_success=False
+        ),
+    )
+    running = asyncio.ensure_future(pool.run())
+    try:
+        await until(
+            lambda: value(db, "select count(*) from graphile_worker._private_py_unique_locks") == 0,
+            10,
+            "a sweep",
+        )
+        await utils.add_jobs(
+            [{"identifier": "insert", "payload": {"n": n}, "max_attempts": 1} for n in range(20)]
+        )
+        await until(
+            lambda: (
+                value(
+                    db,
+                    "select count(*) from graphile_worker.jobs where task_identifier = 'insert' "
+                    "and (attempts = 0 or locked_at is not null)",  # not yet failed for good
+                )
+                == 0
+            ),
+            20,
+            "the jobs to be done",
+        )
+    finally:
+        pool.stop()
+        await running
+    assert value(db, "select count(*) from public.t") == 20
+
+
+# --- A held connection stays with its block ---------------------------------------
+
+
+async def test_a_task_spawned_in_holding_connection_does_not_use_it_after_the_block(
+    db: str,
+) -> None:
+    """A task created inside ``holding_connection()`` inherits the held
+    connection while the block runs; once the block has ended the connection is
+    back in the pool (here: inside another user's transaction), and the spawned
+    task must take a connection of its own."""
+    async with make_worker_utils(connection_string=db, max_pool_size=2) as utils:
+        go = asyncio.Event()
+
+        async def later() -> None:
+            await go.wait()
+            await utils.add_job("t", {"from": "spawned task"})
+
+        async with utils.holding_connection() as held:
+            held_pid = held.info.backend_pid
+            spawned = asyncio.ensure_future(later())
+        # Another user takes both connections and opens a transaction on the one
+        # the block held; the other goes back to the pool for the spawned task.
+        first, second = await utils.pool.getconn(), await utils.pool.getconn()
+        same, other = (first, second) if first.info.backend_pid == held_pid else (second, first)
+        await same.execute("begin")
+        await same.execute("select 1")
+        await utils.pool.putconn(other)
+        go.set()
+        await asyncio.wait_for(spawned, 10)
+        await same.execute("rollback")  # the other user's work is rolled back
+        await utils.pool.putconn(same)
+    # The spawned task's job was not in that transaction.
+    assert job_count(db) == 1

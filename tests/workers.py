@@ -44,3 +44,11 @@ async def worker(db: str, tasks: dict[str, Any], **options: Any) -> AsyncIterato
         yield runner
     finally:
         await runner.stop()
+
+
+async def until(condition: Any, within: float = 10.0, what: str = "the condition") -> None:
+    """Poll ``condition()`` (a sync function, e.g. a database query) until true."""
+    deadline = time.monotonic() + within
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out after {within}s waiting for {what}"
+        await asyncio.sleep(0.02)

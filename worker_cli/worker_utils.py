@@ -60,10 +60,22 @@ _SCHEMA_MISSING = (
 )
 
 
-#: The connection a task holds in ``helpers.with_pg_client()``, with its pool.
-_held_connection: ContextVar[tuple[AsyncConnectionPool[Any], psycopg.AsyncConnection[Any]]] = (
-    ContextVar("graphile_worker_held_connection")
-)
+class _Held:
+    """A connection held by :meth:`WorkerUtils.holding_connection`, with its
+    pool, while the block runs. Tasks spawned inside the block inherit the
+    context variable pointing here; once the block has ended (and the
+    connection has gone back to the pool), ``active`` tells them not to use it."""
+
+    __slots__ = ("active", "conn", "pool")
+
+    def __init__(self, pool: AsyncConnectionPool[Any], conn: psycopg.AsyncConnection[Any]) -> None:
+        self.pool = pool
+        self.conn = conn
+        self.active = True
+
+
+#: The connection a task holds in ``helpers.with_pg_client()``.
+_held_connection: ContextVar[_Held] = ContextVar("graphile_worker_held_connection")
 
 
 class WorkerUtils:
@@ -81,8 +93,8 @@ class WorkerUtils:
         pool (the same asyncio task), the connection held there. Taking a second
         one could wait forever: tasks holding connections can exhaust the pool."""
         held = _held_connection.get(None)
-        if held is not None and held[0] is self.pool:
-            yield held[1]
+        if held is not None and held.active and held.pool is self.pool:
+            yield held.conn
             return
         async with self.pool.connection() as conn:
             yield conn
@@ -92,10 +104,12 @@ class WorkerUtils:
         """A connection for the block, which this pool's methods called inside it
         use too (so they also join any transaction open on it)."""
         async with self.connection() as conn:
-            token = _held_connection.set((self.pool, conn))
+            held = _Held(self.pool, conn)
+            token = _held_connection.set(held)
             try:
                 yield conn
             finally:
+                held.active = False
                 _held_connection.reset(token)
 
     @overload
@@ -362,28 +376,22 @@ class WorkerUtils:
             return 0
         query = statements.compose(statements.gc_unique_locks, self.schema)
         total = 0
-        async with self.pool.connection() as conn:
-            await conn.set_autocommit(True)
-            try:
-                while True:
-                    cur = await conn.execute(query, {"max_rows": _GC_UNIQUE_BATCH})
-                    row = await cur.fetchone()
-                    deleted = int(row[0]) if row else 0
-                    total += deleted
-                    if deleted < _GC_UNIQUE_BATCH:
-                        return total
-            finally:
-                await conn.set_autocommit(False)
+        async with self.pool.connection() as conn, _autocommit(conn):
+            while True:
+                cur = await conn.execute(query, {"max_rows": _GC_UNIQUE_BATCH})
+                row = await cur.fetchone()
+                deleted = int(row[0]) if row else 0
+                total += deleted
+                if deleted < _GC_UNIQUE_BATCH:
+                    return total
 
     async def migrate(self) -> MigrationReport:
         """Install or upgrade the schema (see :func:`worker_cli.migrate.migrate`)."""
-        async with self.pool.connection() as conn:
-            await conn.set_autocommit(True)
+        async with self.pool.connection() as conn, _autocommit(conn):
             try:
                 return await migrate(conn, self.schema)
             finally:
                 self._unique_tables = None
-                await conn.set_autocommit(False)
 
     async def _fetch(self, statement: LiteralString, params: Mapping[str, Any]) -> list[Job]:
         async with self.connection() as conn:
@@ -488,6 +496,21 @@ class WorkerUtils:
             f"({exc.diag.message_primary}); run `graphile-worker --schema-only` or "
             "`await utils.migrate()` first"
         )
+
+
+@asynccontextmanager
+async def _autocommit(conn: psycopg.AsyncConnection[Any]) -> AsyncIterator[None]:
+    """The block runs ``conn`` in autocommit mode; its previous mode is restored
+    after, so a pooled connection goes back as it came (the worker's pool is
+    in autocommit, an application's may not be)."""
+    previous = conn.autocommit
+    if not previous:
+        await conn.set_autocommit(True)
+    try:
+        yield
+    finally:
+        if conn.autocommit != previous and not conn.closed and not conn.broken:
+            await conn.set_autocommit(previous)
 
 
 def _unique_rules(
