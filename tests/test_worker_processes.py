@@ -187,7 +187,7 @@ async def test_mixed_fleet_with_node(
     ]
     procs = [
         start([cli_path(), "-c", db, "-j", "5"], py_folder),
-        start(["node", str(node.cli), "-c", db, "-j", "5"], node_folder),
+        start(node.argv("-c", db, "-j", "5"), node_folder),
     ]
     wait_until_listening(db, 2)
     await utils.add_jobs(jobs)
