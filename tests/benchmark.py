@@ -68,6 +68,7 @@ class System:
     command: list[str]
     workdir: Path
     latency: bool = True  # measure latency too (the default settings only)
+    env: dict[str, str] = field(default_factory=dict)  # added to the environment
     startup_ms: list[float] = field(default_factory=list)
     throughput: dict[int, list[float]] = field(default_factory=dict)
     latency_p50: list[float] = field(default_factory=list)
@@ -77,7 +78,7 @@ class System:
         return subprocess.run(
             [*self.command, "-c", url, *args],
             cwd=self.workdir,
-            env=_env(),
+            env={**_env(), **self.env},
             capture_output=True,
             timeout=600,
             check=False,
@@ -87,7 +88,7 @@ class System:
         return subprocess.Popen(
             [*self.command, "-c", url, *args],
             cwd=self.workdir,
-            env=_env(),
+            env={**_env(), **self.env},
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
         )
@@ -391,6 +392,12 @@ def main() -> None:
         "completion, this worker with --local-queue-size 500",
     )
     parser.add_argument(
+        "--compare-with",
+        metavar="DIR",
+        help="also this worker from another checkout (its worker_cli package), e.g. a "
+        "`git worktree` of the previous commit: before/after in the same run",
+    )
+    parser.add_argument(
         "--extras",
         action="store_true",
         help="also this worker's enqueue rate, drain rate behind large tables, and memory",
@@ -401,6 +408,17 @@ def main() -> None:
     scratch = Path(tempfile.mkdtemp(prefix="gw-bench-"))
     py_cli = str(Path(sys.executable).parent / "graphile-worker")
     systems = [_system("python", [py_cli], scratch / "python", PY_TASKS)]
+    if args.compare_with:
+        other = Path(args.compare_with).resolve()
+        systems.append(
+            _system(
+                "python, before",
+                [py_cli],
+                scratch / "python-before",
+                PY_TASKS,
+                env={"PYTHONPATH": str(other)},
+            )
+        )
     if args.batching:
         systems.append(
             _system(
@@ -474,7 +492,12 @@ def main() -> None:
             f"{_fmt(s.latency_p95, 2)} | {_fmt(s.startup_ms)} |"
         )
     by_name = {s.name: s for s in systems}
-    for ours, theirs in [("python", "node"), ("python, batching", "node, batching")]:
+    for ours, theirs in [
+        ("python", "node"),
+        ("python, batching", "node, batching"),
+        ("python, before", "node"),
+        ("python", "python, before"),
+    ]:
         if ours not in by_name or theirs not in by_name:
             continue
         a, b = by_name[ours], by_name[theirs]

@@ -44,6 +44,8 @@ RUNS_TABLE = """
     started timestamptz not null default clock_timestamp(), finished timestamptz
   );
   create table public.killed (pid int primary key, at timestamptz not null);
+  create table public.started (job_id bigint not null, at timestamptz not null
+    default clock_timestamp());
 """
 
 
@@ -179,6 +181,9 @@ class KillReport:
     rerun_jobs: int = 0
     cut_short_runs: int = 0
     concurrent_duplicates: int = 0
+    #: The pool ids of the killed workers, and the logs of the others.
+    killed_pools: list[str] = field(default_factory=list)
+    logs: list[str] = field(default_factory=list)
 
     def line(self, title: str) -> str:
         released = ", ".join(f"{t:.2f}s" for t in self.released_after_kill)
@@ -315,10 +320,12 @@ def sigkill_drain(
         report.recovered_in = time.monotonic() - started
         wait_until(lambda: len(watch.released) == len(killed_pools), 5, "the release watch")
         report.released_after_kill = [watch.released[pool] for pool in killed_pools]
+        report.killed_pools = killed_pools
     finally:
         watch.done.set()
         codes = sigterm_all([p for p in procs if p not in killed])
     assert codes == [0] * len(codes), "\n".join(p.log() for p in procs)
+    report.logs = [p.log() for p in procs if p not in killed]
     assert [p.proc.returncode for p in killed] == [-signal.SIGKILL] * len(killed)
 
     finished = "select count(distinct job_id) from public.runs where finished is not null"
@@ -384,6 +391,31 @@ class RestartablePg:
             str(self._data / "log"),
             "start",
         )
+
+    def processes(self) -> list[int]:
+        """The postmaster's pid and those of its children (backends and helpers)."""
+        postmaster = int((self._data / "postmaster.pid").read_text().split()[0])
+        children = []
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            with suppress(OSError):
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+                if int(fields[1]) == postmaster:
+                    children.append(int(stat.parent.name))
+        return [postmaster, *children]
+
+    @contextmanager
+    def frozen(self) -> Iterator[None]:
+        """The server hangs for the block (SIGSTOP to all its processes): sessions
+        stay open, connections are accepted by the kernel, nothing answers."""
+        pids = self.processes()
+        for pid in pids:
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            yield
+        finally:
+            for pid in pids:
+                with suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGCONT)
 
     def require_password(self, role: str) -> None:
         """Make ``role`` log in with its password (the rest stays trusted)."""

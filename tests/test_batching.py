@@ -306,29 +306,40 @@ REFUSE_FIRST_LOCKING_COMMIT = "create sequence test_locking_commits;" + _at_each
     "end if;",
 )
 
+# Kills the session of the first such commit in the middle of it: the
+# connection drops and the locks roll back.
+KILL_FIRST_LOCKING_COMMIT = "create sequence test_locking_commits;" + _at_each_locking_commit(
+    "test_kill_first_locking_commit",
+    "if nextval('test_locking_commits') = 1 then "
+    "perform pg_terminate_backend(pg_backend_pid()); perform pg_sleep(10); end if;",
+)
 
-async def test_jobs_started_before_a_failed_commit_are_reported_and_none_is_lost(
-    utils: WorkerUtils, db: str, caplog: pytest.LogCaptureFixture
+
+@pytest.mark.parametrize("fault", ["refused", "killed"])
+async def test_a_fetch_whose_commit_fails_starts_no_job(
+    utils: WorkerUtils, db: str, caplog: pytest.LogCaptureFixture, fault: str
 ) -> None:
-    """An idle worker starts jobs while their lock commits; if that commit
-    fails, those jobs are reported (another worker may run them again), the
-    fetch is retried, and every job still runs."""
-    rows(db, REFUSE_FIRST_LOCKING_COMMIT)
-    added = await utils.add_jobs([{"identifier": "t", "payload": {"n": n}} for n in range(3)])
-    ran: list[int] = []
+    """If a fetch's commit fails (refused, or its connection killed in the middle
+    of it), its locks roll back and any other worker may take the jobs: none of
+    them may run then. The fetch is retried, and each job runs once, its row
+    locked by its pool while it runs."""
+    rows(db, REFUSE_FIRST_LOCKING_COMMIT if fault == "refused" else KILL_FIRST_LOCKING_COMMIT)
+    await utils.add_jobs([{"identifier": "t", "payload": {"n": n}} for n in range(3)])
+    ran: list[tuple[int, str | None]] = []
 
     async def t(payload: dict[str, int], helpers: Helpers) -> None:
-        ran.append(payload["n"])
+        # What any other worker sees of this job's row while it runs.
+        [row] = await helpers.query(
+            "select locked_by from graphile_worker._private_jobs where id = %s", (helpers.job.id,)
+        )
+        assert helpers.job.locked_by is not None
+        ran.append((payload["n"], row["locked_by"] == helpers.job.locked_by))
 
     caplog.set_level("INFO")
     await run_once(db, task_list={"t": t}, no_handle_signals=True, concurrency=2)
+    assert value(db, "select nextval('test_locking_commits')") > 2  # the fault happened
+    assert sorted(ran) == [(0, True), (1, True), (2, True)]  # each once, while locked
     assert value(db, "select count(*) from graphile_worker.jobs") == 0
-    assert sorted(set(ran)) == [0, 1, 2] and ran.count(2) == 1
-    reported = [
-        r.getMessage() for r in caplog.records if "before its lock was committed" in r.getMessage()
-    ]
-    assert len(reported) == 2, reported  # the two jobs handed to the two idle slots
-    assert {added[0].id, added[1].id} == {int(line.split()[1]) for line in reported}
     assert any("Failed to fetch jobs" in r.getMessage() for r in caplog.records)
 
 
@@ -348,20 +359,37 @@ async def test_a_named_queue_job_never_starts_before_its_lock_is_committed(
     # The first job in order is in a named queue: nothing started before the
     # (refused) commit, and each job ran once after the fetch was retried.
     assert sorted(ran) == [0, 1]
-    assert not [r for r in caplog.records if "before its lock was committed" in r.getMessage()]
 
 
-# Makes every such commit take 0.3 s: jobs handed out before that commit
-# start well before it ends.
-SLOW_LOCKING_COMMIT = _at_each_locking_commit("test_slow_locking_commit", "perform pg_sleep(0.3);")
+# Makes every such commit take 0.3 s, and records when it ends (database time;
+# committed with the fetch).
+SLOW_LOCKING_COMMIT = "create table test_commit_ends (at float8);" + _at_each_locking_commit(
+    "test_slow_locking_commit",
+    "perform pg_sleep(0.3); "
+    "insert into test_commit_ends values (extract(epoch from clock_timestamp()));",
+)
 
 
-async def test_a_job_failing_while_its_fetch_commits_has_its_failure_recorded(
+async def test_a_job_starts_only_after_its_lock_is_committed(utils: WorkerUtils, db: str) -> None:
+    """An idle worker's job starts once the fetch that locked it has committed,
+    never while that commit is on its way (it could still fail)."""
+    rows(db, SLOW_LOCKING_COMMIT)
+    await utils.add_job("t")
+    started: list[float] = []
+
+    async def t(payload: Any, helpers: Helpers) -> None:
+        started.append(time.time())  # the task's first statement, before any query
+
+    await run_once(db, task_list={"t": t}, no_handle_signals=True)
+    [commit_end] = [r["at"] for r in rows(db, "select at from test_commit_ends")]
+    assert started[0] >= commit_end, started[0] - commit_end
+
+
+async def test_a_job_failing_right_after_its_fetch_commits_has_its_failure_recorded(
     utils: WorkerUtils, db: str
 ) -> None:
-    """A job handed out before its fetch committed can fail before that commit
-    ends; its failure (written only where this pool holds the lock) must still
-    be recorded, not matched against the row as it was before the fetch."""
+    """A failure is written only where this pool holds the lock: a job failing
+    at once must find its row locked by its pool."""
     rows(db, SLOW_LOCKING_COMMIT)
     await utils.add_job("fails")
 
@@ -373,11 +401,9 @@ async def test_a_job_failing_while_its_fetch_commits_has_its_failure_recorded(
     assert job == {"attempts": 1, "last_error": "RuntimeError: boom", "locked_at": None}
 
 
-async def test_a_task_sees_its_own_job_locked_while_its_fetch_commits(
-    utils: WorkerUtils, db: str
-) -> None:
-    """A task may start before its fetch has committed; its helpers' queries
-    wait for that commit, so the task sees its own row locked by its pool."""
+async def test_a_task_sees_its_own_job_locked(utils: WorkerUtils, db: str) -> None:
+    """A task's helpers see its row locked by its pool (a unique job added with
+    ``until="start"`` reads that state)."""
     rows(db, SLOW_LOCKING_COMMIT)
     await utils.add_job("look")
     seen: dict[str, Any] = {}

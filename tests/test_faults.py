@@ -7,14 +7,17 @@ each scenario measured (jobs, kills, restarts, duplicates).
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import importlib.util
 import json
+import math
 import signal
 import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from dbhelpers import rows, run_cli, value
@@ -30,8 +33,12 @@ from fault_helpers import (
     sigterm_all,
     wait_until,
 )
+from pg_proxy import PgProxy
+from pg_server import PgServer
+from workers import Recorder
 
-from worker_cli import Helpers, make_worker_utils, run_once
+from worker_cli import Helpers, make_worker_utils, run, run_once
+from worker_cli.events import Events
 
 
 @pytest.fixture(autouse=True)
@@ -206,11 +213,14 @@ logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(mess
 
 
 async def slow(payload, helpers):
+    started = "insert into public.started (job_id) values (%s)"
     if payload.get("hold_connection"):
         # Hold a pool connection until the worker asks the job to stop.
-        async with helpers.with_pg_client():
+        async with helpers.with_pg_client() as conn:
+            await conn.execute(started, (helpers.job.id,))
             await helpers.abort_signal.wait()
     else:
+        await helpers.query(started, (helpers.job.id,))
         await asyncio.sleep(payload["sleep"])
     await helpers.query(
         "insert into public.runs (job_id, pool, pid, attempt, started, finished) "
@@ -247,6 +257,7 @@ def add_slow_jobs(db: str, count: int, payload: str) -> None:
 
 
 LOCKED = "select count(*) from graphile_worker._private_jobs where locked_by is not null"
+STARTED = "select count(*) from public.started"
 
 
 def test_sigterm_under_load_finishes_running_and_returns_fetched_jobs(
@@ -263,7 +274,7 @@ def test_sigterm_under_load_finishes_running_and_returns_fetched_jobs(
         graceful_shutdown_timeout=5.0,
     )
     wait_until(lambda: value(db, LOCKED) == 550, 30, "50 running and 500 fetched ahead")
-    time.sleep(0.2)  # every slot has started its job
+    wait_until(lambda: value(db, STARTED) == 50, 30, "every slot to start its job")
     assert value(db, "select count(*) from public.runs") == 0  # none has finished yet
     worker.signal(signal.SIGTERM)
     signalled = time.monotonic()
@@ -340,7 +351,7 @@ def test_shutdown_while_tasks_hold_every_connection(db: str, tmp_path: Path) -> 
         graceful_shutdown_timeout=1.0,
     )
     wait_until(lambda: value(db, LOCKED) == 12, 30, "2 running and 10 fetched ahead")
-    time.sleep(0.3)
+    wait_until(lambda: value(db, STARTED) == 2, 30, "both slots to start their job")
     worker.signal(signal.SIGTERM)
     signalled = time.monotonic()
     code = worker.wait(20)
@@ -465,6 +476,65 @@ def test_tasks_that_never_return_are_failed_by_a_forced_shutdown(db: str, tmp_pa
         * 2
     )
     print(f"\nnever-returning tasks: forced shutdown exited 0 after {exited_in:.2f}s, 2 jobs kept")
+
+
+def test_a_forced_stop_ends_within_seconds_while_the_database_hangs(
+    private_pg: RestartablePg, tmp_path: Path
+) -> None:
+    """A second SIGTERM while the database hangs (every server process stopped:
+    connections open, nothing answers): the worker gives up writing results
+    after 5 s, names the jobs it could not write back, keeps its heartbeat
+    row so that others release them, and exits 1 well within 10 s."""
+    db = private_pg.server.url(private_pg.server.create_database())
+    folder = write_tasks(
+        tmp_path,
+        {"stuck.py": "import asyncio\n\nasync def task(payload, helpers):\n"
+         "    await asyncio.sleep(3600)\n"},
+    )  # fmt: skip
+    assert run_cli("-c", db, "--schema-only").returncode == 0
+    ids = sorted(
+        int(r["id"])
+        for r in rows(db, "select (graphile_worker.add_job('stuck')).id from generate_series(1, 2)")
+    )
+    worker = Worker(db, folder, "-j", "2")
+    wait_until(lambda: value(db, LOCKED) == 2, 30, "both jobs to start")
+    pool = value(db, "select min(locked_by) from graphile_worker._private_jobs")
+    worker.signal(signal.SIGTERM)  # graceful: waits for the jobs, which never end
+    wait_until(lambda: "stopping (SIGTERM received)" in worker.log(), 10, "the graceful stop")
+    with private_pg.frozen():
+        worker.signal(signal.SIGTERM)
+        forced = time.monotonic()
+        code = worker.wait(30)
+        exited_in = time.monotonic() - forced
+    log = worker.log()
+    assert code == 1, log
+    assert exited_in < 9, log  # 5 s for the results, then closing down
+    assert (
+        f"stopped without writing back 2 job(s) (ids: {ids[0]}, {ids[1]})" in log
+        and "will run again once another worker declares this pool dead" in log
+    ), log
+    assert "Still running" not in log  # the pool gave up by itself, not the last resort
+    # Each job is still locked by the stopped pool (its heartbeat row stays, so
+    # other workers release them once its timeout has passed), or failed by the
+    # write that was in flight when the pool gave up, which the server carried
+    # out once it resumed.
+    for job in rows(db, "select locked_by, last_error from graphile_worker._private_jobs"):
+        assert job in (
+            {"locked_by": pool, "last_error": None},
+            {
+                "locked_by": None,
+                "last_error": "RuntimeError: the worker was stopped while the job was running",
+            },
+        ), job
+    assert (
+        value(
+            db,
+            "select count(*) from graphile_worker._private_py_heartbeats where pool_id = %s",
+            (pool,),
+        )
+        == 1
+    )
+    print(f"\nforced stop with the database hanging: exit 1 after {exited_in:.2f}s, 2 ids logged")
 
 
 GOOD_TASK = "async def task(payload, helpers):\n    pass\n"
@@ -762,9 +832,9 @@ def test_clock_skew_does_not_run_future_jobs_early(db: str, tmp_path: Path) -> N
     assert sorted(r["job_id"] for r in runs) == sorted(
         jobs[task, label] for task in ("ahead", "behind") for label in ("past", "soon")
     )
-    for run in runs:
-        offset = (run["worker_clock"] - run["started"]).total_seconds()
-        assert abs(offset - (3600 if run["task"] == "ahead" else -3600)) < 60  # really skewed
+    for one in runs:
+        offset = (one["worker_clock"] - one["started"]).total_seconds()
+        assert abs(offset - (3600 if one["task"] == "ahead" else -3600)) < 60  # really skewed
     later = rows(db, "select attempts, locked_by from graphile_worker._private_jobs order by id")
     assert later == [{"attempts": 0, "locked_by": None}] * 2  # the two 'later' jobs wait
     soon_started = {
@@ -784,3 +854,56 @@ def test_clock_skew_does_not_run_future_jobs_early(db: str, tmp_path: Path) -> N
         )
         + "), 2 future jobs not run early, 0 pools wrongly declared dead"
     )
+
+
+async def test_a_fetch_whose_reply_is_lost_after_it_committed_runs_its_jobs(
+    pg: PgServer, db: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The connection drops after a fetch committed its locks, before its reply
+    arrives (a proxy cuts it there): the worker cannot know it holds those
+    jobs. It ends the lost session, finds the jobs locked by its pool that it
+    does not know of, and runs them, once each; nothing stays locked."""
+    ran: list[int] = []
+    unblock = asyncio.Event()
+
+    async def t(payload: dict[str, Any], helpers: Helpers) -> None:
+        if payload.get("block"):
+            await unblock.wait()
+        ran.append(helpers.job.id)
+
+    events = Events()
+    recorder = Recorder(events, "job:start", "job:success", "worker:getJob:error")
+    with PgProxy(pg.admin_url) as proxy:
+        # One slot, busy with a blocker: the next jobs are fetched ahead.
+        runner = await run(
+            proxy.url(db),
+            task_list={"t": t},
+            events=events,
+            no_handle_signals=True,
+            local_queue_size=10,
+            local_queue_horizon=math.inf,
+            poll_interval=0.2,
+        )
+        try:
+            blocker = await runner.add_job("t", {"block": True})
+            await recorder.wait_for("job:start")
+            cut = proxy.cut_reply("is_available", "queue_name")  # the fetch's columns
+            added = rows(
+                db,
+                "select (graphile_worker.add_job('t', json_build_object('n', n), "
+                "queue_name => case when n = 1 then 'serial' end)).id "
+                "from generate_series(1, 3) as n",
+            )
+            assert await asyncio.to_thread(cut.wait, 10), "no fetch reply was cut"
+            await recorder.wait_for("worker:getJob:error")
+            unblock.set()
+            await recorder.wait_for("job:success", 4, within=15)
+        finally:
+            await runner.stop()
+    assert sorted(ran) == sorted([blocker.id, *(r["id"] for r in added)])  # once each
+    assert value(db, "select count(*) from graphile_worker._private_jobs") == 0
+    assert value(db, "select count(locked_by) from graphile_worker._private_job_queues") == 0
+    [found] = [
+        r.getMessage() for r in caplog.records if "reply to a fetch was lost" in r.getMessage()
+    ]
+    assert "locked 3 job(s)" in found

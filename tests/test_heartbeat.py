@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
+import re
 import signal
 import time
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
+from typing import Any
 
+import psycopg
 import pytest
 from dbhelpers import rows, run_cli, value
 from fault_helpers import (
@@ -22,6 +27,7 @@ from fault_helpers import (
 )
 from node_worker import NodeWorker
 
+from worker_cli import Helpers, run
 from worker_cli.options import WorkerOptions
 
 INTERVAL, TIMEOUT = 0.5, 3.0
@@ -34,7 +40,8 @@ def _no_worker_outlives_its_test() -> Iterator[None]:
     kill_leftover_workers()
 
 
-# Sleeps for as long as the payload says on its first attempt only, then records the run.
+# Sleeps for as long as the payload says on its first attempt only, then records the
+# run; as its start, the job's updated_at: when it was last released or failed.
 FIRST_ATTEMPT_HANGS = """\
 import asyncio, os
 
@@ -43,14 +50,24 @@ async def task(payload, helpers):
     if helpers.job.attempts == 1:
         await asyncio.sleep(payload["sleep"])
     await helpers.query(
-        "insert into public.runs (job_id, pool, pid, attempt, finished) "
-        "values (%s, %s, %s, %s, clock_timestamp())",
-        (helpers.job.id, helpers.job.locked_by, os.getpid(), helpers.job.attempts),
+        "insert into public.runs (job_id, pool, pid, attempt, started, finished) "
+        "values (%s, %s, %s, %s, %s, clock_timestamp())",
+        (helpers.job.id, helpers.job.locked_by, os.getpid(), helpers.job.attempts,
+         helpers.job.updated_at),
     )
 """
 
 HEARTBEATS = "select pool_id, pid, extract(epoch from timeout) as timeout, beat_at "
 HEARTBEATS += "from graphile_worker._private_py_heartbeats"
+
+
+DECLARED_DEAD = re.compile(r"declared worker pool (\S+) .*watched silent for ([\d.]+)s\)")
+
+
+def declared_dead(logs: list[str]) -> dict[str, float]:
+    """Pools the workers declared dead, with how long each was watched silent
+    (the database's time, as the reaper's log line says)."""
+    return {match[1]: float(match[2]) for log in logs for match in DECLARED_DEAD.finditer(log)}
 
 
 def hanging_task(folder: Path) -> Path:
@@ -84,10 +101,12 @@ def test_sigkill_with_heartbeats_recovers_within_the_timeout(db: str, tmp_path: 
         recovery_timeout=TIMEOUT + 15,
     )
     print("\n" + report.line(f"SIGKILL with heartbeats (interval {INTERVAL}s, timeout {TIMEOUT}s)"))
-    for seconds in report.released_after_kill:
-        # The last beat came at most one interval before the kill; a live pool
-        # looks once per interval (plus slack for a loaded machine).
-        assert TIMEOUT - INTERVAL - 0.2 <= seconds <= TIMEOUT + INTERVAL + 3, report
+    # Released in time (sigkill_drain waits at most TIMEOUT + 15 s), and never
+    # before a survivor had watched the pool stay silent for its whole timeout
+    # (the database's clock).
+    silences = declared_dead(report.logs)
+    assert set(silences) == set(report.killed_pools), silences
+    assert all(seconds >= TIMEOUT for seconds in silences.values()), silences
     assert value(db, "select count(*) from graphile_worker._private_py_heartbeats") == 0
 
 
@@ -105,6 +124,7 @@ def test_a_dead_pool_is_released_with_its_queue_and_the_attempt_counts(
     assert locked_by(db, job_id) == dead_pool
     kill(db, doomed)
     killed_at = time.monotonic()
+    [last_beat] = [r["beat_at"] for r in rows(db, HEARTBEATS + " where pool_id = %s", (dead_pool,))]
 
     survivor = Worker(db, folder, "--poll-interval", "60000", *HEARTBEAT)
     wait_until(lambda: locked_by(db, job_id) != dead_pool, TIMEOUT + 10, "the release")
@@ -113,7 +133,11 @@ def test_a_dead_pool_is_released_with_its_queue_and_the_attempt_counts(
     assert sigterm_all([survivor]) == [0]
     log = survivor.log()
     print(f"\nheartbeat: a killed pool's job released {released_after:.2f}s after the kill")
-    assert TIMEOUT - INTERVAL - 0.2 <= released_after <= TIMEOUT + INTERVAL + 3
+    # Released no sooner than the timeout after the dead pool's last beat, in
+    # the database's time (the release set the job's updated_at).
+    [released_at] = [r["started"] for r in rows(db, "select started from public.runs")]
+    assert (released_at - last_beat).total_seconds() >= TIMEOUT
+    assert declared_dead([log])[dead_pool] >= TIMEOUT  # as the log line says
     assert f"declared worker pool {dead_pool} (host " in log
     assert "released 1 job(s) and 1 queue(s)" in log
     # The lost attempt counted: the re-run was the second attempt.
@@ -177,18 +201,32 @@ def test_pools_without_heartbeat_are_never_released(
     rows(db, "create table public.go (n int)")
     create_runs(db)
     node_job = add_hanging_job(db, 0)
-    node_proc = Worker(db, node_folder, "-c", db, command=["node", str(node.cli)])
+    node_proc = Worker(db, node_folder, "-c", db, command=node.argv())
     try:
         wait_until(lambda: locked_by(db, node_job) is not None, 30, "Node to take its job")
         node_pool = locked_by(db, node_job)
-        plain = Worker(db, folder)  # heartbeats off
+        plain = Worker(db, folder, "--heartbeat-interval", "0")  # heartbeats off
         python_job = add_hanging_job(db, 60)
         wait_until(lambda: locked_by(db, python_job) is not None, 30, "the plain pool's job")
         plain_pool = locked_by(db, python_job)
         kill(db, plain)
         watcher = Worker(db, folder, *HEARTBEAT)
         wait_until(lambda: listening(db) == 1 + 1, 30, "the watcher")  # watcher + Node
-        time.sleep(TIMEOUT + 2 * INTERVAL)
+        # Until the watcher has been beating (and looking for dead pools) for
+        # longer than a timeout plus two intervals, by the database's clock.
+        wait_until(
+            lambda: (
+                value(
+                    db,
+                    "select coalesce(max(extract(epoch from beat_at - started_at)), 0) "
+                    "from graphile_worker._private_py_heartbeats where pid = %s",
+                    (watcher.pid,),
+                )
+                > TIMEOUT + 2 * INTERVAL
+            ),
+            TIMEOUT + 30,
+            "the watcher to watch for longer than a timeout",
+        )
         assert locked_by(db, python_job) == plain_pool
         assert locked_by(db, node_job) == node_pool
         rows(db, "insert into public.go values (1)")
@@ -248,13 +286,18 @@ def test_heartbeat_options(db: str, tmp_path: Path) -> None:
     (tmp_path / "tasks").mkdir()
     (tmp_path / "tasks" / "t.py").write_text("async def task(p, h): pass\n")
     for args, message in [
-        (["--heartbeat-timeout", "60"], "--heartbeat-timeout needs --heartbeat-interval"),
         (["--heartbeat-interval", "10", "--heartbeat-timeout", "15"], "at least twice"),
-        (["--heartbeat-interval", "0"], "Invalid value for '--heartbeat-interval'"),
+        (["--heartbeat-timeout", "45"], "at least twice"),  # the default interval is 30 s
+        (["--heartbeat-interval", "-1"], "Invalid value for '--heartbeat-interval'"),
+        (["--heartbeat-timeout", "0"], "Invalid value for '--heartbeat-timeout'"),
     ]:
         result = run_cli("-c", db, "--once", *args, cwd=tmp_path)
         assert result.returncode == 2 and message in result.stderr, result.stderr
         assert "Traceback" not in result.stderr
+    # On by default: every 30 s, dead after 300 s.
+    result = run_cli("-c", db, "--once", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "heartbeat every 30s; declared dead after 300s without one" in result.stderr
     result = run_cli(
         "-c",
         db,
@@ -265,7 +308,86 @@ def test_heartbeat_options(db: str, tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert "heartbeat every 1s; declared dead after 7s without one" in result.stderr
     assert rows(db, HEARTBEATS) == []  # removed on a clean exit
+    # Off: 0, from the flag or the environment.
+    for off in (["--heartbeat-interval", "0"], []):
+        env = {} if off else {"GRAPHILE_WORKER_HEARTBEAT_INTERVAL": "0"}
+        result = run_cli("-c", db, "--once", *off, cwd=tmp_path, env=env)
+        assert result.returncode == 0, result.stderr
+        assert "heartbeat" not in result.stderr
     help_text = run_cli("--help").stdout
     assert "--heartbeat-interval" in help_text and "GRAPHILE_WORKER_HEARTBEAT_TIMEOUT" in help_text
     with pytest.raises(ValueError, match="at least twice"):
         WorkerOptions(heartbeat_interval=1, heartbeat_timeout=1.5)
+    assert WorkerOptions().heartbeat_interval == 30 and WorkerOptions().heartbeat_timeout == 300
+
+
+# --- In the library -------------------------------------------------------------
+
+
+async def test_a_heartbeat_that_cannot_start_closes_its_connection(db: str) -> None:
+    rows(db, "drop table graphile_worker._private_py_heartbeats")
+
+    async def t(payload: Any, helpers: Any) -> None:
+        pass
+
+    with pytest.raises(psycopg.errors.UndefinedTable) as failure:
+        await run(db, task_list={"t": t}, no_handle_signals=True, heartbeat_interval=0.5)
+    # Every connection of the worker is closed (the error, kept alive here,
+    # still refers to the heartbeat).
+    assert failure.value is not None
+    wait_until(
+        lambda: (
+            value(
+                db,
+                "select count(*) from pg_stat_activity "
+                "where datname = current_database() and pid <> pg_backend_pid()",
+            )
+            == 0
+        ),
+        5,
+        "the worker's connections to close",
+    )
+
+
+async def test_after_an_outage_for_everyone_each_pool_gets_its_whole_timeout(db: str) -> None:
+    """A pool whose last beat is older than its timeout only because the
+    database was unreachable (here: a row aged by hand, as after a long
+    restart) is declared dead only once a live pool has watched it stay
+    silent for its whole timeout, counted from the live pool's first beat."""
+    rows(
+        db,
+        "insert into graphile_worker._private_py_heartbeats (pool_id, timeout, beat_at) "
+        "values ('pool-quiet', interval '2 seconds', now() - interval '10 minutes')",
+    )
+    job_id = value(db, "select id from graphile_worker.add_job('t')")
+    rows(
+        db,
+        "update graphile_worker._private_jobs set locked_by = 'pool-quiet', locked_at = now(), "
+        "attempts = 1 where id = %s",
+        (job_id,),
+    )
+    released_at: list[datetime] = []
+    ran = asyncio.Event()
+
+    async def t(payload: Any, helpers: Helpers) -> None:
+        assert helpers.job.updated_at is not None
+        released_at.append(helpers.job.updated_at)  # set by the release
+        ran.set()
+
+    runner = await run(
+        db, task_list={"t": t}, no_handle_signals=True, heartbeat_interval=0.2, heartbeat_timeout=1
+    )
+    try:
+        [started] = rows(
+            db,
+            "select started_at from graphile_worker._private_py_heartbeats where pool_id = %s",
+            (runner.pool.id,),
+        )
+        await asyncio.wait_for(ran.wait(), 15)
+    finally:
+        await runner.stop()
+    # Released 2 s (pool-quiet's own timeout) or more after the watcher's first
+    # beat, not at its first look.
+    assert (released_at[0] - started["started_at"]).total_seconds() >= 2
+    assert rows(db, HEARTBEATS + " where pool_id = 'pool-quiet'") == []
+    assert value(db, "select count(*) from graphile_worker._private_jobs") == 0

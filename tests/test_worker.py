@@ -308,8 +308,8 @@ async def _add_jobs_of_every_kind(utils: WorkerUtils) -> tuple[datetime, list[Jo
 async def test_both_fetch_forms_read_jobs_as_they_are_stored(
     utils: WorkerUtils, db: str, no_prepared_statements: bool
 ) -> None:
-    """The fetch reads binary rows in autocommit, or (for idle slots) text rows
-    of ``begin; get_jobs``: both give the stored values."""
+    """The fetch reads binary rows of get_jobs; after a lost reply the pool
+    reads the jobs it holds with lost_fetch_jobs: both give the stored values."""
     _, added = await _add_jobs_of_every_kind(utils)
     task_id = value(
         db, "select id from graphile_worker._private_tasks where identifier = 'inspect'"
@@ -323,17 +323,13 @@ async def test_both_fetch_forms_read_jobs_as_they_are_stored(
                 statements.compose(statements.get_jobs, "graphile_worker"), params
             )
             binary = jobs_from_rows(await cur.fetchall(), names)
-        text_cur = psycopg.AsyncClientCursor(conn)
-        await text_cur.execute(
-            statements.compose(statements.begin_get_jobs, "graphile_worker"), params
-        )
-        text_cur.nextset()
-        text = jobs_from_rows(await text_cur.fetchall(), names)
-        await conn.execute("rollback")
-    # Two transactions: only locked_at (their now()) differs.
-    assert [job._replace(locked_at=None) for job in sorted(binary)] == [
-        job._replace(locked_at=None) for job in sorted(text)
-    ]
+            cur = await conn.cursor(binary=True).execute(
+                statements.compose(statements.lost_fetch_jobs, "graphile_worker"),
+                {"pool_id": "pool-t", "known_ids": [binary[0].id]},
+            )
+            recovered = jobs_from_rows(await cur.fetchall(), names)
+    assert len(binary) == len(added)
+    assert sorted(recovered) == sorted(job for job in binary if job.id != binary[0].id)
     by_id = {job.id: job for job in binary}
     for before in added:
         job = by_id[before.id]

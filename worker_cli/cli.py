@@ -169,21 +169,26 @@ SHARED_OPTIONS = ("connection", "schema")
 )
 @click.option(
     "--heartbeat-interval",
-    type=click.FloatRange(min=0, min_open=True),
+    type=click.FloatRange(min=0),
+    default=WorkerOptions.heartbeat_interval,
+    show_default=True,
     envvar="GRAPHILE_WORKER_HEARTBEAT_INTERVAL",
     show_envvar=True,
     metavar="SECONDS",
-    help="Record a heartbeat every SECONDS, and release the jobs of worker pools whose "
-    "heartbeat stopped (crashed workers). Default: off.",
+    help="Record a heartbeat this often, and release the jobs of worker pools whose "
+    "heartbeat stopped (crashed workers). 0 turns heartbeats off.",
 )
 @click.option(
     "--heartbeat-timeout",
     type=click.FloatRange(min=0, min_open=True),
+    default=WorkerOptions.heartbeat_timeout,
+    show_default=True,
     envvar="GRAPHILE_WORKER_HEARTBEAT_TIMEOUT",
     show_envvar=True,
     metavar="SECONDS",
-    help="With --heartbeat-interval: a pool without a heartbeat for this long is declared "
-    "dead. Default: 300.",
+    help="A pool without a heartbeat for this long is declared dead by the others and its "
+    "jobs run again; keep it well above any pause a worker may have (at least twice "
+    "the interval).",
 )
 @click.option(
     "--tasks",
@@ -235,8 +240,8 @@ def command(
     no_prepared_statements: bool,
     cleanup: list[str],
     crontab_path: Path | None,
-    heartbeat_interval: float | None,
-    heartbeat_timeout: float | None,
+    heartbeat_interval: float,
+    heartbeat_timeout: float,
     tasks_dir: Path,
     log_format: LogFormat,
     progress_interval: float,
@@ -252,10 +257,6 @@ def command(
         return
     if once and schema_only:
         raise click.UsageError("--once and --schema-only cannot be used together")
-    if heartbeat_timeout is not None and heartbeat_interval is None:
-        raise click.UsageError("--heartbeat-timeout needs --heartbeat-interval")
-    if heartbeat_timeout is None:
-        heartbeat_timeout = WorkerOptions.heartbeat_timeout
     try:
         WorkerOptions(heartbeat_interval=heartbeat_interval, heartbeat_timeout=heartbeat_timeout)
     except ValueError as exc:

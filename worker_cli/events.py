@@ -6,7 +6,7 @@ import asyncio
 import inspect
 import logging
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 __all__ = ["EventHandler", "Events"]
@@ -21,13 +21,14 @@ class Events:
 
     Handlers receive one dict (``{"job": ..., "worker_id": ...}``). A handler
     may be a coroutine function; its coroutine runs as a task this emitter
-    owns, and :meth:`aclose` waits for those still running. A failing handler
-    is logged and never breaks the worker.
+    owns, and :meth:`aclose` waits for those still running. A handler that
+    raises (anything, ``SystemExit`` included), sync or async, is logged and
+    ignored: it never breaks the worker.
     """
 
     def __init__(self) -> None:
         self._handlers: defaultdict[str, list[EventHandler]] = defaultdict(list)
-        self._tasks: set[asyncio.Task[Any]] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
 
     def on(self, name: str, handler: EventHandler) -> EventHandler:
         """Call ``handler`` on every ``name`` event; returns it (usable as a decorator)."""
@@ -42,6 +43,7 @@ class Events:
         return bool(self._handlers.get(name))
 
     def emit(self, name: str, **data: Any) -> None:
+        """Call the handlers of ``name``; never raises."""
         handlers = self._handlers.get(name)
         if not handlers:
             return
@@ -49,18 +51,39 @@ class Events:
             try:
                 result = handler({"event": name, **data})
                 if inspect.isawaitable(result):
-                    task = asyncio.ensure_future(result)
+                    task = asyncio.ensure_future(_contained(name, result))
                     self._tasks.add(task)
-                    task.add_done_callback(self._handler_done)
-            except Exception:
-                logger.exception("handler for event %r failed", name)
+                    task.add_done_callback(self._tasks.discard)
+            except asyncio.CancelledError:
+                raise
+            except BaseException:
+                logger.exception("A handler of the event %r raised; ignored", name)
 
-    def _handler_done(self, task: asyncio.Task[Any]) -> None:
-        self._tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            logger.error("handler failed", exc_info=task.exception())
+    async def aclose(self, within: float | None = None) -> None:
+        """Wait for the async handlers still running (those started meanwhile too);
+        after ``within`` seconds, cancel the rest."""
+        try:
+            async with asyncio.timeout(within):
+                while self._tasks:
+                    await asyncio.wait(tuple(self._tasks))
+        except TimeoutError:
+            logger.warning(
+                "%d async event handler(s) still running after %gs; cancelled",
+                len(self._tasks),
+                within,
+            )
+            for task in tuple(self._tasks):
+                task.cancel()
+            if self._tasks:  # one that swallows its cancellation is left behind
+                await asyncio.wait(tuple(self._tasks), timeout=1)
 
-    async def aclose(self) -> None:
-        """Wait for handlers that are still running."""
-        while self._tasks:
-            await asyncio.gather(*tuple(self._tasks), return_exceptions=True)
+
+async def _contained(name: str, awaitable: Awaitable[Any]) -> None:
+    """An async handler's run: whatever it raises is logged, not propagated
+    (``SystemExit`` would otherwise stop the event loop)."""
+    try:
+        await awaitable
+    except asyncio.CancelledError:
+        raise
+    except BaseException:
+        logger.exception("An async handler of the event %r raised; ignored", name)

@@ -1,17 +1,33 @@
-"""Opt-in heartbeats: crash recovery in minutes instead of the 4-hour stale-lock sweep.
+"""Heartbeats: a crashed worker's jobs come back in minutes, not after the 4-hour sweep.
 
-A pool with ``heartbeat_interval`` set keeps a row in ``_private_py_heartbeats``
-and refreshes its ``beat_at`` every interval, on a connection of its own (so
-tasks holding every pool connection cannot starve it). At each beat it also
-declares dead every other pool whose last beat is older than the timeout *that
-pool* declared: it deletes the row and releases the dead pool's jobs and named
-queues (``statements.heartbeat_reap``). The attempt the dead pool counted when it
-fetched a job stays counted, and ``last_error`` says the pool was declared dead.
+On by default (``--heartbeat-interval 30``, ``--heartbeat-timeout 300``; an
+interval of 0 turns them off). A pool keeps a row in ``_private_py_heartbeats``
+and refreshes its ``beat_at`` every interval. At each beat it also declares
+dead every other pool that has not beaten for the timeout *that pool*
+declared: it deletes the row and releases the dead pool's jobs and named
+queues (``statements.heartbeat_reap``). The attempt the dead pool counted when
+it fetched a job stays counted, and ``last_error`` says the pool was declared
+dead.
 
-Pools without a row, such as Node workers, are never touched. A pool that was
-declared dead but was only frozen (a paused VM, a stopped process) notices at its
-next beat, logs it and registers again. The row is deleted when the pool stops
-cleanly, after every result is written; a pool that crashes leaves its row
+The heartbeat runs in a thread of its own, on a connection of its own: tasks
+holding every pool connection, or an ``async def`` task blocking the event
+loop with synchronous work, do not silence it. Only a process that is dead,
+frozen, or cut off from the database stops beating, and only then are its jobs
+run elsewhere.
+
+A pool declares another dead only after watching it fail to beat for that
+pool's whole timeout while the database was reachable: the silence is counted
+from the later of the other pool's last beat and the start of this pool's own
+uninterrupted run of beats. After the database was down or unreachable for
+everyone (a restart, a failover, a network outage) longer than the timeout,
+every row looks stale; counted that way, every pool gets its full timeout to
+beat again before anyone releases its jobs.
+
+Pools without a row, such as Node workers or pools with heartbeats off, are
+never touched. A pool that was declared dead but was only frozen (a paused VM,
+a stopped process) notices at its next beat, logs it and registers again. The
+row is deleted when the pool stops cleanly, after every result is written; a
+pool that crashes, or stops without writing back every result, leaves its row
 behind, which is what lets the others find its jobs.
 
 All times are the database's (``now()``): a skewed worker clock changes nothing.
@@ -20,17 +36,18 @@ All times are the database's (``now()``): a skewed worker clock changes nothing.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import socket
-from collections.abc import Callable, Mapping
-from datetime import timedelta
+import threading
+from collections.abc import Callable
+from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
 
 from . import statements
-from .options import WorkerOptions
 from .retry import DELAYS
 
 __all__ = ["Heartbeat"]
@@ -39,39 +56,56 @@ logger = logging.getLogger("graphile_worker")
 
 
 class Heartbeat:
-    """The heartbeat of one worker pool: ``await start()``, then ``run()`` until ``stop()``."""
+    """The heartbeat of one worker pool, in a thread of its own.
+
+    ``await start()`` makes the first beat (before the pool locks any job),
+    then beats every ``interval`` until ``stop()``.
+    """
 
     def __init__(
         self,
         conninfo: str,
-        options: WorkerOptions,
-        pool_id: str,
-        connect_kwargs: Mapping[str, Any],
         *,
+        schema: str,
+        pool_id: str,
+        interval: float,
+        timeout: float,
         on_released: Callable[[], None],
     ) -> None:
-        assert options.heartbeat_interval is not None
         self.pool_id = pool_id
-        self.interval = options.heartbeat_interval
-        self.timeout = options.heartbeat_timeout
+        self.interval = interval
+        self.timeout = timeout
         self._conninfo = conninfo
-        self._schema = options.schema
-        self._connect_kwargs = {**connect_kwargs, "autocommit": True}
+        self._schema = schema
         self._on_released = on_released
-        self._conn: psycopg.AsyncConnection[Any] | None = None
-        self._stopping = asyncio.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._conn: psycopg.Connection[Any] | None = None
+        self._stopping = threading.Event()
+        self._remove_row = False
+        self._stopped: asyncio.Future[None] | None = None
         self._registered = False
+        #: Database time of this pool's last successful beat, and of the first
+        #: beat of its current uninterrupted run of beats (see the module doc).
+        self._last_beat: datetime | None = None
+        self._watching_since: datetime | None = None
         self._params = {
             "pool_id": pool_id,
-            "timeout": timedelta(seconds=self.timeout),
+            "timeout": timedelta(seconds=timeout),
             "hostname": socket.gethostname(),
             "pid": os.getpid(),
         }
 
     async def start(self) -> None:
-        """The first beat: done before the pool locks any job, so every job it
-        ever locks can be found again if it dies. Errors propagate."""
-        await self._beat()
+        """Make the first beat, then beat on in the background. Errors propagate
+        (the heartbeat's connection is closed first)."""
+        loop = self._loop = asyncio.get_running_loop()
+        started: asyncio.Future[None] = loop.create_future()
+        self._stopped = loop.create_future()
+        thread = threading.Thread(
+            target=self._main, args=(started,), name=f"{self.pool_id}-heartbeat", daemon=True
+        )
+        thread.start()
+        await started
         logger.info(
             "Worker pool %s: heartbeat every %gs; declared dead after %gs without one",
             self.pool_id,
@@ -79,61 +113,83 @@ class Heartbeat:
             self.timeout,
         )
 
-    def stop(self) -> None:
-        """End ``run()``: called once every result of the pool is written."""
+    def stop(self, *, remove: bool = True) -> None:
+        """End the beats. With ``remove`` (every result of the pool is written),
+        the pool's row is deleted; without, it stays, so that other pools
+        release the jobs this pool still holds once its timeout has passed."""
+        self._remove_row = remove
         self._stopping.set()
 
-    async def run(self) -> None:
-        """Beat and look for dead pools every interval until ``stop()``, then
-        delete the pool's row. Database errors are logged and retried sooner."""
-        failures = 0
+    async def wait_stopped(self, within: float) -> None:
+        """Wait (at most ``within`` seconds) for the thread to finish after ``stop()``.
+        A thread stuck on an unreachable database is left behind (it is a daemon)."""
+        if self._stopped is None:
+            return
         try:
-            while not self._stopping.is_set():
-                delay = self.interval if not failures else min(self.interval, _delay(failures))
-                try:
-                    await asyncio.wait_for(self._stopping.wait(), delay)
-                    break
-                except TimeoutError:
-                    pass
-                try:
-                    async with asyncio.timeout(self.timeout):
-                        await self._beat()
-                        await self._reap()
-                    failures = 0
-                except (psycopg.Error, TimeoutError) as exc:
-                    failures += 1
-                    await self._disconnect()
-                    logger.warning(
-                        "Worker pool %s: heartbeat failed (%s); retrying in %.2fs",
-                        self.pool_id,
-                        " ".join(str(exc).split()) or type(exc).__name__,
-                        min(self.interval, _delay(failures)),
-                    )
-            await self._remove()
+            async with asyncio.timeout(within):
+                await asyncio.shield(self._stopped)
+        except TimeoutError:
+            logger.warning("Worker pool %s: the heartbeat did not stop in time", self.pool_id)
+
+    # --- the thread ---------------------------------------------------------
+
+    def _main(self, started: asyncio.Future[None]) -> None:
+        try:
+            try:
+                self._beat()
+            except BaseException as exc:
+                self._disconnect()
+                self._call_soon(_settle, started, exc)
+                return
+            self._call_soon(_settle, started, None)
+            self._beat_until_stopped()
+            if self._remove_row:
+                self._remove()
         finally:
-            await self._disconnect()
+            self._disconnect()
+            if self._stopped is not None:
+                self._call_soon(_settle, self._stopped, None)
 
-    # --- database -----------------------------------------------------------
+    def _beat_until_stopped(self) -> None:
+        """Beat and look for dead pools every interval; database errors are
+        logged and retried sooner."""
+        failures = 0
+        while not self._stopping.wait(
+            self.interval if not failures else min(self.interval, _delay(failures))
+        ):
+            try:
+                self._beat()
+                self._reap()
+                failures = 0
+            except Exception as exc:
+                failures += 1
+                self._last_beat = None  # not watching while the database is unreachable
+                self._disconnect()
+                logger.warning(
+                    "Worker pool %s: heartbeat failed (%s); retrying in %.2fs",
+                    self.pool_id,
+                    " ".join(str(exc).split()) or type(exc).__name__,
+                    min(self.interval, _delay(failures)),
+                )
 
-    async def _connection(self) -> psycopg.AsyncConnection[Any]:
+    def _connection(self) -> psycopg.Connection[Any]:
         if self._conn is None or self._conn.closed:
-            self._conn = await psycopg.AsyncConnection.connect(
-                self._conninfo, connect_timeout=10, **self._connect_kwargs
-            )
+            self._conn = psycopg.Connection.connect(self._conninfo, autocommit=True)
         return self._conn
 
-    async def _disconnect(self) -> None:
+    def _disconnect(self) -> None:
         conn, self._conn = self._conn, None
         if conn is not None:
-            await conn.close()
+            conn.close()
 
-    async def _beat(self) -> None:
-        conn = await self._connection()
-        cur = await conn.execute(
+    def _beat(self) -> None:
+        conn = self._connection()
+        row = conn.execute(
             statements.compose(statements.heartbeat_beat, self._schema), self._params
-        )
-        inserted = await cur.fetchone() is not None
-        if inserted and self._registered:
+        ).fetchone()
+        assert row is not None
+        registered, now = row
+        if registered and self._registered:
             logger.error(
                 "Worker pool %s was declared dead by another worker (no heartbeat for over "
                 "%gs): the jobs it held were released and may run again elsewhere. "
@@ -142,45 +198,64 @@ class Heartbeat:
                 self.timeout,
             )
         self._registered = True
+        last, self._last_beat = self._last_beat, now
+        if last is None or (now - last).total_seconds() > 2 * self.interval:
+            self._watching_since = now
 
-    async def _reap(self) -> None:
-        conn = await self._connection()
-        cur = await conn.execute(
-            statements.compose(statements.heartbeat_reap, self._schema), {"pool_id": self.pool_id}
+    def _reap(self) -> None:
+        conn = self._connection()
+        cur = conn.execute(
+            statements.compose(statements.heartbeat_reap, self._schema),
+            {"pool_id": self.pool_id, "watching_since": self._watching_since},
         )
         released = 0
-        async for pool_id, hostname, pid, beat_at, jobs, queues in cur:
+        for pool_id, hostname, pid, beat_at, silent_for, jobs, queues in cur:
             released += jobs
             where = f" (host {hostname}, pid {pid})" if hostname is not None else ""
             logger.warning(
-                "Worker pool %s: declared worker pool %s%s dead (last heartbeat %s); "
-                "released %d job(s) and %d queue(s) it held",
+                "Worker pool %s: declared worker pool %s%s dead (last heartbeat %s; watched "
+                "silent for %.3fs); released %d job(s) and %d queue(s) it held",
                 self.pool_id,
                 pool_id,
                 where,
                 beat_at.isoformat(),
+                silent_for,
                 jobs,
                 queues,
             )
         if released:
-            self._on_released()
+            self._call_soon(self._on_released)
 
-    async def _remove(self) -> None:
+    def _remove(self) -> None:
         """Best effort: a row left behind is only declared dead (with nothing to
         release) after its timeout."""
         try:
-            async with asyncio.timeout(5):
-                conn = await self._connection()
-                await conn.execute(
-                    statements.compose(statements.heartbeat_remove, self._schema),
-                    {"pool_id": self.pool_id},
-                )
-        except (psycopg.Error, TimeoutError) as exc:
+            self._connection().execute(
+                statements.compose(statements.heartbeat_remove, self._schema),
+                {"pool_id": self.pool_id},
+            )
+        except Exception as exc:
             logger.warning(
                 "Worker pool %s: could not remove its heartbeat (%s)",
                 self.pool_id,
                 " ".join(str(exc).split()) or type(exc).__name__,
             )
+
+    def _call_soon(self, callback: Callable[..., Any], *args: Any) -> None:
+        """Run ``callback`` on the pool's event loop (if it still runs)."""
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            with contextlib.suppress(RuntimeError):  # closed meanwhile
+                loop.call_soon_threadsafe(callback, *args)
+
+
+def _settle(future: asyncio.Future[None], error: BaseException | None) -> None:
+    if future.done():
+        return
+    if error is None:
+        future.set_result(None)
+    else:
+        future.set_exception(error)
 
 
 def _delay(failures: int) -> float:

@@ -55,26 +55,12 @@ class Helpers:
         utils: WorkerUtils,
         abort_signal: asyncio.Event,
         loop: asyncio.AbstractEventLoop | None = None,
-        lock_committed: asyncio.Event | None = None,
     ) -> None:
         self.job = job
         self.worker_id = worker_id
         self.abort_signal = abort_signal
         self._utils = utils
         self._loop = loop or asyncio.get_running_loop()
-        self._lock_committed = lock_committed
-
-    async def _after_lock_committed(self) -> None:
-        """Wait until this job's lock is visible to other sessions.
-
-        An idle worker may start a job while the fetch that locked it is still
-        committing (WorkerPool._fetch_for_idle_slots); the task's own queries
-        must see its row as locked (a unique job added with ``until="start"``
-        reads that state), so they wait for that commit, a fraction of a ms.
-        """
-        event = self._lock_committed
-        if event is not None and not event.is_set():
-            await event.wait()
 
     @cached_property
     def logger(self) -> JobLogger:
@@ -103,7 +89,6 @@ class Helpers:
         ``with_pg_client``) use this same connection, and so any transaction open
         on it, instead of waiting for another from a pool that may be exhausted.
         """
-        await self._after_lock_committed()
         async with self._utils.holding_connection() as conn:
             yield conn
 
@@ -111,7 +96,6 @@ class Helpers:
         self, sql: str, params: Sequence[Any] | Mapping[str, Any] | None = None
     ) -> list[dict[str, Any]]:
         """Run one statement on the worker's pool; returns its rows as dicts."""
-        await self._after_lock_committed()
         async with self._utils.connection() as conn:
             cur = await conn.cursor(row_factory=dict_row).execute(sql, params)
             return await cur.fetchall() if cur.description else []
@@ -135,7 +119,6 @@ class Helpers:
         **options: Any,
     ) -> Job | UniqueJobResult:
         """Add a job (options as WorkerUtils.add_job, ``unique`` included)."""
-        await self._after_lock_committed()
         if unique is None:
             job: Job = await self._utils.add_job(identifier, payload, **options)
             return job
@@ -170,7 +153,6 @@ class Helpers:
         unique: UniqueSpec | Sequence[UniqueSpec | None] | None = None,
     ) -> list[Job] | list[UniqueJobResult]:
         """Add several jobs (as WorkerUtils.add_jobs, ``unique`` included)."""
-        await self._after_lock_committed()
         if unique is None:
             return await self._utils.add_jobs(
                 specs, job_key_preserve_run_at=job_key_preserve_run_at

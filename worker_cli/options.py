@@ -50,17 +50,23 @@ class WorkerOptions:
     complete_job_batch_delay: float = 0.002
     #: Seconds to wait for running jobs on shutdown before setting abort_signal.
     graceful_shutdown_timeout: float = 5.0
+    #: Seconds a forced shutdown (a second signal, ``force_stop()``) spends
+    #: writing back results before it gives up on the database and ends,
+    #: logging the ids of the jobs whose results were not written.
+    forced_shutdown_timeout: float = 5.0
     #: Locks older than this are considered abandoned by a crashed worker.
     stale_lock_timeout: timedelta = timedelta(hours=4)
     #: Seconds between stale-lock sweeps: a random value in this range.
     stale_sweep_interval: tuple[float, float] = (480.0, 600.0)
     #: Log a line for every successful job (``NO_LOG_SUCCESS`` turns it off).
     log_success: bool = True
-    #: Seconds between heartbeats (``--heartbeat-interval``); None (the default)
-    #: turns heartbeats off. See ``worker_cli.heartbeat``.
-    heartbeat_interval: float | None = None
+    #: Seconds between heartbeats (``--heartbeat-interval``); None or 0 turns
+    #: heartbeats off. See ``worker_cli.heartbeat``.
+    heartbeat_interval: float | None = 30.0
     #: Seconds without a heartbeat after which any live pool with heartbeats on
-    #: declares this pool dead and releases its jobs (``--heartbeat-timeout``).
+    #: declares this pool dead and releases its jobs (``--heartbeat-timeout``):
+    #: ten missed beats, well above a stall of the process, a database
+    #: failover or a short network outage.
     heartbeat_timeout: float = 300.0
 
     def __post_init__(self) -> None:
@@ -74,9 +80,11 @@ class WorkerOptions:
             raise ValueError("local_queue_size must not be negative")
         if not 0 <= self.complete_job_batch_delay <= 10:
             raise ValueError("complete_job_batch_delay must be between 0 and 10 seconds")
-        if self.heartbeat_interval is not None:
+        if not self.forced_shutdown_timeout >= 0:
+            raise ValueError("forced_shutdown_timeout must not be negative")
+        if self.heartbeat_interval:
             if not self.heartbeat_interval > 0:
-                raise ValueError("heartbeat_interval must be positive")
+                raise ValueError("heartbeat_interval must not be negative")
             if not self.heartbeat_timeout >= 2 * self.heartbeat_interval:
                 raise ValueError(
                     f"heartbeat_timeout ({self.heartbeat_timeout:g}s) must be at least twice "

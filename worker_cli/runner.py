@@ -10,6 +10,7 @@ import asyncio
 import logging
 import os
 import signal
+import threading
 from collections.abc import Callable, Generator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, overload
@@ -34,6 +35,12 @@ __all__ = ["Runner", "run", "run_migrations", "run_once"]
 logger = logging.getLogger("graphile_worker")
 
 EXIT_SCHEMA_INCOMPATIBLE = 57
+#: Exit code of a worker that stopped (forced) without writing back every result.
+EXIT_RESULTS_UNWRITTEN = 1
+#: After a second signal, the process exits this many seconds later at the
+#: latest, even if the event loop is stuck (the pool itself gives up on the
+#: database after ``forced_shutdown_timeout``).
+FORCED_EXIT_AFTER = 10.0
 
 
 async def run_migrations(
@@ -57,8 +64,11 @@ class Runner:
 
     @property
     def exit_code(self) -> int:
-        """57 if a breaking schema migration stopped the worker, else 0."""
-        return EXIT_SCHEMA_INCOMPATIBLE if self.pool.breaking_migration else 0
+        """57 if a breaking schema migration stopped the worker; 1 if a forced
+        stop left results unwritten (``pool.unwritten_job_ids``); else 0."""
+        if self.pool.breaking_migration:
+            return EXIT_SCHEMA_INCOMPATIBLE
+        return EXIT_RESULTS_UNWRITTEN if self.pool.unwritten_job_ids else 0
 
     async def stop(self) -> None:
         """Stop fetching, let running jobs finish, and wait for the worker to end."""
@@ -66,7 +76,8 @@ class Runner:
         await self._task
 
     def force_stop(self) -> None:
-        """Fail running jobs (they will retry) and stop as soon as possible."""
+        """Fail running jobs (they will retry) and stop as soon as possible: within
+        ``forced_shutdown_timeout`` (5 s) whatever the database does."""
         self.pool.force_stop()
 
     @overload
@@ -124,7 +135,7 @@ async def run(
     crontab: str | None = None,
     crontab_file: str | Path | None = None,
     parsed_cron_items: Sequence[ParsedCronItem] | None = None,
-    heartbeat_interval: float | None = None,
+    heartbeat_interval: float | None = 30.0,
     heartbeat_timeout: float = 300.0,
 ) -> Runner:
     """Migrate, load the tasks and start a worker pool; returns once it is running.
@@ -137,8 +148,9 @@ async def run(
     With ``once`` and a ``progress_interval`` (seconds), a progress line (jobs
     done, rate, jobs remaining) is logged that often, and a total at the end.
 
-    ``heartbeat_interval`` (seconds) turns on heartbeats: a pool silent for
-    ``heartbeat_timeout`` seconds is declared dead and its jobs are released.
+    Heartbeats: every ``heartbeat_interval`` seconds (30; None or 0 turns them
+    off) the pool records that it is alive; a pool silent for its
+    ``heartbeat_timeout`` (300 s) is declared dead and its jobs are released.
     """
     load_dotenv_file()
     tasks = load_tasks(task_list, task_directory)
@@ -177,7 +189,7 @@ async def run(
     # soon as it has started.
     remove_handlers = None if no_handle_signals else _handle_signals(pool)
     try:
-        conn = await connect(conninfo, autocommit=True)
+        conn = await connect(pool.conninfo_for("fetch"), autocommit=True)
         try:
             await migrate(conn, options.schema)
         except BaseException:
@@ -260,14 +272,18 @@ def load_cron_items(
 
 
 def _handle_signals(pool: WorkerPool) -> Callable[[], None]:
-    """SIGINT/SIGTERM: graceful shutdown; a second one forces it. Returns the remover."""
+    """SIGINT/SIGTERM: graceful shutdown; a second one forces it. Returns the
+    remover, called when the pool has stopped."""
     loop = asyncio.get_running_loop()
     names = {signal.SIGINT: "SIGINT", signal.SIGTERM: "SIGTERM"}
+    backstop: list[threading.Timer] = []
 
     def on_signal(signum: signal.Signals) -> None:
         if pool.stopping:
             logger.warning("%s received again: forcing shutdown", names[signum])
             pool.force_stop()
+            if not backstop:
+                backstop.append(_exit_unless_stopped_within(FORCED_EXIT_AFTER, pool))
         else:
             pool.events.emit("gracefulShutdown", signal=names[signum])
             pool.stop(f"{names[signum]} received")
@@ -278,5 +294,33 @@ def _handle_signals(pool: WorkerPool) -> Callable[[], None]:
     def remove() -> None:
         for signum in names:
             loop.remove_signal_handler(signum)
+        for timer in backstop:
+            timer.cancel()
 
     return remove
+
+
+def _exit_unless_stopped_within(seconds: float, pool: WorkerPool) -> threading.Timer:
+    """The last resort of a forced stop: a thread that ends the process if the
+    pool is still running ``seconds`` later (an event loop blocked by a task,
+    say), naming the jobs the pool still held. Cancelled when the pool stops;
+    the pool itself gives up on the database well before."""
+
+    def expire() -> None:
+        try:
+            held = ", ".join(map(str, pool.held_job_ids())) or "none"
+        except RuntimeError:  # changed while read from this thread
+            held = "unknown"
+        logger.error(
+            "Still running %gs after the forced shutdown began: exiting now. Job(s) not "
+            "written back (they will run again once released): %s",
+            seconds,
+            held,
+        )
+        logging.shutdown()
+        os._exit(EXIT_RESULTS_UNWRITTEN)
+
+    timer = threading.Timer(seconds, expire)
+    timer.daemon = True
+    timer.start()
+    return timer

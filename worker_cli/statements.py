@@ -135,12 +135,47 @@ get_jobs = """
   )
 """
 
-# get_jobs as the first statement of a transaction that the worker commits
-# itself: sent in one round trip (simple protocol, client-side parameters),
-# its rows arrive before the commit's WAL flush (WorkerPool._fetch_for_idle_slots).
-begin_get_jobs = "begin;" + get_jobs
+# The fetch connection's session: job timestamps come in UTC (psycopg loads
+# those several times faster than a named zone's), and the backend's start
+# time, which with its pid names this session in pg_stat_activity (see
+# end_lost_fetch_session).
+fetch_session = """
+  select set_config('TimeZone', 'UTC', false), a.backend_start
+  from pg_stat_activity as a
+  where a.pid = pg_backend_pid()
+"""
 
-commit = "commit"
+# A fetch whose reply was lost (the connection dropped after the statement was
+# sent) may have committed or not, or may still be running. Its session is
+# ended first (it is this pool's own, identified by pid and start time, so a
+# reused pid is never touched); once it is gone from pg_stat_activity, its
+# transaction has ended one way or the other.
+end_lost_fetch_session = """
+  select pg_terminate_backend(a.pid)
+  from pg_stat_activity as a
+  where a.pid = %(pid)s and a.backend_start = %(backend_start)s
+"""
+
+lost_fetch_session_gone = """
+  select not exists (
+    select 1 from pg_stat_activity as a
+    where a.pid = %(pid)s and a.backend_start = %(backend_start)s
+  )
+"""
+
+# Then the jobs locked by this pool that it does not know about are the ones
+# that fetch locked: returned in get_jobs' columns, to be run (their named
+# queues are locked by this pool too). Not index-backed (locked_by has no
+# index), but only ever sent after a lost reply.
+lost_fetch_jobs = """
+  select j.id, j.job_queue_id, j.task_id, j.payload, j.priority, j.run_at, j.attempts,
+    j.max_attempts, j.last_error, j.created_at, j.updated_at, j.key, j.locked_at,
+    j.locked_by, j.revision, j.flags, j.is_available, q.queue_name
+  from {schema}._private_jobs as j
+  left join {schema}._private_job_queues as q on q.id = j.job_queue_id
+  where j.locked_by = %(pool_id)s and j.id <> all(%(known_ids)s::bigint[])
+  order by j.priority, j.run_at, j.id
+"""
 
 # Success: delete the jobs and unlock their queues (where this pool holds them).
 complete_batch = """
@@ -398,32 +433,40 @@ delete_permafailed_jobs_releasing_unique_locks = """
 # returns how many.
 gc_unique_locks = "select {schema}.py_gc_unique_locks(%(max_rows)s)"
 
-# --- Heartbeats (opt-in; migrations/py/000002.sql) ----------------------------
+# --- Heartbeats (migrations/py/000002.sql; worker_cli/heartbeat.py) ------------
 
-# Record that this pool is alive. Returns a row only when the pool had no row:
-# its first beat, or another pool declared it dead meanwhile (and released its jobs).
+# Record that this pool is alive. Returns whether the pool had to register (its
+# first beat, or another pool declared it dead meanwhile and released its
+# jobs), and the database's time of the beat.
 heartbeat_beat = """
   with beat as (
     update {schema}._private_py_heartbeats as h
     set beat_at = now(), timeout = %(timeout)s::interval
     where h.pool_id = %(pool_id)s
     returning h.pool_id
+  ),
+  registered as (
+    insert into {schema}._private_py_heartbeats (pool_id, timeout, hostname, pid)
+    select %(pool_id)s, %(timeout)s::interval, %(hostname)s, %(pid)s
+    where not exists (select 1 from beat)
+    on conflict (pool_id) do nothing
+    returning pool_id
   )
-  insert into {schema}._private_py_heartbeats (pool_id, timeout, hostname, pid)
-  select %(pool_id)s, %(timeout)s::interval, %(hostname)s, %(pid)s
-  where not exists (select 1 from beat)
-  on conflict (pool_id) do nothing
-  returning pool_id
+  select exists (select 1 from registered), now()
 """
 
-# Declare dead every other pool whose last beat is older than its own timeout:
-# delete its row and release its jobs and queues. The attempt the dead pool had
-# counted when it fetched a job stays counted; last_error says what happened.
-# Only locked_by values that had a heartbeat row are touched, never Node's.
+# Declare dead every other pool that has not beaten for its own timeout, counted
+# from its last beat or from %(watching_since)s, whichever is later: the first
+# beat of this pool's current uninterrupted run of beats (after an outage for
+# everyone, every pool gets its whole timeout again). Deletes its row and
+# releases its jobs and queues. The attempt the dead pool had counted when it
+# fetched a job stays counted; last_error says what happened. Only locked_by
+# values that had a heartbeat row are touched, never Node's.
 heartbeat_reap = """
   with dead as (
     delete from {schema}._private_py_heartbeats as h
-    where h.beat_at < now() - h.timeout and h.pool_id <> %(pool_id)s
+    where greatest(h.beat_at, %(watching_since)s::timestamptz) < now() - h.timeout
+      and h.pool_id <> %(pool_id)s
     returning h.pool_id, h.beat_at, h.timeout, h.hostname, h.pid
   ),
   jobs as (
@@ -448,6 +491,7 @@ heartbeat_reap = """
     returning dead.pool_id
   )
   select dead.pool_id, dead.hostname, dead.pid, dead.beat_at,
+    extract(epoch from now() - greatest(dead.beat_at, %(watching_since)s::timestamptz))::float8,
     (select count(*) from jobs where jobs.pool_id = dead.pool_id) as jobs,
     (select count(*) from queues where queues.pool_id = dead.pool_id) as queues
   from dead

@@ -2,11 +2,13 @@
 
 One pool per process. Its parts, each one task the pool owns:
 
-- the *fetcher* locks batches of runnable jobs (``statements.get_jobs``) into
-  a local priority queue: the idle slots plus about ``local_queue_horizon``
-  seconds of work at the current rate, at most ``local_queue_size`` ahead;
-  for slots that are waiting, it hands the first jobs over while the fetch
-  commits (see ``_fetch_for_idle_slots``);
+- the *fetcher* locks batches of runnable jobs (``statements.get_jobs``, one
+  autocommit statement: a job starts only once its lock is committed) into a
+  local priority queue: the idle slots plus about ``local_queue_horizon``
+  seconds of work at the current rate, at most ``local_queue_size`` ahead. If
+  a fetch's reply is lost (the connection drops after the statement was
+  sent), its session is ended and the jobs it locked are found again and run
+  (see ``_recover_lost_fetch``);
 - N *slots* take jobs from the local queue and run their tasks;
 - the *completer* writes successes and failures back in batches: whatever
   finished while the previous batch was being written goes in the next one,
@@ -16,11 +18,16 @@ One pool per process. Its parts, each one task the pool owns:
 - the *listener* holds a dedicated connection that LISTENs to ``jobs:insert``
   and ``worker:migrate``, reconnecting with backoff;
 - the *poller* nudges the fetcher every poll interval (due retries and
-  scheduled jobs send no notification); the *sweeper* frees stale locks.
+  scheduled jobs send no notification); the *sweeper* frees stale locks;
+- the *heartbeat* (its own thread, see ``heartbeat.py``) lets other pools
+  release this pool's jobs if it dies.
 
 Shutdown: stop fetching, give back the jobs that have not started (their
 attempt restored), let running jobs finish, set their ``abort_signal`` after
 the graceful timeout, and on a forced stop fail them so they retry elsewhere.
+A forced stop ends within ``forced_shutdown_timeout`` whatever the database
+does: results that could not be written by then are logged by job id (those
+jobs will run again: at-least-once).
 """
 
 from __future__ import annotations
@@ -45,6 +52,7 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from . import logs, statements
+from .connection import worker_conninfo
 from .events import Events
 from .heartbeat import Heartbeat
 from .helpers import Helpers
@@ -72,6 +80,9 @@ TASK_THREAD_PREFIX = "graphile-worker-task"
 #: Rounds of task registration; each round after the first only meets rows
 #: that were being inserted concurrently, so a second one always suffices.
 _REGISTER_ATTEMPTS = 5
+#: Seconds a lost fetch's session may take to end once told to (see
+#: WorkerPool._recover_lost_fetch); the recovery is retried after that.
+_END_SESSION_TIMEOUT = 10.0
 
 
 @dataclass(slots=True)
@@ -120,8 +131,14 @@ class WorkerPool:
         self.cron_items = list(cron_items)
         #: Set when a breaking schema migration was announced (exit code 57).
         self.breaking_migration: str | None = None
+        #: Ids of the jobs this pool still held when a forced stop gave up
+        #: writing back their results (or giving them back): they run again
+        #: once released. Empty after a clean stop.
+        self.unwritten_job_ids: list[int] = []
         self._stop = asyncio.Event()
         self._forced = asyncio.Event()
+        #: loop.time() by which a forced stop gives up on the database.
+        self._forced_deadline = math.inf
         self._fetch_wanted = asyncio.Event()
         self._exhausted = False
         self._nudges = 0
@@ -135,6 +152,9 @@ class WorkerPool:
         #: Set (for every running job at once) when the graceful shutdown timeout
         #: has passed: each job's ``helpers.abort_signal``.
         self._abort = asyncio.Event()
+        #: Ids of the jobs this pool has locked and not yet written back or
+        #: given back: queued, running, or with a result waiting to be written.
+        self._held: set[int] = set()
         #: Results waiting to be written: successes (job, worker id) and failures.
         self._succeeded: list[tuple[Job, str]] = []
         self._failed: list[_Failure] = []
@@ -143,11 +163,6 @@ class WorkerPool:
         self._write_now = asyncio.Event()
         #: Results of named-queue jobs among the waiting ones (written without delay).
         self._queue_results = 0
-        #: Clear while a fetch that handed jobs out early is committing: results
-        #: are written only after that commit (see _fetch_for_idle_slots).
-        self._fetch_committed = asyncio.Event()
-        self._fetch_committed.set()
-        self._begin_get_jobs_rendered: dict[tuple[int, tuple[str, ...] | None], bytes] = {}
         self._writing = False
         self._slots_done = False
         self._task_ids: dict[int, str] = {}
@@ -159,13 +174,14 @@ class WorkerPool:
         self._refill_below = options.concurrency
         self._utils: WorkerUtils | None = None
         self._fetch_conn: psycopg.AsyncConnection[Any] | None = None
-        #: The fetch connection has its settings (time zone, loaders).
+        #: The fetch connection has its settings (time zone, loaders), and its
+        #: session's (pid, backend_start) when it can be ended (not through
+        #: pgBouncer).
         self._fetch_conn_ready = False
-        #: How every connection of the pool is opened (the fetcher's and the
-        #: heartbeat's too).
-        self._connection_kwargs: dict[str, Any] = {"autocommit": True}
-        if options.no_prepared_statements:
-            self._connection_kwargs["prepare_threshold"] = None
+        self._fetch_session: tuple[int, Any] | None = None
+        #: A fetch whose outcome is unknown (its connection dropped after the
+        #: statement was sent): the session it ran in (if known), or True.
+        self._lost_fetch: tuple[int, Any] | bool = False
         #: Jobs this pool has run to an outcome (success or failure).
         self.jobs_done = 0
         #: Set once the pool is connected and its tasks are registered.
@@ -181,11 +197,15 @@ class WorkerPool:
             self._stop.set()
 
     def force_stop(self) -> None:
-        """Stop now: running jobs are failed so they retry elsewhere."""
+        """Stop now: running jobs are failed so they retry elsewhere, and the
+        pool gives up on the database after ``forced_shutdown_timeout``."""
         self.stop("forced")
         if not self._forced.is_set():
             logger.warning("Worker pool %s: forced shutdown", self.id)
             self.events.emit("pool:forcefulShutdown", pool=self)
+            self._forced_deadline = (
+                asyncio.get_running_loop().time() + self.options.forced_shutdown_timeout
+            )
             self._forced.set()
 
     @property
@@ -198,11 +218,22 @@ class WorkerPool:
         """WorkerUtils on the pool's connections while it runs."""
         return self._utils
 
+    def held_job_ids(self) -> list[int]:
+        """Ids of the jobs this pool holds locked and has not written back yet."""
+        return sorted(self._held)
+
     def nudge(self) -> None:
         """There may be new runnable jobs: fetch even if the last fetch found none."""
         self._nudges += 1
         self._exhausted = False
         self._fetch_wanted.set()
+
+    def conninfo_for(self, role: str) -> str:
+        """The connection string of one of the pool's connections: the worker's
+        timeouts and keepalives, and an application_name naming the pool and
+        ``role`` (``pool``, ``fetch``, ``listen``, ``heartbeat``) for
+        ``pg_stat_activity``."""
+        return worker_conninfo(self.conninfo, f"graphile-worker {self.id} {role}")
 
     # --- main ---------------------------------------------------------------
 
@@ -214,11 +245,15 @@ class WorkerPool:
         self._fetch_conn = conn
 
     async def run(self) -> None:
-        """Run until stopped; returns once every job is written back."""
+        """Run until stopped; returns once every job is written back, or after
+        a forced stop once the results are written or ``forced_shutdown_timeout``
+        has passed (see :attr:`unwritten_job_ids`)."""
         options = self.options
-        kwargs = self._connection_kwargs
+        kwargs: dict[str, Any] = {"autocommit": True}
+        if options.no_prepared_statements:
+            kwargs["prepare_threshold"] = None
         pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
-            self.conninfo,
+            self.conninfo_for("pool"),
             min_size=2,
             max_size=options.max_pool_size,
             kwargs=kwargs,
@@ -229,23 +264,33 @@ class WorkerPool:
             max_workers=options.concurrency, thread_name_prefix=TASK_THREAD_PREFIX
         )
         self._loop = asyncio.get_running_loop()
+        heartbeat = None
+        if options.heartbeat_interval:
+            heartbeat = Heartbeat(
+                self.conninfo_for("heartbeat"),
+                schema=options.schema,
+                pool_id=self.id,
+                interval=options.heartbeat_interval,
+                timeout=options.heartbeat_timeout,
+                on_released=self.nudge,
+            )
         self.events.emit("pool:create", pool=self)
+        started = False
         try:
-            # The pool's connections open while the tasks are registered
-            # through the fetcher's connection.
-            async with asyncio.TaskGroup() as start:
-                start.create_task(pool.open(wait=True))
-                start.create_task(self._register_tasks())
+            # The pool's connections open and the heartbeat makes its first beat
+            # (before any job is locked) while the tasks are registered through
+            # the fetcher's connection.
+            try:
+                async with asyncio.TaskGroup() as start:
+                    start.create_task(pool.open(wait=True))
+                    start.create_task(self._register_tasks())
+                    if heartbeat:
+                        start.create_task(heartbeat.start())
+            except BaseExceptionGroup as failure:
+                raise failure.exceptions[0] from None  # the first error, as it was raised
+            started = True
             self._utils = WorkerUtils(pool, options.schema)
-            heartbeat = None
-            if options.heartbeat_interval is not None:
-                heartbeat = Heartbeat(
-                    self.conninfo, options, self.id, kwargs, on_released=self.nudge
-                )
-                await heartbeat.start()  # before any job is locked
             async with asyncio.TaskGroup() as group:
-                if heartbeat:
-                    group.create_task(heartbeat.run())
                 self._slots = [
                     _Slot(f"worker-{secrets.token_hex(9)}") for _ in range(options.concurrency)
                 ]
@@ -271,18 +316,25 @@ class WorkerPool:
                 self.ready.set()
                 await self._stop.wait()
                 await self._shutdown(fetcher, slots, completer, helpers)
-                if heartbeat:
-                    heartbeat.stop()  # beats on until every result is written
         finally:
+            forced = self._forced.is_set()
             executor.shutdown(wait=False, cancel_futures=True)
             self._utils = None
+            self._report_unwritten()
+            if heartbeat:
+                # Beats on until every result is written; a pool that stops
+                # holding jobs keeps its row, so that others release them.
+                clean = started and not self._held and not self._lost_fetch
+                heartbeat.stop(remove=clean)
+                await heartbeat.wait_stopped(1.0 if forced else 10.0)
             if self._fetch_conn is not None:
                 await self._fetch_conn.close()
                 self._fetch_conn = None
-            await pool.close()
-            await self.events.aclose()
+            await pool.close(timeout=1.0 if forced else 5.0)
             self.events.emit("pool:release", pool=self)
             self.events.emit("stop")
+            # Async handlers (those of "stop" too) have run when run() returns.
+            await self.events.aclose(within=1.0 if forced else None)
 
     async def _shutdown(
         self,
@@ -295,9 +347,10 @@ class WorkerPool:
         self._write_now.set()  # results no longer wait for others to join them
         for task in helpers:
             task.cancel()
-        # A fetch in flight is allowed to finish: its jobs are locked for us.
+        # A fetch in flight is allowed to finish (its jobs are locked for us),
+        # unless the stop is forced.
         self._fetch_wanted.set()
-        await fetcher
+        await self._finish(fetcher)
         unstarted = self._drain_local_queue()
         for _ in slots:
             self._local.put_nowait((math.inf, next(self._sentinels), 0, None))
@@ -307,11 +360,62 @@ class WorkerPool:
         if self._busy:
             await self._wait_for_running(slots)
         await asyncio.gather(*slots)
-        await returning
         self._slots_done = True
         self._outcomes_ready.set()
         self._write_now.set()
-        await completer
+        # The helpers were cancelled above; one inside a query may take a while
+        # to end (psycopg asks the server to cancel it), bounded when forced.
+        await self._finish(returning, completer, *helpers)
+
+    async def _finish(self, *tasks: asyncio.Future[None]) -> None:
+        """Wait for ``tasks``; once a forced stop has begun, only until its
+        deadline, then cancel what is left (the database may be unreachable)."""
+        pending: set[asyncio.Future[Any]] = {task for task in tasks if not task.done()}
+        forced: asyncio.Future[Any] = asyncio.ensure_future(self._forced.wait())
+        try:
+            while pending and not self._forced.is_set():
+                _, pending = await asyncio.wait(
+                    pending | {forced}, return_when=asyncio.FIRST_COMPLETED
+                )
+                pending.discard(forced)
+            if pending:
+                remaining = self._forced_deadline - self._loop.time()
+                _, pending = await asyncio.wait(pending, timeout=max(0.0, remaining))
+            for task in pending:
+                await _cancel_and_wait(task)
+        finally:
+            forced.cancel()
+        for task in tasks:
+            if task.done() and not task.cancelled():
+                task.result()  # raise its error
+
+    def _report_unwritten(self) -> None:
+        """After a forced stop: name the jobs whose results (or return) could not
+        be written; they stay locked by this pool until released."""
+        if not self._held and not self._lost_fetch:
+            return
+        self.unwritten_job_ids = sorted(self._held)
+        release = (
+            f"once another worker declares this pool dead ({self.options.heartbeat_timeout:g}s "
+            "after its last heartbeat)"
+            if self.options.heartbeat_interval
+            else "by force_unlock_workers(['" + self.id + "']) or the 4-hour stale-lock sweep"
+        )
+        lost = (
+            "; a fetch was interrupted too, and the jobs it may have locked stay locked as well"
+            if self._lost_fetch
+            else ""
+        )
+        logger.error(
+            "Worker pool %s: stopped without writing back %d job(s) (ids: %s)%s. Unless a "
+            "write still in flight lands, they stay locked by this pool and will run again "
+            "%s: a job runs at least once, and these may already have run.",
+            self.id,
+            len(self.unwritten_job_ids),
+            ", ".join(map(str, self.unwritten_job_ids)) or "none",
+            lost,
+            release,
+        )
 
     async def _return_unstarted(self, unstarted: list[Job]) -> None:
         if unstarted:
@@ -404,6 +508,9 @@ class WorkerPool:
         return max(0, idle + target - buffered)
 
     async def _fetch_loop(self) -> None:
+        """Fetch while slots want jobs. A failed fetch, whatever failed (the
+        database, a ``forbidden_flags`` function), is logged, emitted as
+        ``worker:getJob:error`` and retried with growing delays."""
         failures = 0
         while not self._stopping:
             await self._fetch_wanted.wait()
@@ -412,12 +519,19 @@ class WorkerPool:
                 nudges = self._nudges
                 try:
                     fetched = await self._fetch(wanted)
-                except psycopg.Error as exc:
+                except Exception as exc:
                     failures += 1
                     delay = DELAYS[min(failures, len(DELAYS)) - 1]
-                    logger.error("Failed to fetch jobs (retrying in %.2fs): %s", delay, exc)
+                    logger.error(
+                        "Failed to fetch jobs (retrying in %.2fs): %s",
+                        delay,
+                        _one_line(exc),
+                        exc_info=not isinstance(exc, psycopg.Error),
+                    )
                     self.events.emit("worker:getJob:error", pool=self, error=exc)
-                    await asyncio.sleep(delay)
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(delay):
+                            await self._stop.wait()
                     continue
                 failures = 0
                 # Short: nothing more to fetch, unless a nudge came in meanwhile (the
@@ -445,132 +559,89 @@ class WorkerPool:
             flags = await flags
         return [str(flag) for flag in flags] if flags else None
 
-    def _fetch_params(self, limit: int, forbidden_flags: list[str] | None) -> dict[str, Any]:
-        return {
-            "task_ids": self._task_id_list,
-            "forbidden_flags": forbidden_flags,
-            "limit": limit,
-            "pool_id": self.id,
-        }
-
     def _enqueue(self, jobs: Sequence[Job]) -> None:
         for job in jobs:
+            self._held.add(job.id)
             self._local.put_nowait((job.priority, job.run_at.timestamp(), job.id, job))
 
     async def _fetch(self, limit: int) -> int:
-        """Lock up to ``limit`` jobs into the local queue; returns how many."""
-        conn = self._fetch_conn
-        if conn is None or conn.closed or not self._fetch_conn_ready:
-            conn = await self._fetcher_connection()
+        """Lock up to ``limit`` jobs into the local queue; returns how many.
+
+        One autocommit statement: its rows come back once its locks are
+        committed, so no job starts before its lock is visible to every
+        other worker.
+        """
+        if self._lost_fetch:
+            await self._recover_lost_fetch()
+        conn = await self._fetcher_connection()
         flags = None if self.options.forbidden_flags is None else await self._forbidden_flags()
-        idle = self.options.concurrency - self._busy
-        if idle > 0 and self._local.empty():
-            return await self._fetch_for_idle_slots(conn, limit, flags, idle)
         try:
             # Binary results: timestamps cost the server and psycopg a fraction
             # of their text form.
             cur = await conn.cursor(binary=True).execute(
                 statements.compose(statements.get_jobs, self.options.schema),
-                self._fetch_params(limit, flags),
+                {
+                    "task_ids": self._task_id_list,
+                    "forbidden_flags": flags,
+                    "limit": limit,
+                    "pool_id": self.id,
+                },
             )
             jobs = jobs_from_rows(await cur.fetchall(), self._task_ids)
-        except psycopg.Error:
-            if conn.broken or conn.closed:
+        except BaseException as exc:
+            if conn.broken or conn.closed or isinstance(exc, asyncio.CancelledError):
+                # The statement may have committed: its reply is lost.
+                self._lost_fetch = self._fetch_session or True
                 await self._drop_fetch_connection(conn)
             raise
         self._enqueue(jobs)
         return len(jobs)
 
-    async def _fetch_for_idle_slots(
-        self,
-        conn: psycopg.AsyncConnection[Any],
-        limit: int,
-        flags: list[str] | None,
-        idle: int,
-    ) -> int:
-        """The fetch of a pool whose slots wait for work: start jobs as soon as
-        they are locked, while the lock commits.
+    async def _recover_lost_fetch(self) -> None:
+        """Find and run the jobs a fetch locked whose reply was lost.
 
-        ``begin; get_jobs`` goes in one round trip and its rows come back
-        before the commit's WAL flush (~0.35 ms on an idle server). The first
-        jobs, up to one per idle slot and only while they are queue-less, are
-        handed to the slots, which start them before the commit is sent; the
-        rest follow once it has succeeded. A named-queue job never starts
-        before its queue lock is committed. Another worker cannot take a
-        handed-out job meanwhile: its row is locked by this transaction.
-
-        Until the commit is done, other sessions still see these rows as not
-        locked, so the completer waits for it before writing results (a
-        failure is recorded only where this pool holds the lock, so it must see
-        the lock), and so do the task's own helpers (Helpers.query, add_job,
-        ...: a task sees its own row locked).
-
-        If the commit fails (the connection is lost in that sub-millisecond
-        window), the locks are gone: the jobs already started are reported,
-        since another worker may run them again, and the fetch is retried.
+        The lost fetch may have committed, failed, or still be running in its
+        session on the server. That session is ended first, and once it is
+        gone its transaction is over either way; then the jobs locked by this
+        pool that it does not know about are the ones that fetch locked (a
+        pool fetches one batch at a time). Through pgBouncer the session
+        cannot be told apart from other clients', so it is not ended: the
+        jobs are read at once.
         """
-        try:
-            cur = psycopg.AsyncClientCursor(conn)
-            await cur.execute(self._begin_get_jobs(cur, limit, flags), prepare=False)
-            cur.nextset()  # past "begin"
-            jobs = jobs_from_rows(await cur.fetchall(), self._task_ids)
-        except psycopg.Error:
-            await self._drop_fetch_connection(conn)  # its transaction may be open
-            raise
-        # Rows come in the order they were updated: the first in the queue's
-        # order go first.
-        jobs.sort(key=lambda job: (job.priority, job.run_at, job.id))
-        early: list[Job] = []
-        for job in jobs:
-            if len(early) == idle or job.job_queue_id is not None:
-                break
-            early.append(job)
-        if early:
-            self._fetch_committed.clear()
-        self._enqueue(early)
-        try:
-            if early:
-                # The idle slots start them: they were woken before this
-                # coroutine's own wake-up is queued.
-                await asyncio.sleep(0)
-            await conn.execute(statements.commit)
-        except psycopg.Error as exc:
-            for job in early:
-                logger.warning(
-                    "Job %d (%s) started before its lock was committed, and the commit "
-                    "failed (%s): the job is unlocked and may run again",
-                    job.id,
-                    job.task_identifier,
-                    " ".join(str(exc).split()),
-                )
-            await self._drop_fetch_connection(conn)
-            raise
-        finally:
-            self._fetch_committed.set()
-        self._enqueue(jobs[len(early) :])
-        return len(jobs)
-
-    def _begin_get_jobs(
-        self, cur: psycopg.AsyncClientCursor[Any], limit: int, flags: list[str] | None
-    ) -> bytes:
-        """``begin_get_jobs`` with its parameters bound, rendered once per
-        (limit, flags): an idle worker's wake-up runs as little code as it can."""
-        key = (limit, tuple(flags) if flags else None)
-        query = self._begin_get_jobs_rendered.get(key)
-        if query is None:
-            if len(self._begin_get_jobs_rendered) >= 64:
-                self._begin_get_jobs_rendered.clear()
-            text = cur.mogrify(
-                statements.compose(statements.begin_get_jobs, self.options.schema),
-                self._fetch_params(limit, flags),
+        conn = await self._fetcher_connection()
+        session = self._lost_fetch
+        if isinstance(session, tuple):
+            pid, backend_start = session
+            params = {"pid": pid, "backend_start": backend_start}
+            await conn.execute(statements.end_lost_fetch_session, params)
+            async with asyncio.timeout(_END_SESSION_TIMEOUT):
+                while True:
+                    cur = await conn.execute(statements.lost_fetch_session_gone, params)
+                    row = await cur.fetchone()
+                    if row and row[0]:
+                        break
+                    await asyncio.sleep(0.01)
+        cur = await conn.cursor(binary=True).execute(
+            statements.compose(statements.lost_fetch_jobs, self.options.schema),
+            {"pool_id": self.id, "known_ids": list(self._held)},
+        )
+        jobs = jobs_from_rows(await cur.fetchall(), self._task_ids)
+        self._lost_fetch = False
+        if jobs:
+            logger.warning(
+                "Worker pool %s: the reply to a fetch was lost after it had locked %d job(s) "
+                "(ids: %s); running them now",
+                self.id,
+                len(jobs),
+                ", ".join(str(job.id) for job in jobs),
             )
-            query = self._begin_get_jobs_rendered[key] = text.encode(cur.connection.info.encoding)
-        return query
+            self._enqueue(jobs)
 
     async def _drop_fetch_connection(self, conn: psycopg.AsyncConnection[Any]) -> None:
         """Close the fetch connection; the next fetch opens a new one."""
         self._fetch_conn = None
         self._fetch_conn_ready = False
+        self._fetch_session = None
         await conn.close()
 
     async def _fetcher_connection(self) -> psycopg.AsyncConnection[Any]:
@@ -589,10 +660,13 @@ class WorkerPool:
             if self._fetch_conn_ready:
                 return conn
         else:
+            kwargs: dict[str, Any] = {"autocommit": True}
+            if self.options.no_prepared_statements:
+                kwargs["prepare_threshold"] = None
             conn = self._fetch_conn = await psycopg.AsyncConnection.connect(
-                self.conninfo, **self._connection_kwargs
+                self.conninfo_for("fetch"), **kwargs
             )
-        await configure_fetch_connection(
+        self._fetch_session = await configure_fetch_connection(
             conn, no_prepared_statements=self.options.no_prepared_statements
         )
         self._fetch_conn_ready = True
@@ -637,7 +711,6 @@ class WorkerPool:
             utils=self._utils,
             abort_signal=self._abort,
             loop=self._loop,
-            lock_committed=self._fetch_committed,
         )
         slot.job = job
         started = time.perf_counter()
@@ -655,7 +728,7 @@ class WorkerPool:
                     executor, _contained_call, task.function, job.payload, helpers
                 )
             if isinstance(result, list) and isinstance(job.payload, list):
-                error, replacement = _batch_failures(job.payload, result)
+                error, replacement = _batch_failures(job, result)
         except asyncio.CancelledError:
             if not self._forced.is_set() or slot.task is None:
                 raise
@@ -746,6 +819,8 @@ class WorkerPool:
                 )
             finally:
                 self._writing = False
+            self._held.difference_update(job.id for job, _ in succeeded)
+            self._held.difference_update(failure.job.id for failure in failed)
             if self.events.wants("job:complete"):
                 for job, worker_id in succeeded:
                     self.events.emit("job:complete", worker_id=worker_id, job=job, error=None)
@@ -763,9 +838,6 @@ class WorkerPool:
         self, succeeded: list[tuple[Job, str]], failed: list[_Failure]
     ) -> None:
         assert self._utils is not None
-        # Jobs may have started before their fetch committed: the statements
-        # below must see their locks.
-        await self._fetch_committed.wait()
         schema = self.options.schema
         async with self._utils.pool.connection() as conn:
             if succeeded:
@@ -791,6 +863,7 @@ class WorkerPool:
                 statements.compose(statements.return_jobs, self.options.schema),
                 {"job_ids": [job.id for job in jobs], "pool_id": self.id},
             )
+        self._held.difference_update(job.id for job in jobs)
 
     # --- listening, polling, sweeping ---------------------------------------
 
@@ -800,7 +873,7 @@ class WorkerPool:
             self.events.emit("pool:listen:connecting", pool=self)
             try:
                 async with await psycopg.AsyncConnection.connect(
-                    self.conninfo, autocommit=True
+                    self.conninfo_for("listen"), autocommit=True
                 ) as conn:
                     await conn.execute('listen "jobs:insert"')
                     await conn.execute('listen "worker:migrate"')
@@ -824,7 +897,7 @@ class WorkerPool:
                 logger.warning(
                     "Worker pool %s: LISTEN connection lost (%s); reconnecting in %.1fs",
                     self.id,
-                    " ".join(str(exc).split()),
+                    _one_line(exc),
                     delay,
                 )
                 self.events.emit("pool:listen:error", pool=self, error=exc)
@@ -879,14 +952,18 @@ class WorkerPool:
 
 async def configure_fetch_connection(
     conn: psycopg.AsyncConnection[Any], *, no_prepared_statements: bool
-) -> None:
+) -> tuple[int, Any] | None:
     """Settings of a pool's fetch connection (see WorkerPool._fetcher_connection):
-    payloads loaded unparsed, and the time zone UTC unless through pgBouncer."""
+    payloads loaded unparsed, and the time zone UTC unless through pgBouncer.
+    Returns the session's (pid, backend_start), by which a lost fetch's session
+    is ended (None through pgBouncer, where a session is not the client's own)."""
+    read_payloads_raw(conn)
     if no_prepared_statements:
         conn.prepare_threshold = None
-    else:
-        await conn.execute("set time zone 'UTC'")
-    read_payloads_raw(conn)
+        return None
+    cur = await conn.execute(statements.fetch_session)
+    row = await cur.fetchone()
+    return (conn.info.backend_pid, row[1] if row else None)
 
 
 def jobs_from_rows(rows: Sequence[Sequence[Any]], task_names: dict[int, str]) -> list[Job]:
@@ -965,12 +1042,24 @@ def _contained_call(function: Any, *args: Any) -> Any:
         _busy_task_threads.discard(thread)
 
 
-def _batch_failures(payload: list[Any], result: list[Any]) -> tuple[Exception | None, str | None]:
+def _batch_failures(job: Job, result: list[Any]) -> tuple[Exception | None, str | None]:
     """A list payload answered by a list of results: retry only the failed items.
 
     Returns the job's error and its replacement payload (None, None: success).
+    A list of another length is a bug in the task: as graphile-worker does, it
+    is logged and the job counts as a success.
     """
+    payload: list[Any] = job.payload
     if len(result) != len(payload):
+        logger.warning(
+            "Task %r (job %d) returned a list of %d result(s) for a payload of %d item(s): "
+            "a batch task returns nothing, or one result per item (an exception for those "
+            "that failed). Treated as a full success; this is a bug in the task.",
+            job.task_identifier,
+            job.id,
+            len(result),
+            len(payload),
+        )
         return None, None
     failed = [
         (item, entry)
@@ -987,9 +1076,34 @@ def _batch_failures(payload: list[Any], result: list[Any]) -> tuple[Exception | 
 
 
 def _describe(error: BaseException) -> str:
-    """The text stored as a job's last_error. NUL characters and lone surrogates,
-    which a PostgreSQL text value cannot hold, are written as escapes: stored raw,
-    they would fail the write of every result in the batch, again and again."""
-    text = str(error)
-    described = f"{type(error).__name__}: {text}" if text else type(error).__name__
+    """The text stored as a job's last_error. Never raises: an exception whose
+    ``__str__`` fails is described as ``<unprintable ...>``. NUL characters and
+    lone surrogates, which a PostgreSQL text value cannot hold, are written as
+    escapes: stored raw, they would fail the write of every result in the
+    batch, again and again."""
+    name = type(error).__name__
+    try:
+        text = str(error)
+    except BaseException:
+        text = f"<unprintable {name} object>"
+    described = f"{name}: {text}" if text else name
     return described.encode("utf-8", "backslashreplace").decode().replace("\x00", "\\x00")
+
+
+def _one_line(error: BaseException) -> str:
+    """An error's message on one line, for log lines."""
+    return " ".join(_describe(error).split(": ", 1)[-1].split()) or type(error).__name__
+
+
+async def _cancel_and_wait(task: asyncio.Future[Any], within: float = 2.0) -> None:
+    """Cancel ``task`` and wait for it to end, cancelling again while it resists
+    (psycopg answers a first cancellation by asking the server to cancel the
+    query, and waits for that). Gives up after ``within`` seconds."""
+    deadline = asyncio.get_running_loop().time() + within
+    while not task.done():
+        task.cancel()
+        remaining = deadline - asyncio.get_running_loop().time()
+        if remaining <= 0:
+            logger.warning("A shutdown step did not end when cancelled; left behind")
+            return
+        await asyncio.wait({task}, timeout=min(0.1, remaining))
