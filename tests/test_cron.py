@@ -31,6 +31,7 @@ class FakeClock:
         self.current = now
         self.early = 0
         self._moved = asyncio.Condition()
+        self._wake_ups: list[datetime] = []  # one per sleeper: when it is to wake
 
     def now(self) -> datetime:
         return self.current
@@ -42,12 +43,24 @@ class FakeClock:
             return
         target = self.current + timedelta(seconds=seconds)
         async with self._moved:
-            await self._moved.wait_for(lambda: self.current >= target)
+            self._wake_ups.append(target)
+            self._moved.notify_all()
+            try:
+                await self._moved.wait_for(lambda: self.current >= target)
+            finally:
+                self._wake_ups.remove(target)
 
     async def advance(self, delta: timedelta) -> None:
         async with self._moved:
             self.current += delta
             self._moved.notify_all()
+
+    async def wait_for_sleepers(self, count: int) -> None:
+        """Until ``count`` callers sleep until a later time (only ``advance`` wakes them)."""
+        async with self._moved:
+            await self._moved.wait_for(
+                lambda: sum(t > self.current for t in self._wake_ups) >= count
+            )
 
 
 @pytest.fixture
@@ -72,9 +85,16 @@ async def wait_for_jobs(db: str, count: int, within: float = 10) -> None:
         await asyncio.sleep(0.02)
 
 
-async def settle() -> None:
-    """Give schedulers time to act (and to wrongly act) on the current time."""
-    await asyncio.sleep(0.3)
+async def settle(clock: FakeClock, *schedulers: asyncio.Task[None], within: float = 10) -> None:
+    """Until every scheduler has done all it will do (rightly or wrongly) at the clock's
+    current time: each is then asleep on ``clock`` until a later time, and only
+    ``clock.advance`` can make it act again."""
+    try:
+        async with asyncio.timeout(within):
+            await clock.wait_for_sleepers(len(schedulers))
+    except TimeoutError:
+        stopped = [t.exception() for t in schedulers if t.done()]
+        raise AssertionError(f"the schedulers did not settle; stopped: {stopped}") from None
 
 
 def start(scheduler: CronScheduler) -> asyncio.Task[None]:
@@ -94,12 +114,12 @@ async def test_one_job_per_tick_with_payload_and_options(
     clock = FakeClock(START)
     task = start(CronScheduler(items, pool, "graphile_worker", clock=clock))
     try:
-        await settle()
+        await settle(clock, task)
         assert cron_jobs(db) == []  # 12:00 is before the start: not scheduled
         for minute in range(1, 4):
             await clock.advance(timedelta(minutes=1))
             await wait_for_jobs(db, minute)
-            await settle()
+            await settle(clock, task)
     finally:
         await stop(task)
     jobs = cron_jobs(db)
@@ -126,10 +146,10 @@ async def test_three_pools_with_one_crontab_add_one_job_per_tick(db: str) -> Non
         await p.open(wait=True)
     tasks = [start(CronScheduler(items, p, "graphile_worker", clock=clock)) for p in pools]
     try:
-        await settle()
+        await settle(clock, *tasks)
         for _ in range(4):
             await clock.advance(timedelta(minutes=1))
-            await settle()
+            await settle(clock, *tasks)
     finally:
         await stop(*tasks)
         for p in pools:
@@ -155,10 +175,11 @@ async def test_backfill_known_items_oldest_first_but_not_new_ones(
         (START - timedelta(hours=5),),
     )
     items = parse_crontab("*/10 * * * * known ?fill=1h\n*/10 * * * * brand_new ?fill=1h")
-    task = start(CronScheduler(items, pool, "graphile_worker", clock=FakeClock(START)))
+    clock = FakeClock(START)
+    task = start(CronScheduler(items, pool, "graphile_worker", clock=clock))
     try:
         await wait_for_jobs(db, 6)
-        await settle()
+        await settle(clock, task)
     finally:
         await stop(task)
     jobs = cron_jobs(db)
@@ -188,10 +209,11 @@ async def test_backfill_stops_at_the_last_execution(
         (START - timedelta(days=1), START - timedelta(minutes=3, seconds=30)),
     )
     items = parse_crontab("* * * * * t ?fill=10m")
-    task = start(CronScheduler(items, pool, "graphile_worker", clock=FakeClock(START)))
+    clock = FakeClock(START)
+    task = start(CronScheduler(items, pool, "graphile_worker", clock=clock))
     try:
         await wait_for_jobs(db, 3)
-        await settle()
+        await settle(clock, task)
     finally:
         await stop(task)
     assert [j["run_at"].strftime("%H:%M") for j in cron_jobs(db)] == ["11:58", "11:59", "12:00"]
@@ -203,13 +225,15 @@ async def test_a_restart_does_not_schedule_a_tick_again(
     items = parse_crontab("* * * * * t ?fill=10m")
     clock = FakeClock(START)
     task = start(CronScheduler(items, pool, "graphile_worker", clock=clock))
-    await settle()
+    await settle(clock, task)
     await clock.advance(timedelta(minutes=2))
     await wait_for_jobs(db, 2)
+    await settle(clock, task)
     await stop(task)
     # Restart in the same minute as the last tick, with backfill on.
-    task = start(CronScheduler(items, pool, "graphile_worker", clock=FakeClock(clock.now())))
-    await settle()
+    clock = FakeClock(clock.now())
+    task = start(CronScheduler(items, pool, "graphile_worker", clock=clock))
+    await settle(clock, task)
     await stop(task)
     assert [j["run_at"].strftime("%H:%M") for j in cron_jobs(db)] == ["12:01", "12:02"]
 
@@ -222,14 +246,14 @@ async def test_early_timer_waits_and_late_timer_catches_up_once(
     clock.early = 3  # the next sleeps return too soon (clock skew)
     task = start(CronScheduler(items, pool, "graphile_worker", clock=clock))
     try:
-        await settle()
+        await settle(clock, task)
         assert cron_jobs(db) == []
         await clock.advance(timedelta(minutes=4, seconds=10))  # paused for 4 minutes
         await wait_for_jobs(db, 4)
-        await settle()
+        await settle(clock, task)
         await clock.advance(timedelta(minutes=1))
         await wait_for_jobs(db, 5)
-        await settle()
+        await settle(clock, task)
     finally:
         await stop(task)
     jobs = cron_jobs(db)
@@ -243,11 +267,24 @@ async def test_early_timer_waits_and_late_timer_catches_up_once(
     assert not any(j["payload"]["_cron"]["backfilled"] for j in jobs)
 
 
-def _start(args: list[str], cwd: Path) -> subprocess.Popen[str]:
+def _start(args: list[str], cwd: Path, log: Path) -> subprocess.Popen[str]:
+    """Start ``args``; its output goes to ``log``, which the test can read while it runs."""
     env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL" and not k.startswith("PG")}
-    return subprocess.Popen(
-        args, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
+    with log.open("w") as out:
+        return subprocess.Popen(
+            args, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, text=True
+        )
+
+
+def _live_ticks(db: str) -> list[str]:
+    return [
+        r["ts"]
+        for r in rows(
+            db,
+            "select payload->'_cron'->>'ts' as ts from graphile_worker._private_jobs "
+            "where payload->'_cron'->>'backfilled' = 'false' order by run_at",
+        )
+    ]
 
 
 def test_node_and_python_with_one_crontab_and_the_example(
@@ -269,10 +306,13 @@ def test_node_and_python_with_one_crontab_and_the_example(
         "insert into graphile_worker._private_known_crontabs (identifier, known_since) "
         "values ('shared_item', now() - interval '30 minutes')",
     )
+    logs = [tmp_path / f"{name}.log" for name in ("py", "node", "example")]
     with pg.database() as example_db:
+        # No live tick can be before the first minute that starts after this.
+        first_possible = datetime.now(UTC).replace(second=0, microsecond=0) + timedelta(minutes=1)
         procs = [
-            _start([cli_path(), "-c", db], tmp_path / "py"),
-            _start(["node", str(node.cli), "-c", db], tmp_path / "node"),
+            _start([cli_path(), "-c", db], tmp_path / "py", logs[0]),
+            _start(["node", str(node.cli), "-c", db], tmp_path / "node", logs[1]),
             _start(
                 [
                     cli_path(),
@@ -284,19 +324,25 @@ def test_node_and_python_with_one_crontab_and_the_example(
                     str(ROOT / "tasks_example"),
                 ],
                 tmp_path,
+                logs[2],
             ),
         ]
         try:
-            # Until the first live tick after start has been scheduled (and a moment more).
-            first_live = datetime.now(UTC).replace(second=0, microsecond=0) + timedelta(minutes=1)
-            time.sleep(max(0.0, (first_live - datetime.now(UTC)).total_seconds()) + 4)
+            # Until a live tick (not a backfilled one) of the shared item has been
+            # scheduled, and the example has run its every-minute item (the first
+            # minute after start-up: up to two minutes away).
+            deadline = time.monotonic() + 180
+            while not (_live_ticks(db) and "Hello, cron!" in logs[2].read_text()):
+                exited = [p.args for p in procs if p.poll() is not None]
+                assert not exited, f"exited early: {exited}; {[f.read_text() for f in logs]}"
+                assert time.monotonic() < deadline, [f.read_text() for f in logs]
+                time.sleep(0.1)
         finally:
             for proc in procs:
                 proc.send_signal(signal.SIGINT)
-            outputs = [
-                (proc.wait(timeout=30), proc.stderr.read() if proc.stderr else "") for proc in procs
-            ]
-        assert outputs[0][0] == 0 and outputs[2][0] == 0, outputs
+            codes = [proc.wait(timeout=30) for proc in procs]
+        outputs = [f.read_text() for f in logs]
+        assert codes[0] == 0 and codes[2] == 0, (codes, outputs)
         stamps = [
             r["ts"]
             for r in rows(
@@ -307,11 +353,22 @@ def test_node_and_python_with_one_crontab_and_the_example(
         ]
         assert len(stamps) == len(set(stamps)), "a tick was scheduled twice"
         assert len(stamps) >= 21  # 20 backfilled minutes, and the live tick(s)
-        expected_live = first_live.strftime("%Y-%m-%dT%H:%M:00.000Z")
-        assert expected_live in stamps
-        # The example: its every-minute item ran exactly once for that tick.
-        example_log = outputs[2][1]
-        assert example_log.count("Hello, cron!") == 1, example_log
+        assert min(_live_ticks(db)) >= first_possible.strftime("%Y-%m-%dT%H:%M:00.000Z")
+        # The example: its every-minute item ran exactly once for each tick it scheduled
+        # (one, unless a further minute began before it stopped).
+        ticks = value(  # from the first minute after it started to the last one it scheduled
+            example_db,
+            "select 1 + extract(epoch from last_execution - date_trunc('minute', "
+            "known_since + interval '1 minute' - interval '1 microsecond')) / 60 "
+            "from graphile_worker._private_known_crontabs "
+            "where identifier = 'hello_every_minute'",
+        )
+        not_run = value(
+            example_db,
+            "select count(*) from graphile_worker._private_jobs where payload->>'name' = 'cron'",
+        )
+        assert ticks >= 1, ticks
+        assert outputs[2].count("Hello, cron!") == ticks - not_run, outputs[2]
 
 
 @pytest.mark.parametrize(
