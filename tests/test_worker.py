@@ -463,15 +463,25 @@ async def test_named_queue_runs_one_job_at_a_time_in_process(utils: WorkerUtils,
     assert jobs(db) == []
 
 
+async def wait_for_empty_fetch_after(recorder: Recorder, name: str, nth: int = 1) -> None:
+    """Until the ``nth`` ``name`` event has come and, after it, a fetch found nothing
+    (the one that event's nudge caused, or a later one): the pool is then idle."""
+    await recorder.wait_for(name, nth)
+    names = [event for event, _, _ in recorder.seen]
+    index = [i for i, event in enumerate(names) if event == name][nth - 1]
+    await recorder.wait_for("worker:getJob:empty", names[:index].count("worker:getJob:empty") + 1)
+
+
 async def test_job_added_to_idle_worker_starts_quickly(db: str) -> None:
     events = Events()
-    recorder = Recorder(events, "job:start")
+    recorder = Recorder(events, "job:start", "pool:listen:success", "worker:getJob:empty")
 
     async def t(payload: Any, helpers: Helpers) -> None:
         pass
 
     async with worker(db, {"t": t}, events=events, poll_interval=30.0) as runner:
-        await asyncio.sleep(0.3)  # idle: the first fetch found nothing
+        # Idle: listening, and the fetch after that found nothing.
+        await wait_for_empty_fetch_after(recorder, "pool:listen:success")
         latencies = []
         for n in range(5):
             added = time.monotonic()
@@ -483,7 +493,9 @@ async def test_job_added_to_idle_worker_starts_quickly(db: str) -> None:
 
 async def test_listen_reconnects_after_the_server_drops_it(db: str) -> None:
     events = Events()
-    recorder = Recorder(events, "pool:listen:success", "pool:listen:error", "job:start")
+    recorder = Recorder(
+        events, "pool:listen:success", "pool:listen:error", "job:start", "worker:getJob:empty"
+    )
 
     async def t(payload: Any, helpers: Helpers) -> None:
         pass
@@ -497,8 +509,10 @@ async def test_listen_reconnects_after_the_server_drops_it(db: str) -> None:
             "and pid <> pg_backend_pid()",
         )
         await recorder.wait_for("pool:listen:error")
+        # Listening again, and the catch-up fetch that followed found nothing: the
+        # job below can only be noticed through the new LISTEN connection.
         await recorder.wait_for("pool:listen:success", 2, within=15)
-        await asyncio.sleep(0.2)
+        await wait_for_empty_fetch_after(recorder, "pool:listen:success", 2)
         added = time.monotonic()
         await runner.add_job("t", {})
         await recorder.wait_for("job:start", within=5)
@@ -520,7 +534,16 @@ async def test_a_task_added_by_another_transaction_during_start_up_is_run(db: st
         starting = asyncio.ensure_future(
             run(db, task_list={"t": t}, events=events, no_handle_signals=True)
         )
-        await asyncio.sleep(0.5)  # the worker's registration now waits for `other`
+        # Until the worker's registration of `t` waits for `other`'s lock.
+        async with asyncio.timeout(10):
+            while not value(
+                db,
+                "select count(*) from pg_stat_activity where datname = current_database() "
+                "and wait_event_type = 'Lock' and %s = any(pg_blocking_pids(pid))",
+                (other.info.backend_pid,),
+            ):
+                assert not starting.done()
+                await asyncio.sleep(0.02)
         assert not starting.done()
         other.commit()
     runner = await starting
