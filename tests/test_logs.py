@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
+import os
 import re
 from pathlib import Path
 from typing import Any
 
 import pytest
-from dbhelpers import rows, run_cli
+from dbhelpers import cli_path, rows, run_cli
 
 from worker_cli import Helpers, WorkerUtils, run_once
 
@@ -20,7 +22,13 @@ TASKS = {
         "    helpers.logger.debug('a detail')\n"
     ),
     "bad.py": "async def task(payload, helpers):\n    raise ValueError('boom')\n",
-    "slow.py": "import time\ndef task(payload, helpers):\n    time.sleep(0.05)\n",
+    "slow.py": (
+        "import os, time\n"
+        "def task(payload, helpers):\n"
+        "    time.sleep(0.05)\n"
+        "    while payload.get('gate') and not os.path.exists(payload['gate']):\n"
+        "        time.sleep(0.01)\n"
+    ),
 }
 
 TIME = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}"
@@ -192,25 +200,66 @@ PROGRESS = re.compile(r"Progress: ([\d,]+) jobs done \(([\d,.]+)/s\), ([\d,]+) r
 
 
 async def test_once_logs_progress_then_a_total(utils: WorkerUtils, db: str, folder: Path) -> None:
-    await utils.add_jobs([{"identifier": "slow", "payload": {"n": n}} for n in range(40)])
-    result = run_cli(
-        "-c", db, "--once", "--progress-interval", "0.25", cwd=folder, env={"NO_LOG_SUCCESS": "1"}
+    # 40 jobs of at least 50 ms, one at a time. The first to run (priority -1)
+    # waits until a progress line has been logged, the last (priority 1) until
+    # one shows it running with nothing left: lines before, during and after the work.
+    first, last = folder / "first.gate", folder / "last.gate"
+    await utils.add_jobs(
+        [{"identifier": "slow", "payload": {"gate": str(first)}, "priority": -1}]
+        + [{"identifier": "slow", "payload": {"n": n}, "priority": 0} for n in range(38)]
+        + [{"identifier": "slow", "payload": {"gate": str(last)}, "priority": 1}]
     )
-    assert result.returncode == 0, result.stderr
-    progress = [
-        match.groups() for line in result.stderr.splitlines() if (match := PROGRESS.search(line))
-    ]
-    # 40 jobs of 50 ms one at a time: about 2 s, so about 8 lines.
-    assert len(progress) >= 3, result.stderr
-    done = [int(d.replace(",", "")) for d, _, _ in progress]
-    remaining = [int(r.replace(",", "")) for _, _, r in progress]
-    rates = [float(r.replace(",", "")) for _, r, _ in progress]
-    assert done == sorted(done) and remaining == sorted(remaining, reverse=True)
-    assert done[-1] > done[0] and remaining[-1] < remaining[0]
+    log = folder / "worker.log"
+    env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL" and not k.startswith("PG")}
+    with log.open("w") as out:
+        proc = await asyncio.create_subprocess_exec(
+            cli_path(), "-c", db, "--once", "--progress-interval", "0.25",
+            cwd=folder, env={**env, "NO_LOG_SUCCESS": "1"}, stderr=out,
+        )  # fmt: skip
+
+    def progress() -> list[tuple[int, float, int]]:
+        return [
+            (int(d.replace(",", "")), float(r.replace(",", "")), int(left.replace(",", "")))
+            for line in log.read_text().splitlines()
+            if (match := PROGRESS.search(line))
+            for d, r, left in [match.groups()]
+        ]
+
+    def a_line_logged() -> bool:
+        return bool(progress())
+
+    def last_job_running() -> bool:  # 39 done, nothing left to fetch
+        return any((d, left) == (39, 0) for d, _, left in progress())
+
+    try:
+        for gate, logged in ((first, a_line_logged), (last, last_job_running)):
+            async with asyncio.timeout(60):
+                while not logged():
+                    assert proc.returncode is None, log.read_text()
+                    await asyncio.sleep(0.02)
+            gate.touch()
+        async with asyncio.timeout(60):
+            assert await proc.wait() == 0, log.read_text()
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    stderr = log.read_text()
+    lines = progress()
+    done = [d for d, _, _ in lines]
+    remaining = [left for _, _, left in lines]
+    assert done[0] == 0 and done[-1] >= 39, stderr
+    assert done == sorted(done) and remaining == sorted(remaining, reverse=True), stderr
+    assert remaining[0] > remaining[-1] == 0, stderr
     # Jobs done + due jobs left never exceed the 40 (the rest are in hand).
-    assert all(d + r <= 40 for d, r in zip(done, remaining, strict=True))
-    assert all(0 < rate < 100 for rate in rates[1:])  # 50 ms each: at most ~20/s
-    assert re.search(r"INFO Done: 40 jobs in \d+\.\d\ds \([\d.]+/s\)$", result.stderr.rstrip())
+    assert all(d + left <= 40 for d, _, left in lines), stderr
+    # The rate of an interval: 0 when no job was done in it, else positive, and at
+    # most what jobs of >= 50 ms one at a time allow: n jobs end at least 50 ms
+    # apart, so n <= 1 + t / 0.05 in an interval of t >= 0.25 s: n / t <= 24
+    # (shown rounded to 0.1).
+    for before, (d, rate, _) in zip([0, *done], lines, strict=False):
+        assert (rate == 0) if d == before else (0 < rate <= 24.05), stderr
+    assert re.search(r"INFO Done: 40 jobs in \d+\.\d\ds \([\d.]+/s\)$", stderr.rstrip())
 
 
 async def test_progress_in_json_and_off(utils: WorkerUtils, db: str, folder: Path) -> None:
