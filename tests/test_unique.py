@@ -246,38 +246,63 @@ async def test_infinity_blocks_while_the_job_exists_and_not_after_success(
 # --- period and timestamp --------------------------------------------------------
 
 
+def lock_of(db: str, job_id: int) -> dict[str, Any]:
+    [lock] = rows(db, f"select created_at, expires_at from {LOCKS} where job_id = %s", (job_id,))
+    return lock
+
+
+def time_passes(db: str, seconds: float) -> None:
+    """Stand for ``seconds`` going by: every lock was taken, and runs out, that much
+    earlier (a lock's ``expires_at`` against ``now()`` is all uniqueness reads of time)."""
+    rows(
+        db,
+        f"update {LOCKS} set created_at = created_at - make_interval(secs => %(s)s), "
+        "expires_at = expires_at - make_interval(secs => %(s)s)",
+        {"s": seconds},
+    )
+
+
 async def test_period_expiry(utils: WorkerUtils, db: str) -> None:
-    first = await utils.add_job("t", {}, unique={"period": 0.5})
-    assert (await utils.add_job("t", {}, unique={"period": 0.5})).conflict
-    await asyncio.sleep(0.7)
+    rule = {"period": 600}
+    first = await utils.add_job("t", {}, unique=rule)
+    lock = lock_of(db, first.job_id)  # from when it was added: the job is due at once
+    assert lock["expires_at"] == lock["created_at"] + timedelta(seconds=600)
+    assert (await utils.add_job("t", {}, unique=rule)).conflict
+    time_passes(db, 600)
     # The first job is still pending, but the period is over.
-    second = await utils.add_job("t", {}, unique={"period": 0.5})
+    second = await utils.add_job("t", {}, unique=rule)
     assert not second.conflict and second.job_id != first.job_id
     assert job_count(db) == 2
-    assert (await utils.add_job("t", {}, unique={"period": 0.5})).job_id == second.job_id
+    lock = lock_of(db, second.job_id)
+    assert lock["expires_at"] == lock["created_at"] + timedelta(seconds=600)
+    assert (await utils.add_job("t", {}, unique=rule)).job_id == second.job_id
 
 
 async def test_scheduled_job_is_unique_for_its_delay_plus_the_period(
     utils: WorkerUtils, db: str
 ) -> None:
-    # Added at t0, due at t0+1.5 s: from run_at it blocks until t0+3 s, from
-    # when it was added until t0+1.5 s.
-    soon = datetime.now(UTC) + timedelta(seconds=1.5)
-    from_run_at = UniqueRule(period=1.5)
-    from_added = UniqueRule(period=1.5, timestamp="added")
-    await utils.add_job("t", {"n": 1}, run_at=soon, unique=from_run_at)
-    await utils.add_job("t", {"n": 2}, run_at=soon, unique=from_added)
-    await asyncio.sleep(2.1)
+    # Added at t0, due at t0+20 min, period 10 min: from run_at it blocks until
+    # t0+30 min, from when it was added until t0+10 min.
+    t0 = value(db, "select now()")
+    soon = t0 + timedelta(minutes=20)
+    from_run_at = UniqueRule(period=600)
+    from_added = UniqueRule(period=600, timestamp="added")
+    by_run_at = await utils.add_job("t", {"n": 1}, run_at=soon, unique=from_run_at)
+    by_added = await utils.add_job("t", {"n": 2}, run_at=soon, unique=from_added)
+    assert lock_of(db, by_run_at.job_id)["expires_at"] == soon + timedelta(minutes=10)
+    lock = lock_of(db, by_added.job_id)
+    assert lock["expires_at"] == lock["created_at"] + timedelta(minutes=10)
+    time_passes(db, 25 * 60)  # t0+25 min: past run_at, within run_at + the period
     assert (await utils.add_job("t", {"n": 1}, unique=from_run_at)).conflict
     assert not (await utils.add_job("t", {"n": 2}, unique=from_added)).conflict
-    await asyncio.sleep(1.2)
+    time_passes(db, 5 * 60)  # t0+30 min
     assert not (await utils.add_job("t", {"n": 1}, unique=from_run_at)).conflict
 
     much_later = datetime.now(UTC) + timedelta(days=2)
     job = (await utils.add_job("t", {"n": 3}, run_at=much_later, unique=from_run_at)).job
     assert job is not None
     expires = value(db, f"select expires_at from {LOCKS} where job_id = %s", (job.id,))
-    assert expires == job.run_at + timedelta(seconds=1.5)
+    assert expires == job.run_at + timedelta(minutes=10)
 
 
 # --- replace -----------------------------------------------------------------------
