@@ -124,14 +124,18 @@ def test_a_crashed_worker_holds_no_more_than_its_local_queue(db: str, tmp_path: 
 async def test_slow_jobs_are_not_hoarded_by_one_worker(utils: WorkerUtils, db: str) -> None:
     await utils.add_jobs([{"identifier": "slow", "payload": {"n": n}} for n in range(24)])
     ran_by: dict[str, int] = {}
+    both_running = asyncio.Event()
 
     async def slow(payload: Any, helpers: Helpers) -> None:
         ran_by[helpers.job.locked_by or ""] = ran_by.get(helpers.job.locked_by or "", 0) + 1
+        # No job ends before the second worker is up, however long its start takes.
+        await both_running.wait()
         await asyncio.sleep(0.1)
 
     # Two workers with default settings: the first to start must not take the lot.
     first = await run(db, task_list={"slow": slow}, no_handle_signals=True, concurrency=2)
     second = await run(db, task_list={"slow": slow}, no_handle_signals=True, concurrency=2)
+    both_running.set()
     deadline = time.monotonic() + 30
     while value(db, "select count(*) from graphile_worker._private_jobs") > 0:
         assert time.monotonic() < deadline
@@ -139,7 +143,9 @@ async def test_slow_jobs_are_not_hoarded_by_one_worker(utils: WorkerUtils, db: s
     await first.stop()
     await second.stop()
     assert sum(ran_by.values()) == 24
-    assert min(ran_by.values()) >= 8, ran_by  # each did a fair share (12 each if perfectly even)
+    # Both workers ran jobs (two pool ids), and each a fair share (12 if perfectly even).
+    assert len(ran_by) == 2 and set(ran_by) == {first.pool.id, second.pool.id}, ran_by
+    assert min(ran_by.values()) >= 8, ran_by
 
 
 async def _wait_until(condition: Any, within: float = 10) -> float:
