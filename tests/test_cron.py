@@ -312,7 +312,7 @@ def test_node_and_python_with_one_crontab_and_the_example(
         first_possible = datetime.now(UTC).replace(second=0, microsecond=0) + timedelta(minutes=1)
         procs = [
             _start([cli_path(), "-c", db], tmp_path / "py", logs[0]),
-            _start(["node", str(node.cli), "-c", db], tmp_path / "node", logs[1]),
+            _start(node.argv("-c", db), tmp_path / "node", logs[1]),
             _start(
                 [
                     cli_path(),
