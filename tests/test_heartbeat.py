@@ -29,6 +29,8 @@ from node_worker import NodeWorker
 
 from worker_cli import Helpers, run
 from worker_cli.options import WorkerOptions
+from worker_cli.tasks import make_task_list
+from worker_cli.worker_pool import WorkerPool
 
 INTERVAL, TIMEOUT = 0.5, 3.0
 HEARTBEAT = ("--heartbeat-interval", str(INTERVAL), "--heartbeat-timeout", str(TIMEOUT))
@@ -391,3 +393,62 @@ async def test_after_an_outage_for_everyone_each_pool_gets_its_whole_timeout(db:
     assert (released_at[0] - started["started_at"]).total_seconds() >= 2
     assert rows(db, HEARTBEATS + " where pool_id = 'pool-quiet'") == []
     assert value(db, "select count(*) from graphile_worker._private_jobs") == 0
+
+
+@pytest.mark.parametrize("release", ["heartbeat", "stale lock sweep"])
+async def test_a_released_job_keeps_its_place_in_its_named_queue(db: str, release: str) -> None:
+    """A crashed pool had locked the first job of a named queue (and the queue)
+    without starting it. Once released it is still the first of its queue: it
+    runs before the job added after it."""
+    ids = [
+        r["id"]
+        for r in rows(
+            db,
+            "select id from graphile_worker.add_jobs(array(select ('t', json_build_object("
+            "'n', n), 'serial', null, null, null, null, null)::graphile_worker.job_spec "
+            "from generate_series(1, 2) as n)) order by id",
+        )
+    ]
+    rows(
+        db,
+        "insert into graphile_worker._private_py_heartbeats (pool_id, timeout, beat_at) "
+        "values ('pool-gone', interval '1 second', now() - interval '5 hours')",
+    )
+    rows(
+        db,
+        "update graphile_worker._private_jobs set locked_by = 'pool-gone', "
+        "locked_at = now() - interval '5 hours', attempts = 1 where id = %s",
+        (ids[0],),
+    )
+    rows(
+        db,
+        "update graphile_worker._private_job_queues set locked_by = 'pool-gone', "
+        "locked_at = now() - interval '5 hours'",
+    )
+    order: list[int] = []
+    done = asyncio.Event()
+
+    async def t(payload: Any, helpers: Helpers) -> None:
+        order.append(helpers.job.id)
+        if len(order) == 2:
+            done.set()
+
+    if release == "heartbeat":
+        pool = WorkerPool(
+            db,
+            make_task_list({"t": t}),
+            WorkerOptions(heartbeat_interval=0.2, heartbeat_timeout=1),
+        )
+    else:
+        pool = WorkerPool(
+            db,
+            make_task_list({"t": t}),
+            WorkerOptions(heartbeat_interval=0, stale_sweep_interval=(0.05, 0.1)),
+        )
+    running = asyncio.ensure_future(pool.run())
+    try:
+        await asyncio.wait_for(done.wait(), 15)
+    finally:
+        pool.stop()
+        await running
+    assert order == ids

@@ -229,10 +229,12 @@ return_jobs = """
 """
 
 # Free jobs and queues whose lock is older than 4 hours (a crashed worker).
+# run_at is kept, as force_unlock_workers keeps it: a released job of a named
+# queue is still the first of its queue, and runs before the jobs behind it.
 release_stale_locks = """
   with jobs as (
     update {schema}._private_jobs as j
-    set locked_at = null, locked_by = null, run_at = greatest(j.run_at, now())
+    set locked_at = null, locked_by = null
     where j.locked_at < now() - %(lock_timeout)s::interval
     returning j.id
   ),
@@ -460,7 +462,8 @@ heartbeat_beat = """
 # beat of this pool's current uninterrupted run of beats (after an outage for
 # everyone, every pool gets its whole timeout again). Deletes its row and
 # releases its jobs and queues. The attempt the dead pool had counted when it
-# fetched a job stays counted; last_error says what happened. Only locked_by
+# fetched a job stays counted; last_error says what happened; run_at is kept, so
+# a job of a named queue stays ahead of the jobs behind it. Only locked_by
 # values that had a heartbeat row are touched, never Node's.
 heartbeat_reap = """
   with dead as (
@@ -473,7 +476,6 @@ heartbeat_reap = """
     update {schema}._private_jobs as j
     set locked_at = null,
         locked_by = null,
-        run_at = greatest(j.run_at, now()),
         last_error = 'the worker pool ' || dead.pool_id
           || coalesce(' (host ' || dead.hostname || ', pid ' || dead.pid || ')', '')
           || ' running this job was declared dead: no heartbeat since '
