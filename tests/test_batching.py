@@ -20,7 +20,7 @@ import pytest
 from dbhelpers import rows, value
 
 from worker_cli import Helpers, Job, Runner, WorkerUtils, run, run_once, statements
-from worker_cli.worker_pool import WorkerPool
+from worker_cli.worker import WorkerPool
 
 
 async def test_priorities_are_respected_within_a_batch(utils: WorkerUtils, db: str) -> None:

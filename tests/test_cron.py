@@ -18,7 +18,7 @@ from node_worker import NodeWorker
 from psycopg_pool import AsyncConnectionPool
 
 from worker_cli import parse_crontab
-from worker_cli.cron import CronScheduler
+from worker_cli.worker.cron import CronScheduler
 
 ROOT = Path(__file__).resolve().parent.parent
 START = datetime(2026, 3, 10, 12, 0, 30, tzinfo=UTC)

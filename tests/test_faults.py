@@ -56,7 +56,7 @@ from pathlib import Path
 
 from worker_cli.options import WorkerOptions
 from worker_cli.tasks import load_task_directory
-from worker_cli.worker_pool import WorkerPool
+from worker_cli.worker import WorkerPool
 
 
 async def main():

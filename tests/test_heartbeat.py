@@ -30,7 +30,7 @@ from node_worker import NodeWorker
 from worker_cli import Helpers, run
 from worker_cli.options import WorkerOptions
 from worker_cli.tasks import make_task_list
-from worker_cli.worker_pool import WorkerPool
+from worker_cli.worker import WorkerPool
 
 INTERVAL, TIMEOUT = 0.5, 3.0
 HEARTBEAT = ("--heartbeat-interval", str(INTERVAL), "--heartbeat-timeout", str(TIMEOUT))

@@ -29,7 +29,7 @@ from worker_cli import (
 )
 from worker_cli.options import WorkerOptions
 from worker_cli.tasks import make_task_list
-from worker_cli.worker_pool import WorkerPool
+from worker_cli.worker import WorkerPool
 
 LOCKS = "graphile_worker._private_py_unique_locks"
 

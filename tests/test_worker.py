@@ -15,9 +15,11 @@ from dbhelpers import rows, value
 from workers import Recorder, worker
 
 from worker_cli import Events, Helpers, Job, WorkerUtils, run, run_once, statements
+from worker_cli.job import jobs_from_rows
 from worker_cli.options import WorkerOptions
 from worker_cli.tasks import make_task_list
-from worker_cli.worker_pool import WorkerPool, configure_fetch_connection, jobs_from_rows
+from worker_cli.worker import WorkerPool
+from worker_cli.worker.pool import configure_fetch_connection
 
 
 def jobs(db: str) -> list[dict[str, Any]]:

@@ -27,7 +27,7 @@ from worker_cli import (
 )
 from worker_cli.options import WorkerOptions
 from worker_cli.tasks import load_task_directory
-from worker_cli.worker_pool import WorkerPool
+from worker_cli.worker import WorkerPool
 
 
 def job_count(db: str) -> int:

@@ -15,7 +15,7 @@ from click.core import ParameterSource
 
 from . import logs
 from ._version import __version__
-from .connection import load_dotenv_file
+from .config import load_dotenv_file
 from .errors import GraphileWorkerError, IncompatibleSchemaError
 from .logs import LOG_FORMATS, LogFormat
 from .options import WorkerOptions
@@ -326,7 +326,7 @@ def _exit_despite_stuck_task_threads(code: int) -> None:
     """A plain ``def`` task that ignored a forced shutdown still runs in its
     thread, and Python would wait for it forever at exit. Its job is already
     failed and written back, so leave without it."""
-    from .worker_pool import busy_task_threads
+    from .worker.pool import busy_task_threads
 
     stuck = busy_task_threads()
     if not stuck:

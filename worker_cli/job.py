@@ -15,6 +15,7 @@ __all__ = [
     "Job",
     "RawPayloadBinaryLoader",
     "RawPayloadLoader",
+    "jobs_from_rows",
     "parse_payloads",
     "read_payloads_raw",
 ]
@@ -82,3 +83,13 @@ def parse_payloads(raw: Sequence[bytes | None]) -> list[Any]:
     return list(
         json.loads(b"[" + b",".join(b"null" if text is None else text for text in raw) + b"]")
     )
+
+
+def jobs_from_rows(rows: Sequence[Sequence[Any]], task_names: dict[int, str]) -> list[Job]:
+    """Jobs from ``get_jobs`` rows (the 17 job columns, then the queue name),
+    read with :func:`read_payloads_raw`: the payloads are parsed in one go."""
+    payloads = parse_payloads([row[3] for row in rows])
+    return [
+        Job._make((*row[:3], payload, *row[4:17], task_names[row[2]], row[17]))
+        for row, payload in zip(rows, payloads, strict=True)
+    ]

@@ -19,7 +19,7 @@ import psycopg
 from . import statements
 
 if TYPE_CHECKING:
-    from .worker_pool import WorkerPool
+    from .worker import WorkerPool
 
 __all__ = ["REMAINING_CAP", "ProgressReporter"]
 

@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, overload
 
 from . import logs
-from .connection import connect, load_dotenv_file, resolve_connection_string, resolve_schema
+from .config import load_dotenv_file, resolve_connection_string, resolve_schema
+from .db import connect
 from .errors import ConfigurationError
 from .events import Events
 from .job import Job
@@ -25,7 +26,7 @@ from .options import ForbiddenFlags, WorkerOptions
 from .progress import ProgressReporter
 from .tasks import Task, TaskFunction, load_task_directory, make_task_list
 from .unique import UniqueJobResult, UniqueSpec
-from .worker_pool import WorkerPool
+from .worker import WorkerPool
 
 if TYPE_CHECKING:
     from .crontab import ParsedCronItem

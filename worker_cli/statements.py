@@ -435,7 +435,7 @@ delete_permafailed_jobs_releasing_unique_locks = """
 # returns how many.
 gc_unique_locks = "select {schema}.py_gc_unique_locks(%(max_rows)s)"
 
-# --- Heartbeats (migrations/py/000002.sql; worker_cli/heartbeat.py) ------------
+# --- Heartbeats (migrations/py/000002.sql; worker_cli/worker/heartbeat.py) ------------
 
 # Record that this pool is alive. Returns whether the pool had to register (its
 # first beat, or another pool declared it dead meanwhile and released its

@@ -17,7 +17,8 @@ import psycopg
 from psycopg import IsolationLevel
 
 from . import statements
-from .connection import connect, resolve_connection_string, resolve_schema
+from .config import resolve_connection_string, resolve_schema
+from .db import connect
 from .errors import GraphileWorkerError, SchemaNotInstalledError
 
 __all__ = ["Counts", "QueueStatus", "Status", "format_json", "format_text", "read_status"]

@@ -12,20 +12,14 @@ always agree on what "the same job" is.
 
 from __future__ import annotations
 
-import logging
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Literal, NamedTuple, TypeAlias
+from typing import Any, Literal, NamedTuple, TypeAlias
 
-import psycopg
-
-from .errors import GraphileWorkerError, JobSpecError
+from .errors import JobSpecError
 from .job import Job
-
-if TYPE_CHECKING:
-    from .worker_utils import WorkerUtils
 
 __all__ = [
     "DEFAULT_BY",
@@ -54,7 +48,6 @@ REPLACE_FIELDS: tuple[str, ...] = ("run_at", "priority", "max_attempts", "payloa
 DEFAULT_BY: tuple[UniqueField, ...] = ("task", "queue", "payload")
 DEFAULT_STATES: tuple[UniqueState, ...] = ("pending", "running", "retrying", "succeeded")
 DEFAULT_PERIOD = 60.0
-logger = logging.getLogger("graphile_worker")
 
 #: The longest finite period, in seconds (100 years); longer is "infinity".
 MAX_PERIOD = 3_155_760_000
@@ -190,17 +183,6 @@ def check_keys_payload(rule: Mapping[str, Any], payload: Any, field: str = "uniq
             "compares keys of the payload, which must be a JSON object, "
             f"not {type(payload).__name__}",
         )
-
-
-async def sweep_unique_locks(utils: WorkerUtils) -> None:
-    """The worker's periodic sweep: delete expired locks; a failure is logged, not raised."""
-    try:
-        deleted = await utils.gc_unique_locks()
-    except (psycopg.Error, GraphileWorkerError) as exc:
-        logger.warning("Unique-job lock sweep failed: %s", exc)
-        return
-    if deleted:
-        logger.info("Deleted %d expired unique-job lock(s)", deleted)
 
 
 def _names(

@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager, nullcontext
 from contextvars import ContextVar
@@ -21,19 +22,23 @@ from psycopg import sql
 from psycopg_pool import AsyncConnectionPool
 
 from . import statements
-from .connection import (
-    check_connection,
-    load_dotenv_file,
-    resolve_connection_string,
-    resolve_schema,
-)
-from .errors import JobSpecError, SchemaNotInstalledError
+from .config import load_dotenv_file, resolve_connection_string, resolve_schema
+from .db import check_connection
+from .errors import GraphileWorkerError, JobSpecError, SchemaNotInstalledError
 from .job import Job, parse_payloads, read_payloads_raw
 from .job_spec import JobKeyMode, JobSpec, TaskSpec, encode_payload, validate_identifier
 from .migrate import MigrationReport, migrate
 from .unique import UniqueJobResult, UniqueRule, UniqueRuleError, UniqueSpec, check_keys_payload
 
-__all__ = ["CleanupTask", "WorkerUtils", "make_worker_utils", "quick_add_job"]
+__all__ = [
+    "CleanupTask",
+    "WorkerUtils",
+    "make_worker_utils",
+    "quick_add_job",
+    "sweep_unique_locks",
+]
+
+logger = logging.getLogger("graphile_worker")
 
 CleanupTask: TypeAlias = Literal[
     "GC_TASK_IDENTIFIERS", "GC_JOB_QUEUES", "DELETE_PERMAFAILED_JOBS", "GC_UNIQUE_LOCKS"
@@ -652,3 +657,14 @@ def _raw_payload_cursor(conn: psycopg.AsyncConnection[Any]) -> psycopg.AsyncCurs
     cur = conn.cursor()
     read_payloads_raw(cur)
     return cur
+
+
+async def sweep_unique_locks(utils: WorkerUtils) -> None:
+    """The worker's periodic sweep: delete expired locks; a failure is logged, not raised."""
+    try:
+        deleted = await utils.gc_unique_locks()
+    except (psycopg.Error, GraphileWorkerError) as exc:
+        logger.warning("Unique-job lock sweep failed: %s", exc)
+        return
+    if deleted:
+        logger.info("Deleted %d expired unique-job lock(s)", deleted)

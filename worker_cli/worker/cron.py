@@ -21,9 +21,9 @@ from typing import Any, Protocol
 
 from psycopg_pool import AsyncConnectionPool
 
-from . import statements
-from .crontab import ParsedCronItem
-from .retry import retry_until_done
+from .. import statements
+from ..crontab import ParsedCronItem
+from ..retry import retry_until_done
 
 __all__ = ["Clock", "CronScheduler", "SystemClock", "cron_timestamp"]
 

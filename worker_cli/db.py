@@ -1,80 +1,16 @@
-"""Where the database connection comes from.
-
-The order matches graphile-worker (Node): an explicit connection string, else
-``DATABASE_URL``, else the libpq ``PG*`` environment variables. A ``.env`` file
-in the working directory is read first (without overriding the environment).
-"""
+"""How the package connects to PostgreSQL: one place for connection settings."""
 
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Any
 
 import psycopg
-from dotenv import load_dotenv
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from .errors import ConfigurationError, DatabaseConnectionError
+from .errors import DatabaseConnectionError
 
-__all__ = [
-    "DEFAULT_SCHEMA",
-    "check_connection",
-    "connect",
-    "load_dotenv_file",
-    "resolve_connection_string",
-    "resolve_schema",
-    "worker_conninfo",
-]
-
-DEFAULT_SCHEMA = "graphile_worker"
-
-# The libpq variables that, when set, describe a server to connect to.
-_LIBPQ_SERVER_VARIABLES = (
-    "PGHOST",
-    "PGHOSTADDR",
-    "PGPORT",
-    "PGDATABASE",
-    "PGUSER",
-    "PGSERVICE",
-)
-
-NO_CONNECTION_MESSAGE = (
-    "No database to connect to: pass a connection string with -c/--connection "
-    "(for example postgres://user:pass@host:5432/db), set DATABASE_URL, "
-    "or set the libpq PG* variables (PGHOST, PGDATABASE, PGUSER, ...)."
-)
-
-
-def load_dotenv_file(directory: Path | None = None) -> None:
-    """Load ``.env`` from ``directory`` (default: the working directory), if any."""
-    path = (directory or Path.cwd()) / ".env"
-    if path.is_file():
-        load_dotenv(path, override=False)
-
-
-def resolve_connection_string(connection_string: str | None = None) -> str:
-    """Return the libpq connection string to use, or raise ConfigurationError.
-
-    An empty string is returned when only ``PG*`` variables are set: libpq
-    reads them itself.
-    """
-    if connection_string:
-        return connection_string
-    database_url = os.environ.get("DATABASE_URL")
-    if database_url:
-        return database_url
-    if any(os.environ.get(name) for name in _LIBPQ_SERVER_VARIABLES):
-        return ""
-    raise ConfigurationError(NO_CONNECTION_MESSAGE)
-
-
-def resolve_schema(schema: str | None = None) -> str:
-    """Return the schema name: the argument, ``GRAPHILE_WORKER_SCHEMA``, or the default."""
-    name = schema or os.environ.get("GRAPHILE_WORKER_SCHEMA") or DEFAULT_SCHEMA
-    if len(name.encode()) > 63:
-        raise ConfigurationError(f"schema name {name!r} is longer than PostgreSQL's 63-byte limit")
-    return name
+__all__ = ["WORKER_CONNECTION_DEFAULTS", "check_connection", "connect", "worker_conninfo"]
 
 
 async def connect(conninfo: str, *, autocommit: bool = False) -> psycopg.AsyncConnection[Any]:

@@ -47,8 +47,8 @@ from typing import Any
 
 import psycopg
 
-from . import statements
-from .retry import DELAYS
+from .. import statements
+from ..retry import DELAYS
 
 __all__ = ["Heartbeat"]
 

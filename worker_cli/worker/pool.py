@@ -51,20 +51,19 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from . import logs, statements
-from .connection import worker_conninfo
-from .events import Events
+from .. import logs, statements
+from ..db import worker_conninfo
+from ..events import Events
+from ..helpers import Helpers
+from ..job import Job, jobs_from_rows, read_payloads_raw
+from ..options import WorkerOptions
+from ..retry import DELAYS, retry_until_done
+from ..tasks import Task
+from ..worker_utils import WorkerUtils, sweep_unique_locks
 from .heartbeat import Heartbeat
-from .helpers import Helpers
-from .job import Job, parse_payloads, read_payloads_raw
-from .options import WorkerOptions
-from .retry import DELAYS, retry_until_done
-from .tasks import Task
-from .unique import sweep_unique_locks
-from .worker_utils import WorkerUtils
 
 if TYPE_CHECKING:
-    from .crontab import ParsedCronItem
+    from ..crontab import ParsedCronItem
 
 __all__ = ["WorkerPool"]
 
@@ -964,16 +963,6 @@ async def configure_fetch_connection(
     cur = await conn.execute(statements.fetch_session)
     row = await cur.fetchone()
     return (conn.info.backend_pid, row[1] if row else None)
-
-
-def jobs_from_rows(rows: Sequence[Sequence[Any]], task_names: dict[int, str]) -> list[Job]:
-    """Jobs from ``get_jobs`` rows (the 17 job columns, then the queue name),
-    read with :func:`read_payloads_raw`: the payloads are parsed in one go."""
-    payloads = parse_payloads([row[3] for row in rows])
-    return [
-        Job._make((*row[:3], payload, *row[4:17], task_names[row[2]], row[17]))
-        for row, payload in zip(rows, payloads, strict=True)
-    ]
 
 
 class _Rate:
