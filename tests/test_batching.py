@@ -21,6 +21,7 @@ from dbhelpers import rows, value
 
 from worker_cli import Helpers, Job, Runner, WorkerUtils, run, run_once, statements
 from worker_cli.worker import WorkerPool
+from worker_cli.worker.fetcher import Fetcher
 
 
 async def test_priorities_are_respected_within_a_batch(utils: WorkerUtils, db: str) -> None:
@@ -268,13 +269,13 @@ async def test_a_backlog_is_fetched_in_full_batches_within_a_few_fetches(
         " from generate_series(1, 5000)))",
     )
     limits: list[int] = []
-    fetch = WorkerPool._fetch
+    fetch = Fetcher.fetch
 
-    async def counting_fetch(self: WorkerPool, limit: int) -> list[Job]:
+    async def counting_fetch(self: Fetcher, limit: int) -> int:
         limits.append(limit)
         return await fetch(self, limit)
 
-    monkeypatch.setattr(WorkerPool, "_fetch", counting_fetch)
+    monkeypatch.setattr(Fetcher, "fetch", counting_fetch)
 
     async def noop(payload: Any, helpers: Helpers) -> None:
         pass

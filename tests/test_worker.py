@@ -19,7 +19,7 @@ from worker_cli.job import jobs_from_rows
 from worker_cli.options import WorkerOptions
 from worker_cli.tasks import make_task_list
 from worker_cli.worker import WorkerPool
-from worker_cli.worker.pool import configure_fetch_connection
+from worker_cli.worker.fetcher import configure_fetch_connection
 
 
 def jobs(db: str) -> list[dict[str, Any]]:

@@ -326,7 +326,7 @@ def _exit_despite_stuck_task_threads(code: int) -> None:
     """A plain ``def`` task that ignored a forced shutdown still runs in its
     thread, and Python would wait for it forever at exit. Its job is already
     failed and written back, so leave without it."""
-    from .worker.pool import busy_task_threads
+    from .worker import busy_task_threads
 
     stuck = busy_task_threads()
     if not stuck:

@@ -3,14 +3,22 @@
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from typing import Any
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg_pool import AsyncConnectionPool
 
 from .errors import DatabaseConnectionError
 
-__all__ = ["WORKER_CONNECTION_DEFAULTS", "check_connection", "connect", "worker_conninfo"]
+__all__ = [
+    "WORKER_CONNECTION_DEFAULTS",
+    "WorkerConnections",
+    "check_connection",
+    "connect",
+    "worker_conninfo",
+]
 
 
 async def connect(conninfo: str, *, autocommit: bool = False) -> psycopg.AsyncConnection[Any]:
@@ -61,3 +69,50 @@ def worker_conninfo(conninfo: str, application_name: str) -> str:
     if "application_name" not in params and not os.environ.get("PGAPPNAME"):
         params["application_name"] = application_name
     return make_conninfo(**params)
+
+
+@dataclass(frozen=True)
+class WorkerConnections:
+    """The settings of every connection one worker pool opens: its pool, the
+    fetcher, the LISTEN connection and the heartbeat.
+
+    Each gets :data:`WORKER_CONNECTION_DEFAULTS`, autocommit, an
+    ``application_name`` naming the pool and the connection's role (so a DBA
+    can tell them apart in ``pg_stat_activity``), and no server-side prepared
+    statements when ``no_prepared_statements`` is set (pgBouncer in
+    transaction mode).
+    """
+
+    conninfo: str
+    pool_id: str
+    no_prepared_statements: bool = False
+
+    def conninfo_for(self, role: str) -> str:
+        """The connection string of the connection playing ``role``
+        (``pool``, ``fetch``, ``listen``, ``heartbeat``)."""
+        return worker_conninfo(self.conninfo, f"graphile-worker {self.pool_id} {role}")
+
+    def kwargs(self) -> dict[str, Any]:
+        """Keyword arguments of ``connect()`` for every such connection."""
+        if self.no_prepared_statements:
+            return {"autocommit": True, "prepare_threshold": None}
+        return {"autocommit": True}
+
+    async def connect(self, role: str) -> psycopg.AsyncConnection[Any]:
+        """Open one connection for ``role``; libpq's errors propagate."""
+        return await psycopg.AsyncConnection.connect(self.conninfo_for(role), **self.kwargs())
+
+    def connect_sync(self, role: str) -> psycopg.Connection[Any]:
+        """The same, blocking (the heartbeat's thread)."""
+        return psycopg.Connection.connect(self.conninfo_for(role), **self.kwargs())
+
+    def pool(self, *, min_size: int, max_size: int) -> AsyncConnectionPool[Any]:
+        """The pool's connection pool (not yet open), for tasks and results."""
+        return AsyncConnectionPool(
+            self.conninfo_for("pool"),
+            min_size=min_size,
+            max_size=max_size,
+            kwargs=self.kwargs(),
+            open=False,
+            name=self.pool_id,
+        )

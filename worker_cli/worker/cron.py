@@ -23,14 +23,13 @@ from psycopg_pool import AsyncConnectionPool
 
 from .. import statements
 from ..crontab import ParsedCronItem
-from ..retry import retry_until_done
+from ..retry import CRON, retry_until_done
 
 __all__ = ["Clock", "CronScheduler", "SystemClock", "cron_timestamp"]
 
 logger = logging.getLogger("graphile_worker.cron")
 
 MINUTE = timedelta(minutes=1)
-_RETRY_DELAYS = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
 
 
 class Clock(Protocol):
@@ -85,7 +84,7 @@ class CronScheduler:
             self.register_and_backfill,
             start,
             logger=logger,
-            delays=_RETRY_DELAYS,
+            backoff=CRON,
         )
         ts = round_up_to_minute(start)
         while True:
@@ -104,7 +103,7 @@ class CronScheduler:
                     due,
                     False,
                     logger=logger,
-                    delays=_RETRY_DELAYS,
+                    backoff=CRON,
                 )
             ts += MINUTE
 

@@ -48,7 +48,8 @@ from typing import Any
 import psycopg
 
 from .. import statements
-from ..retry import DELAYS
+from ..db import WorkerConnections
+from ..retry import DEFAULT
 
 __all__ = ["Heartbeat"]
 
@@ -64,18 +65,17 @@ class Heartbeat:
 
     def __init__(
         self,
-        conninfo: str,
+        connections: WorkerConnections,
         *,
         schema: str,
-        pool_id: str,
         interval: float,
         timeout: float,
         on_released: Callable[[], None],
     ) -> None:
-        self.pool_id = pool_id
+        self.pool_id = pool_id = connections.pool_id
         self.interval = interval
         self.timeout = timeout
-        self._conninfo = conninfo
+        self._connections = connections
         self._schema = schema
         self._on_released = on_released
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -155,7 +155,7 @@ class Heartbeat:
         logged and retried sooner."""
         failures = 0
         while not self._stopping.wait(
-            self.interval if not failures else min(self.interval, _delay(failures))
+            self.interval if not failures else min(self.interval, DEFAULT.delay(failures))
         ):
             try:
                 self._beat()
@@ -169,12 +169,12 @@ class Heartbeat:
                     "Worker pool %s: heartbeat failed (%s); retrying in %.2fs",
                     self.pool_id,
                     " ".join(str(exc).split()) or type(exc).__name__,
-                    min(self.interval, _delay(failures)),
+                    min(self.interval, DEFAULT.delay(failures)),
                 )
 
     def _connection(self) -> psycopg.Connection[Any]:
         if self._conn is None or self._conn.closed:
-            self._conn = psycopg.Connection.connect(self._conninfo, autocommit=True)
+            self._conn = self._connections.connect_sync("heartbeat")
         return self._conn
 
     def _disconnect(self) -> None:
@@ -256,7 +256,3 @@ def _settle(future: asyncio.Future[None], error: BaseException | None) -> None:
         future.set_result(None)
     else:
         future.set_exception(error)
-
-
-def _delay(failures: int) -> float:
-    return DELAYS[min(failures, len(DELAYS)) - 1]

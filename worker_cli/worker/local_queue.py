@@ -1,0 +1,128 @@
+"""The local queue: jobs this pool has locked and not started yet.
+
+The fetcher fills it and the slots take from it, highest priority first. How
+much to fetch ahead is :func:`plan_fetch`: the idle slots, plus about
+``horizon`` seconds of work at the rate jobs are finishing, at most ``size``
+ahead. Fast jobs are then fetched hundreds at a time; slow ones are not
+hoarded, so other workers can take them. The rate is :class:`Rate`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from ..job import Job
+
+__all__ = ["FetchPlan", "LocalQueue", "Rate", "plan_fetch"]
+
+
+@dataclass(frozen=True, slots=True)
+class FetchPlan:
+    """What the fetcher should do now."""
+
+    #: Jobs to fetch now (0: none).
+    count: int
+    #: Wake the fetcher again once the local queue is this short.
+    refill_below: int
+
+
+def plan_fetch(
+    *,
+    concurrency: int,
+    size: int,
+    horizon: float,
+    rate: float,
+    running: int,
+    buffered: int,
+) -> FetchPlan:
+    """How many jobs to fetch, given ``running`` jobs, ``buffered`` waiting
+    locally and ``rate`` jobs finishing per second.
+
+    The target held ahead is ``rate * horizon`` jobs, at most ``size``
+    (``horizon`` infinite: always ``size``). Nothing is fetched while the
+    buffer covers the idle slots and more than half the target; otherwise the
+    fetch fills the idle slots and the target.
+    """
+    target = size if math.isinf(horizon) else min(size, math.ceil(rate * horizon))
+    refill_below = max(concurrency, target // 2)
+    idle = concurrency - running
+    if buffered >= idle and buffered > target // 2:
+        return FetchPlan(0, refill_below)
+    return FetchPlan(max(0, idle + target - buffered), refill_below)
+
+
+class Rate:
+    """Events per second: an exponentially weighted average of a running count,
+    sampled whenever the rate is read (the events since the last reading count
+    as spread evenly over the time since).
+
+    The time constant is short (50 ms, the default fetch-ahead horizon) so
+    that fetching ahead ramps up within a few fetches when a backlog appears:
+    the target (rate x horizon) then follows the jobs done so far, roughly
+    doubling fetch after fetch. With 1 s it took ~10,000 jobs to reach a local
+    queue of 500.
+    """
+
+    TAU = 0.05
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._value = 0.0
+        self._count = 0
+        self._at = clock()
+
+    def per_second(self, count: int) -> float:
+        """The rate, given the running count now."""
+        now = self._clock()
+        elapsed = now - self._at
+        if elapsed > 0:
+            kept = math.exp(-elapsed / self.TAU)
+            self._value = self._value * kept + (count - self._count) / elapsed * (1 - kept)
+            self._count, self._at = count, now
+        return self._value
+
+
+class LocalQueue:
+    """Fetched jobs waiting for a slot, in the order the database gives them
+    (priority, then run_at, then id), and the "stop" markers that end slots."""
+
+    def __init__(self) -> None:
+        self._queue: asyncio.PriorityQueue[tuple[float, float, int, Job | None]] = (
+            asyncio.PriorityQueue()
+        )
+        self._markers = itertools.count()
+
+    def __len__(self) -> int:
+        return self._queue.qsize()
+
+    def put(self, jobs: Sequence[Job]) -> None:
+        """Queue fetched jobs."""
+        for job in jobs:
+            self._queue.put_nowait((job.priority, job.run_at.timestamp(), job.id, job))
+
+    async def take(self) -> Job | None:
+        """The next job, waiting for one; None tells the slot to stop."""
+        return (await self._queue.get())[3]
+
+    def take_nowait(self) -> Job | None:
+        """The next job without waiting (raises ``asyncio.QueueEmpty``)."""
+        return self._queue.get_nowait()[3]
+
+    def drain(self) -> list[Job]:
+        """Remove and return every job not started yet."""
+        jobs = []
+        while not self._queue.empty():
+            job = self._queue.get_nowait()[3]
+            if job is not None:
+                jobs.append(job)
+        return jobs
+
+    def end_slots(self, count: int) -> None:
+        """Make the next ``count`` takes return None (after every queued job)."""
+        for _ in range(count):
+            self._queue.put_nowait((math.inf, next(self._markers), 0, None))

@@ -1,0 +1,90 @@
+"""Background upkeep of a pool: the poller and the sweeper.
+
+- The *poller* nudges the fetcher every ``poll_interval`` while the queue is
+  exhausted: due retries and scheduled jobs send no notification.
+- The *sweeper*, every 8-10 minutes (a random moment, so that workers started
+  together do not sweep together), deletes expired unique-job locks and
+  releases jobs and named queues locked for longer than the stale-lock
+  timeout (4 hours by default) by workers that crashed.
+
+Each is one loop (``run()``), cancelled by the pool when it stops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Callable
+from datetime import timedelta
+
+import psycopg
+
+from .. import statements
+from ..worker_utils import WorkerUtils, sweep_unique_locks
+
+__all__ = ["Poller", "Sweeper"]
+
+logger = logging.getLogger("graphile_worker")
+
+
+class Poller:
+    """Calls ``nudge`` every ``interval`` seconds while ``exhausted()``."""
+
+    def __init__(
+        self, interval: float, *, exhausted: Callable[[], bool], nudge: Callable[[], None]
+    ) -> None:
+        self._interval = interval
+        self._exhausted = exhausted
+        self._nudge = nudge
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(self._interval)
+            if self._exhausted():
+                self._nudge()
+
+
+class Sweeper:
+    """Frees what crashed workers left behind; ``on_released`` is called when
+    jobs or queues were released."""
+
+    def __init__(
+        self,
+        utils: WorkerUtils,
+        *,
+        schema: str,
+        stale_lock_timeout: timedelta,
+        interval: tuple[float, float],
+        on_released: Callable[[], None],
+    ) -> None:
+        self._utils = utils
+        self._release = statements.compose(statements.release_stale_locks, schema)
+        self._timeout = stale_lock_timeout
+        self._interval = interval
+        self._on_released = on_released
+
+    async def run(self) -> None:
+        low, high = self._interval
+        while True:
+            await asyncio.sleep(random.uniform(low, high))
+            await sweep_unique_locks(self._utils)
+            await self.release_stale_locks()
+
+    async def release_stale_locks(self) -> None:
+        """One sweep of stale locks; a failure is logged (the next sweep retries)."""
+        try:
+            async with self._utils.pool.connection() as conn:
+                cur = await conn.execute(self._release, {"lock_timeout": self._timeout})
+                row = await cur.fetchone()
+        except psycopg.Error as exc:
+            logger.warning("Stale lock sweep failed: %s", exc)
+            return
+        if row and (row[0] or row[1]):
+            logger.warning(
+                "Released %d job(s) and %d queue(s) locked for over %s by crashed workers",
+                row[0],
+                row[1],
+                self._timeout,
+            )
+            self._on_released()

@@ -1,0 +1,41 @@
+"""Waiting during a shutdown, bounded once the stop is forced."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+__all__ = ["cancel_and_wait", "wait_until_forced"]
+
+logger = logging.getLogger("graphile_worker")
+
+
+async def wait_until_forced(
+    awaitable: asyncio.Future[Any], forced: asyncio.Event, *, within: float | None = None
+) -> bool:
+    """Wait until ``awaitable`` is done, ``forced`` is set or ``within``
+    seconds have passed, whichever comes first; True if it is done."""
+    forced_wait = asyncio.ensure_future(forced.wait())
+    try:
+        await asyncio.wait(
+            {awaitable, forced_wait}, timeout=within, return_when=asyncio.FIRST_COMPLETED
+        )
+    finally:
+        forced_wait.cancel()
+    return awaitable.done()
+
+
+async def cancel_and_wait(task: asyncio.Future[Any], within: float = 2.0) -> None:
+    """Cancel ``task`` and wait for it to end, cancelling again while it resists
+    (psycopg answers a first cancellation by asking the server to cancel the
+    query, and waits for that). Gives up after ``within`` seconds."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
+    while not task.done():
+        task.cancel()
+        remaining = deadline - loop.time()
+        if remaining <= 0:
+            logger.warning("A shutdown step did not end when cancelled; left behind")
+            return
+        await asyncio.wait({task}, timeout=min(0.1, remaining))
