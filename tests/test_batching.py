@@ -19,8 +19,7 @@ import psycopg
 import pytest
 from dbhelpers import rows, value
 
-from worker_cli import Helpers, Job, Runner, WorkerUtils, run, run_once, statements
-from worker_cli.worker import WorkerPool
+from worker_cli import Helpers, Runner, WorkerUtils, run, run_once, statements
 from worker_cli.worker.fetcher import Fetcher
 
 

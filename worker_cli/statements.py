@@ -247,6 +247,11 @@ release_stale_locks = """
   select (select count(*) from jobs) as jobs, (select count(*) from queues) as queues
 """
 
+# The listener's channels: add_job notifies "jobs:insert"; a migration
+# notifies "worker:migrate" (breaking ones stop the pool).
+listen_jobs_insert = 'listen "jobs:insert"'
+listen_worker_migrate = 'listen "worker:migrate"'
+
 
 # --- Cron ---------------------------------------------------------------------
 

@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable
 
 import psycopg
 
+from .. import statements
 from ..db import WorkerConnections
 from ..events import Events
 from ..retry import RECONNECT, one_line
@@ -53,8 +54,8 @@ class Listener:
             self._events.emit("pool:listen:connecting", pool=self._owner)
             try:
                 async with await self._connections.connect("listen") as conn:
-                    await conn.execute('listen "jobs:insert"')
-                    await conn.execute('listen "worker:migrate"')
+                    await conn.execute(statements.listen_jobs_insert)
+                    await conn.execute(statements.listen_worker_migrate)
                     if failures:
                         logger.info("Worker pool %s: listening again", pool_id)
                         await self._on_reconnected()

@@ -39,7 +39,7 @@ from .listener import Listener
 from .local_queue import LocalQueue
 from .maintenance import Poller, Sweeper
 from .slots import Slots
-from .stopping import cancel_and_wait, wait_until_forced
+from .stopping import cancel_and_wait, log_unwritten, wait_until_forced
 
 if TYPE_CHECKING:
     from ..crontab import ParsedCronItem
@@ -326,7 +326,9 @@ class WorkerPool:
     async def _close(self, heartbeat: Heartbeat | None, db: Any, *, started: bool) -> None:
         forced = self._forced.is_set()
         self._utils = None
-        self._report_unwritten()
+        if self._held or self._fetcher.lost_fetch:
+            self.unwritten_job_ids = sorted(self._held)
+            log_unwritten(self.id, self.unwritten_job_ids, self._fetcher.lost_fetch, self.options)
         if heartbeat:
             # Beats on until every result is written; a pool that stops
             # holding jobs keeps its row, so that others release them.
@@ -339,32 +341,3 @@ class WorkerPool:
         self.events.emit("stop")
         # Async handlers (those of "stop" too) have run when run() returns.
         await self.events.aclose(within=1.0 if forced else None)
-
-    def _report_unwritten(self) -> None:
-        """After a forced stop: name the jobs whose results (or return) could not
-        be written; they stay locked by this pool until released."""
-        lost_fetch = self._fetcher.lost_fetch
-        if not self._held and not lost_fetch:
-            return
-        self.unwritten_job_ids = sorted(self._held)
-        release = (
-            f"once another worker declares this pool dead ({self.options.heartbeat_timeout:g}s "
-            "after its last heartbeat)"
-            if self.options.heartbeat_interval
-            else "by force_unlock_workers(['" + self.id + "']) or the 4-hour stale-lock sweep"
-        )
-        lost = (
-            "; a fetch was interrupted too, and the jobs it may have locked stay locked as well"
-            if lost_fetch
-            else ""
-        )
-        logger.error(
-            "Worker pool %s: stopped without writing back %d job(s) (ids: %s)%s. Unless a "
-            "write still in flight lands, they stay locked by this pool and will run again "
-            "%s: a job runs at least once, and these may already have run.",
-            self.id,
-            len(self.unwritten_job_ids),
-            ", ".join(map(str, self.unwritten_job_ids)) or "none",
-            lost,
-            release,
-        )

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["cancel_and_wait", "wait_until_forced"]
+from ..options import WorkerOptions
+
+__all__ = ["cancel_and_wait", "log_unwritten", "wait_until_forced"]
 
 logger = logging.getLogger("graphile_worker")
 
@@ -39,3 +42,31 @@ async def cancel_and_wait(task: asyncio.Future[Any], within: float = 2.0) -> Non
             logger.warning("A shutdown step did not end when cancelled; left behind")
             return
         await asyncio.wait({task}, timeout=min(0.1, remaining))
+
+
+def log_unwritten(
+    pool_id: str, job_ids: Sequence[int], lost_fetch: bool, options: WorkerOptions
+) -> None:
+    """After a forced stop: name the jobs whose results (or return) could not
+    be written; they stay locked by the pool until released."""
+    release = (
+        f"once another worker declares this pool dead ({options.heartbeat_timeout:g}s "
+        "after its last heartbeat)"
+        if options.heartbeat_interval
+        else "by force_unlock_workers(['" + pool_id + "']) or the 4-hour stale-lock sweep"
+    )
+    lost = (
+        "; a fetch was interrupted too, and the jobs it may have locked stay locked as well"
+        if lost_fetch
+        else ""
+    )
+    logger.error(
+        "Worker pool %s: stopped without writing back %d job(s) (ids: %s)%s. Unless a "
+        "write still in flight lands, they stay locked by this pool and will run again "
+        "%s: a job runs at least once, and these may already have run.",
+        pool_id,
+        len(job_ids),
+        ", ".join(map(str, job_ids)) or "none",
+        lost,
+        release,
+    )

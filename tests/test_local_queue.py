@@ -1,0 +1,104 @@
+"""The local queue's sizing rule and rate estimate, without a database."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from datetime import UTC, datetime
+
+import pytest
+
+from worker_cli.job import Job
+from worker_cli.worker.local_queue import LocalQueue, Rate, plan_fetch
+
+pytestmark = pytest.mark.unit
+
+
+def plan(**kwargs: float) -> tuple[int, int]:
+    args: dict[str, float] = {
+        "concurrency": 10,
+        "size": 200,
+        "horizon": 0.05,
+        "rate": 0.0,
+        "running": 0,
+        "buffered": 0,
+    }
+    args.update(kwargs)
+    result = plan_fetch(**args)  # type: ignore[arg-type]
+    return result.count, result.refill_below
+
+
+def test_an_idle_pool_with_no_history_fetches_for_its_idle_slots_only() -> None:
+    assert plan() == (10, 10)
+    assert plan(running=4) == (6, 10)
+
+
+def test_the_target_follows_the_rate_within_the_size() -> None:
+    # 2,000 jobs/s x 50 ms = 100 jobs ahead, plus the idle slots.
+    assert plan(rate=2000) == (110, 50)
+    # Capped by the size of the local queue.
+    assert plan(rate=1_000_000) == (210, 100)
+    # Slow jobs are not hoarded: 10 jobs/s x 50 ms rounds up to 1.
+    assert plan(rate=10, running=10) == (1, 10)
+
+
+def test_nothing_is_fetched_while_the_buffer_covers_idle_slots_and_half_the_target() -> None:
+    assert plan(rate=2000, running=10, buffered=51) == (0, 50)
+    # At half the target or below, it is topped up to the target.
+    assert plan(rate=2000, running=10, buffered=50) == (50, 50)
+    # Idle slots that the buffer does not cover are always filled.
+    assert plan(rate=2000, running=0, buffered=5) == (105, 50)
+
+
+def test_a_size_of_zero_fetches_only_for_idle_slots() -> None:
+    assert plan(size=0, rate=1_000_000, running=7) == (3, 10)
+    assert plan(size=0, rate=1_000_000, running=10) == (0, 10)
+
+
+def test_an_infinite_horizon_keeps_the_queue_full() -> None:
+    assert plan(horizon=math.inf, running=10, buffered=100) == (100, 100)
+    assert plan(horizon=math.inf, running=10, buffered=101) == (0, 100)
+
+
+def test_the_rate_is_an_average_that_follows_the_count() -> None:
+    now = [0.0]
+    rate = Rate(clock=lambda: now[0])
+    assert rate.per_second(0) == 0
+    now[0] = 0.05  # one time constant: 100 jobs in 50 ms is 2,000/s
+    assert rate.per_second(100) == pytest.approx(2000 * (1 - math.exp(-1)))
+    for _ in range(20):  # steady 2,000/s
+        now[0] += 0.05
+        count = round(now[0] * 2000)
+        value = rate.per_second(count)
+    assert value == pytest.approx(2000, rel=0.01)
+    now[0] += 1.0  # a second with nothing done: the rate decays to ~0
+    assert rate.per_second(count) < 1
+
+
+def _job(id_: int, priority: int, run_at: float) -> Job:
+    values = dict.fromkeys(Job._fields)
+    values.update(
+        id=id_,
+        priority=priority,
+        run_at=datetime.fromtimestamp(run_at, UTC),
+        task_identifier="t",
+    )
+    return Job(**values)  # type: ignore[arg-type]
+
+
+async def test_slots_take_the_highest_priority_then_the_oldest_then_markers_last() -> None:
+    queue = LocalQueue()
+    queue.put([_job(1, 5, 100), _job(2, 0, 200), _job(3, 0, 100), _job(4, 0, 100)])
+    queue.end_slots(2)
+    taken = [queue.take_nowait() for _ in range(6)]
+    assert [job.id if job else None for job in taken] == [3, 4, 2, 1, None, None]
+    with pytest.raises(asyncio.QueueEmpty):
+        queue.take_nowait()
+
+
+async def test_draining_returns_the_unstarted_jobs_and_keeps_the_markers_out() -> None:
+    queue = LocalQueue()
+    queue.put([_job(1, 0, 1), _job(2, 0, 2)])
+    queue.end_slots(1)
+    assert sorted(job.id for job in queue.drain()) == [1, 2]
+    assert len(queue) == 0
