@@ -22,10 +22,11 @@ import asyncio
 import logging
 import math
 import secrets
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from typing import TYPE_CHECKING, Any
 
 import psycopg
+from psycopg_pool import AsyncConnectionPool
 
 from ..db import WorkerConnections
 from ..events import Events
@@ -245,7 +246,7 @@ class WorkerPool:
         finally:
             slots.close()
 
-    def _background(self, utils: WorkerUtils) -> list[Any]:
+    def _background(self, utils: WorkerUtils) -> list[Coroutine[Any, Any, None]]:
         """The loops that run beside the pipeline (not with ``once``)."""
         if self.once:
             return []
@@ -323,7 +324,9 @@ class WorkerPool:
             if task.done() and not task.cancelled():
                 task.result()  # raise its error
 
-    async def _close(self, heartbeat: Heartbeat | None, db: Any, *, started: bool) -> None:
+    async def _close(
+        self, heartbeat: Heartbeat | None, db: AsyncConnectionPool[Any], *, started: bool
+    ) -> None:
         forced = self._forced.is_set()
         self._utils = None
         if self._held or self._fetcher.lost_fetch:
