@@ -12,7 +12,36 @@ from typing import LiteralString
 
 from psycopg import sql
 
-__all__ = ["compose"]
+__all__ = ["JOB_COLUMNS", "UNIQUE_RESULT_COLUMNS", "compose"]
+
+# The columns of a job row, in this order, as every statement returning jobs
+# selects them: the first fields of job.Job, which reads them by position.
+JOB_COLUMNS: tuple[LiteralString, ...] = (
+    "id",
+    "job_queue_id",
+    "task_id",
+    "payload",
+    "priority",
+    "run_at",
+    "attempts",
+    "max_attempts",
+    "last_error",
+    "created_at",
+    "updated_at",
+    "key",
+    "locked_at",
+    "locked_by",
+    "revision",
+    "flags",
+    "is_available",
+)
+
+
+def _job_columns(row: LiteralString) -> LiteralString:
+    """The select list of :data:`JOB_COLUMNS`, taken from ``row`` (an alias or a
+    parenthesised composite value)."""
+    return ", ".join(row + "." + column for column in JOB_COLUMNS)
+
 
 # The functions return _private_jobs rows; job_names then looks up the task
 # identifiers and queue names behind them. It must be a separate statement: a
@@ -29,7 +58,7 @@ job_names = """
 
 
 def _returning_jobs(call: LiteralString) -> LiteralString:
-    return "select j.* from " + call + " as j"
+    return "select " + _job_columns("j") + " from " + call + " as j"
 
 
 # add_job's arguments, shared by add_job and py_add_job (add_unique_job).
@@ -373,14 +402,19 @@ status_now = """
 # a rule cost nothing more.
 
 
+# The first columns of a unique add's result rows; the existing or new job's
+# JOB_COLUMNS follow (all null when the existing job has already succeeded).
+UNIQUE_RESULT_COLUMNS: tuple[LiteralString, ...] = (
+    "job_id",
+    "conflict",
+    "conflict_state",
+    "replaced",
+)
+
+
 def _returning_unique_results(call: LiteralString) -> LiteralString:
-    # The existing or new job is expanded into the columns of _private_jobs
-    # (all null when the existing job has already succeeded).
-    return (
-        "select r.job_id, r.conflict, r.conflict_state, r.replaced, (r.job).* from "
-        + call
-        + " as r"
-    )
+    result = ", ".join("r." + column for column in UNIQUE_RESULT_COLUMNS)
+    return "select " + result + ", " + _job_columns("(r.job)") + " from " + call + " as r"
 
 
 add_unique_job = _returning_unique_results(
@@ -408,7 +442,8 @@ add_unique_jobs = (
 
 # remove_job, and the uniqueness lock its job held: a job an administrator
 # removed does not block duplicates.
-remove_job_releasing_unique_lock = """
+remove_job_releasing_unique_lock = (
+    """
   with removed as (
     select j.* from {schema}.remove_job(%(job_key)s) as j where j.id is not null
   ),
@@ -416,8 +451,11 @@ remove_job_releasing_unique_lock = """
     delete from {schema}._private_py_unique_locks as l
     where l.job_id in (select removed.id from removed)
   )
-  select * from removed
+  select """
+    + _job_columns("removed")
+    + """ from removed
 """
+)
 
 # DELETE_PERMAFAILED_JOBS, and the uniqueness locks of the deleted jobs: a
 # job row that disappears otherwise looks like a success.
