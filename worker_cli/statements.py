@@ -541,3 +541,12 @@ heartbeat_reap = """
 heartbeat_remove = """
   delete from {schema}._private_py_heartbeats where pool_id = %(pool_id)s
 """
+
+
+# --- Schema probing (worker_cli/schema.py) ----------------------------------------
+
+# Whether the schema has the unique-jobs table (Python migration 1); the schema
+# name is a bound value here, as in status_installed.
+unique_tables_installed = """
+  select to_regclass(format('%%I._private_py_unique_locks', %(schema)s::text)) is not null
+"""
