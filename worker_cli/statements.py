@@ -550,3 +550,51 @@ heartbeat_remove = """
 unique_tables_installed = """
   select to_regclass(format('%%I._private_py_unique_locks', %(schema)s::text)) is not null
 """
+
+# --- Migrations (worker_cli/migrate.py; the scripts themselves are files) --------
+
+# Serialises the Python migrators of one schema, until the transaction ends.
+migration_lock = """
+  select pg_advisory_xact_lock(%(namespace)s, hashtext(%(schema)s::text))
+"""
+
+# The latest revision and the latest breaking one (fails on a table older than
+# graphile-worker 0.11, which has no "breaking" column).
+migration_state = """
+  select max(id), max(id) filter (where breaking) from {schema}.migrations
+"""
+
+migrations_recorded = """
+  select exists (select 1 from {schema}.migrations)
+"""
+
+# Revisions 1-16 at once (base.sql), with Node's breaking flags.
+record_base_migrations = """
+  insert into {schema}.migrations (id, breaking)
+  select n, n = any(%(breaking)s::int[]) from unnest(%(ids)s::int[]) as n
+"""
+
+migration_recorded = """
+  select exists (select 1 from {schema}.migrations where id = %(id)s)
+"""
+
+record_migration = """
+  insert into {schema}.migrations (id, breaking) values (%(id)s, %(breaking)s)
+"""
+
+py_migrations_recorded = """
+  select id from {schema}._private_py_migrations
+"""
+
+py_migration_recorded = """
+  select exists (select 1 from {schema}._private_py_migrations where id = %(id)s)
+"""
+
+record_py_migration = """
+  insert into {schema}._private_py_migrations (id) values (%(id)s)
+"""
+
+# Tells listening workers (Node's too) that a revision was applied.
+notify_migrated = """
+  select pg_notify('worker:migrate', %(payload)s)
+"""
