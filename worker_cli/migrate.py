@@ -28,6 +28,7 @@ import psycopg
 from psycopg import errors as pg_errors
 from psycopg import sql
 
+from . import statements
 from .errors import IncompatibleSchemaError, MigrationError, UnsupportedPostgresError
 
 __all__ = [
@@ -197,11 +198,8 @@ async def _read_state(
     conn: psycopg.AsyncConnection[Any], schema: str
 ) -> tuple[int, int | None] | None:
     """(latest revision, latest breaking revision), or None if nothing is installed."""
-    query = sql.SQL("select max(id), max(id) filter (where breaking) from {}.migrations").format(
-        sql.Identifier(schema)
-    )
     try:
-        cur = await conn.execute(query)
+        cur = await conn.execute(statements.compose(statements.migration_state, schema))
     except (pg_errors.UndefinedTable, pg_errors.InvalidSchemaName):
         return None
     except pg_errors.UndefinedColumn:
@@ -216,16 +214,30 @@ async def _read_state(
 
 
 async def _lock(conn: psycopg.AsyncConnection[Any], schema: str) -> None:
-    await conn.execute("select pg_advisory_xact_lock(%s, hashtext(%s))", (_LOCK_NAMESPACE, schema))
+    await conn.execute(
+        statements.compose(statements.migration_lock, schema),
+        {"namespace": _LOCK_NAMESPACE, "schema": schema},
+    )
 
 
-async def _notify_migrated(conn: psycopg.AsyncConnection[Any], numbers: Iterable[int]) -> None:
+async def _exists(conn: psycopg.AsyncConnection[Any], query: sql.Composed, **params: Any) -> bool:
+    """The answer of a ``select exists (...)`` statement."""
+    cur = await conn.execute(query, params)
+    row = await cur.fetchone()
+    return bool(row and row[0])
+
+
+async def _notify_migrated(
+    conn: psycopg.AsyncConnection[Any], schema: str, numbers: Iterable[int]
+) -> None:
     for number in numbers:
         payload = json.dumps(
             {"migrationNumber": number, "breaking": number in BREAKING_REVISIONS},
             separators=(",", ":"),
         )
-        await conn.execute("select pg_notify('worker:migrate', %s)", (payload,))
+        await conn.execute(
+            statements.compose(statements.notify_migrated, schema), {"payload": payload}
+        )
 
 
 async def _install_base(
@@ -237,24 +249,15 @@ async def _install_base(
         async with conn.transaction():
             await _lock(conn, schema)
             await conn.execute(compose_script(files.read("bootstrap.sql"), schema))
-            cur = await conn.execute(
-                sql.SQL("select exists (select 1 from {}.migrations)").format(
-                    sql.Identifier(schema)
-                )
-            )
-            row = await cur.fetchone()
-            if row and row[0]:
+            if await _exists(conn, statements.compose(statements.migrations_recorded, schema)):
                 return False
             await conn.execute(
-                sql.SQL(
-                    "insert into {}.migrations (id, breaking) "
-                    "select n, n = any(%s) from unnest(%s::int[]) as n"
-                ).format(sql.Identifier(schema)),
-                (sorted(BREAKING_REVISIONS), numbers),
+                statements.compose(statements.record_base_migrations, schema),
+                {"breaking": sorted(BREAKING_REVISIONS), "ids": numbers},
             )
             await conn.execute(compose_script(files.read("base.sql"), schema))
             await conn.execute(compose_script(files.read("functions.sql"), schema))
-            await _notify_migrated(conn, numbers)
+            await _notify_migrated(conn, schema, numbers)
     except _CLASH_ERRORS:
         logger.debug("another migrator installed schema %s first", schema)
         return False
@@ -266,25 +269,21 @@ async def _apply_revision(
     conn: psycopg.AsyncConnection[Any], schema: str, files: MigrationFiles, number: int
 ) -> bool:
     """Apply one revision; False if another migrator already had."""
-    migrations = sql.Identifier(schema, "migrations")
     try:
         async with conn.transaction():
             await _lock(conn, schema)
-            cur = await conn.execute(
-                sql.SQL("select exists (select 1 from {} where id = %s)").format(migrations),
-                (number,),
-            )
-            row = await cur.fetchone()
-            if row and row[0]:
+            if await _exists(
+                conn, statements.compose(statements.migration_recorded, schema), id=number
+            ):
                 return False
             # The row goes in first, so a racing Node migrator waits on it.
             await conn.execute(
-                sql.SQL("insert into {} (id, breaking) values (%s, %s)").format(migrations),
-                (number, number in BREAKING_REVISIONS),
+                statements.compose(statements.record_migration, schema),
+                {"id": number, "breaking": number in BREAKING_REVISIONS},
             )
             await conn.execute(compose_script(files.revision(number), schema))
             await conn.execute(compose_script(files.read("functions.sql"), schema))
-            await _notify_migrated(conn, [number])
+            await _notify_migrated(conn, schema, [number])
     except _CLASH_ERRORS:
         logger.debug("another migrator applied revision %d first", number)
         return False
@@ -299,9 +298,8 @@ async def _apply_py_migrations(
     numbers = files.py_revisions()
     if not numbers:
         return []
-    record = sql.Identifier(schema, "_private_py_migrations")
     try:
-        cur = await conn.execute(sql.SQL("select id from {}").format(record))
+        cur = await conn.execute(statements.compose(statements.py_migrations_recorded, schema))
         done = {int(row[0]) for row in await cur.fetchall()}
     except pg_errors.UndefinedTable:
         done = set()
@@ -311,14 +309,13 @@ async def _apply_py_migrations(
         async with conn.transaction():
             await _lock(conn, schema)
             await conn.execute(compose_script(files.read("py/record.sql"), schema))
-            cur = await conn.execute(
-                sql.SQL("select exists (select 1 from {} where id = %s)").format(record),
-                (number,),
-            )
-            row = await cur.fetchone()
-            if row and row[0]:
+            if await _exists(
+                conn, statements.compose(statements.py_migration_recorded, schema), id=number
+            ):
                 continue
-            await conn.execute(sql.SQL("insert into {} (id) values (%s)").format(record), (number,))
+            await conn.execute(
+                statements.compose(statements.record_py_migration, schema), {"id": number}
+            )
             await conn.execute(compose_script(files.read(f"py/{number:06d}.sql"), schema))
         applied.append(number)
         logger.info("applied Python-only migration %d to %s", number, schema)

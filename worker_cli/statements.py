@@ -12,7 +12,36 @@ from typing import LiteralString
 
 from psycopg import sql
 
-__all__ = ["compose"]
+__all__ = ["JOB_COLUMNS", "UNIQUE_RESULT_COLUMNS", "compose"]
+
+# The columns of a job row, in this order, as every statement returning jobs
+# selects them: the first fields of job.Job, which reads them by position.
+JOB_COLUMNS: tuple[LiteralString, ...] = (
+    "id",
+    "job_queue_id",
+    "task_id",
+    "payload",
+    "priority",
+    "run_at",
+    "attempts",
+    "max_attempts",
+    "last_error",
+    "created_at",
+    "updated_at",
+    "key",
+    "locked_at",
+    "locked_by",
+    "revision",
+    "flags",
+    "is_available",
+)
+
+
+def _job_columns(row: LiteralString) -> LiteralString:
+    """The select list of :data:`JOB_COLUMNS`, taken from ``row`` (an alias or a
+    parenthesised composite value)."""
+    return ", ".join(row + "." + column for column in JOB_COLUMNS)
+
 
 # The functions return _private_jobs rows; job_names then looks up the task
 # identifiers and queue names behind them. It must be a separate statement: a
@@ -29,7 +58,7 @@ job_names = """
 
 
 def _returning_jobs(call: LiteralString) -> LiteralString:
-    return "select j.* from " + call + " as j"
+    return "select " + _job_columns("j") + " from " + call + " as j"
 
 
 # add_job's arguments, shared by add_job and py_add_job (add_unique_job).
@@ -378,14 +407,19 @@ status_now = """
 # a rule cost nothing more.
 
 
+# The first columns of a unique add's result rows; the existing or new job's
+# JOB_COLUMNS follow (all null when the existing job has already succeeded).
+UNIQUE_RESULT_COLUMNS: tuple[LiteralString, ...] = (
+    "job_id",
+    "conflict",
+    "conflict_state",
+    "replaced",
+)
+
+
 def _returning_unique_results(call: LiteralString) -> LiteralString:
-    # The existing or new job is expanded into the columns of _private_jobs
-    # (all null when the existing job has already succeeded).
-    return (
-        "select r.job_id, r.conflict, r.conflict_state, r.replaced, (r.job).* from "
-        + call
-        + " as r"
-    )
+    result = ", ".join("r." + column for column in UNIQUE_RESULT_COLUMNS)
+    return "select " + result + ", " + _job_columns("(r.job)") + " from " + call + " as r"
 
 
 add_unique_job = _returning_unique_results(
@@ -413,7 +447,8 @@ add_unique_jobs = (
 
 # remove_job, and the uniqueness lock its job held: a job an administrator
 # removed does not block duplicates.
-remove_job_releasing_unique_lock = """
+remove_job_releasing_unique_lock = (
+    """
   with removed as (
     select j.* from {schema}.remove_job(%(job_key)s) as j where j.id is not null
   ),
@@ -421,8 +456,11 @@ remove_job_releasing_unique_lock = """
     delete from {schema}._private_py_unique_locks as l
     where l.job_id in (select removed.id from removed)
   )
-  select * from removed
+  select """
+    + _job_columns("removed")
+    + """ from removed
 """
+)
 
 # DELETE_PERMAFAILED_JOBS, and the uniqueness locks of the deleted jobs: a
 # job row that disappears otherwise looks like a success.
@@ -507,4 +545,61 @@ heartbeat_reap = """
 # A pool stopping cleanly (every result written) forgets its heartbeat.
 heartbeat_remove = """
   delete from {schema}._private_py_heartbeats where pool_id = %(pool_id)s
+"""
+
+
+# --- Schema probing (worker_cli/schema.py) ----------------------------------------
+
+# Whether the schema has the unique-jobs table (Python migration 1); the schema
+# name is a bound value here, as in status_installed.
+unique_tables_installed = """
+  select to_regclass(format('%%I._private_py_unique_locks', %(schema)s::text)) is not null
+"""
+
+# --- Migrations (worker_cli/migrate.py; the scripts themselves are files) --------
+
+# Serialises the Python migrators of one schema, until the transaction ends.
+migration_lock = """
+  select pg_advisory_xact_lock(%(namespace)s, hashtext(%(schema)s::text))
+"""
+
+# The latest revision and the latest breaking one (fails on a table older than
+# graphile-worker 0.11, which has no "breaking" column).
+migration_state = """
+  select max(id), max(id) filter (where breaking) from {schema}.migrations
+"""
+
+migrations_recorded = """
+  select exists (select 1 from {schema}.migrations)
+"""
+
+# Revisions 1-16 at once (base.sql), with Node's breaking flags.
+record_base_migrations = """
+  insert into {schema}.migrations (id, breaking)
+  select n, n = any(%(breaking)s::int[]) from unnest(%(ids)s::int[]) as n
+"""
+
+migration_recorded = """
+  select exists (select 1 from {schema}.migrations where id = %(id)s)
+"""
+
+record_migration = """
+  insert into {schema}.migrations (id, breaking) values (%(id)s, %(breaking)s)
+"""
+
+py_migrations_recorded = """
+  select id from {schema}._private_py_migrations
+"""
+
+py_migration_recorded = """
+  select exists (select 1 from {schema}._private_py_migrations where id = %(id)s)
+"""
+
+record_py_migration = """
+  insert into {schema}._private_py_migrations (id) values (%(id)s)
+"""
+
+# Tells listening workers (Node's too) that a revision was applied.
+notify_migrated = """
+  select pg_notify('worker:migrate', %(payload)s)
 """

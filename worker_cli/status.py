@@ -83,7 +83,10 @@ async def read_status(connection_string: str | None = None, *, schema: str | Non
             await conn.set_read_only(True)
             await conn.set_isolation_level(IsolationLevel.REPEATABLE_READ)
             async with conn.transaction():
-                cur = await conn.execute(statements.status_installed, {"schema": schema_name})
+                cur = await conn.execute(
+                    statements.compose(statements.status_installed, schema_name),
+                    {"schema": schema_name},
+                )
                 installed = await cur.fetchone()
                 if not installed or not installed[0]:
                     raise SchemaNotInstalledError(

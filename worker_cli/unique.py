@@ -19,11 +19,13 @@ from datetime import timedelta
 from typing import Any, Literal, NamedTuple, TypeAlias
 
 from .errors import JobSpecError
-from .job import Job
+from .job import Job, decode_jobs
+from .statements import UNIQUE_RESULT_COLUMNS
 
 __all__ = [
     "DEFAULT_BY",
     "DEFAULT_STATES",
+    "JOB_COLUMNS_FROM",
     "MAX_PERIOD",
     "ReplaceField",
     "UniqueField",
@@ -34,6 +36,9 @@ __all__ = [
     "UniqueState",
     "UniqueTimestamp",
     "UniqueUntil",
+    "check_keys_payload",
+    "results_from_rows",
+    "rules_for_specs",
 ]
 
 UniqueField: TypeAlias = Literal["task", "queue", "payload", "flags"]
@@ -173,6 +178,56 @@ class UniqueJobResult(NamedTuple):
     job_id: int
     conflict_state: UniqueState | None = None
     replaced: bool = False
+
+
+#: Where the job's columns start in a result row of ``add_unique_job(s)``.
+JOB_COLUMNS_FROM = len(UNIQUE_RESULT_COLUMNS)
+
+
+def results_from_rows(
+    rows: Sequence[Sequence[Any]], task_names: Mapping[int, str], queue_names: Mapping[int, str]
+) -> list[UniqueJobResult]:
+    """Results from rows of ``add_unique_job(s)``: statements.UNIQUE_RESULT_COLUMNS,
+    then the job's columns (all null for a job that has already succeeded),
+    read with :func:`~worker_cli.job.read_payloads_raw`."""
+    found = [row for row in rows if row[JOB_COLUMNS_FROM] is not None]
+    jobs = iter(decode_jobs(found, task_names, queue_names, first=JOB_COLUMNS_FROM))
+    return [
+        UniqueJobResult(
+            next(jobs) if row[JOB_COLUMNS_FROM] is not None else None,
+            **dict(zip(UNIQUE_RESULT_COLUMNS, row, strict=False)),
+        )
+        for row in rows
+    ]
+
+
+def rules_for_specs(
+    unique: UniqueSpec | Sequence[UniqueSpec | None], payloads: Sequence[Any]
+) -> dict[str, Any] | list[dict[str, Any] | None]:
+    """The rules of ``add_jobs(specs, unique=...)`` as JSON: one object for all
+    specs, or one (or None) per spec; ``payloads`` are those of the specs."""
+    if isinstance(unique, UniqueRule | Mapping):
+        rule = UniqueRule.coerce(unique).to_json()
+        for index, payload in enumerate(payloads):
+            check_keys_payload(rule, payload, field=f"specs[{index}].unique")
+        return rule
+    if isinstance(unique, str | bytes) or not isinstance(unique, Sequence):
+        raise UniqueRuleError(
+            "unique", "must be a rule (a UniqueRule or a dict) or a list with one per spec"
+        )
+    if len(unique) != len(payloads):
+        raise UniqueRuleError(
+            "unique", f"has {len(unique)} rules for {len(payloads)} specs; give one per spec"
+        )
+    rules: list[dict[str, Any] | None] = []
+    for index, (item, payload) in enumerate(zip(unique, payloads, strict=True)):
+        if item is None:
+            rules.append(None)
+            continue
+        rule = UniqueRule.coerce(item, field=f"unique[{index}]").to_json(field=f"unique[{index}]")
+        check_keys_payload(rule, payload, field=f"unique[{index}]")
+        rules.append(rule)
+    return rules
 
 
 def check_keys_payload(rule: Mapping[str, Any], payload: Any, field: str = "unique") -> None:

@@ -4,6 +4,11 @@
 
     async with make_worker_utils(connection_string=URL) as utils:
         job = await utils.add_job("send_email", {"to": "a@b.c"}, queue_name="mail")
+
+This module is the facade: the SQL is in :mod:`worker_cli.statements`, the
+statements returning jobs are sent by :mod:`worker_cli.job_queries`, the held
+connection is :mod:`worker_cli.held_connection`'s, and :mod:`worker_cli.cleanup`
+and :mod:`worker_cli.schema` hold cleanup and schema probing.
 """
 
 from __future__ import annotations
@@ -11,24 +16,25 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import AsyncIterator, Mapping, Sequence
-from contextlib import asynccontextmanager, nullcontext
-from contextvars import ContextVar
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from datetime import datetime
-from typing import Any, Literal, LiteralString, TypeAlias, overload
+from typing import Any, LiteralString, overload
 
 import psycopg
-from psycopg import errors as pg_errors
-from psycopg import sql
 from psycopg_pool import AsyncConnectionPool
 
 from . import statements
+from .cleanup import CLEANUP_STATEMENTS, CleanupTask, check_cleanup_tasks, delete_unique_locks
 from .config import load_dotenv_file, resolve_connection_string, resolve_schema
 from .db import check_connection
-from .errors import GraphileWorkerError, JobSpecError, SchemaNotInstalledError
-from .job import Job, parse_payloads, read_payloads_raw
+from .errors import GraphileWorkerError, JobSpecError
+from .held_connection import holding_connection, pool_connection
+from .job import Job
+from .job_queries import JobQueries, encode_specs, spec_record
 from .job_spec import JobKeyMode, JobSpec, TaskSpec, encode_payload, validate_identifier
 from .migrate import MigrationReport, migrate
-from .unique import UniqueJobResult, UniqueRule, UniqueRuleError, UniqueSpec, check_keys_payload
+from .schema import autocommit, unique_installed
+from .unique import UniqueJobResult, UniqueRule, UniqueSpec, check_keys_payload, rules_for_specs
 
 __all__ = [
     "CleanupTask",
@@ -40,48 +46,6 @@ __all__ = [
 
 logger = logging.getLogger("graphile_worker")
 
-CleanupTask: TypeAlias = Literal[
-    "GC_TASK_IDENTIFIERS", "GC_JOB_QUEUES", "DELETE_PERMAFAILED_JOBS", "GC_UNIQUE_LOCKS"
-]
-_CLEANUP_STATEMENTS: dict[str, LiteralString] = {
-    # Permafailed jobs first, so the queues and tasks they used can go too.
-    "DELETE_PERMAFAILED_JOBS": statements.delete_permafailed_jobs,
-    "GC_JOB_QUEUES": statements.gc_job_queues,
-    "GC_TASK_IDENTIFIERS": statements.gc_task_identifiers,
-    # Not a statement: see WorkerUtils.gc_unique_locks.
-    "GC_UNIQUE_LOCKS": statements.gc_unique_locks,
-}
-#: Specs per statement when add_jobs pipelines a large batch (see
-#: WorkerUtils._add_jobs_in_chunks); measured with tests/benchmark.py --extras.
-_ADD_JOBS_CHUNK = 5000
-#: Uniqueness locks deleted per transaction by gc_unique_locks.
-_GC_UNIQUE_BATCH = 500
-
-# What PostgreSQL says when the schema, or one of its objects, is not there.
-_SCHEMA_MISSING = (
-    pg_errors.UndefinedFunction,
-    pg_errors.UndefinedTable,
-    pg_errors.InvalidSchemaName,
-)
-
-
-class _Held:
-    """A connection held by :meth:`WorkerUtils.holding_connection`, with its
-    pool, while the block runs. Tasks spawned inside the block inherit the
-    context variable pointing here; once the block has ended (and the
-    connection has gone back to the pool), ``active`` tells them not to use it."""
-
-    __slots__ = ("active", "conn", "pool")
-
-    def __init__(self, pool: AsyncConnectionPool[Any], conn: psycopg.AsyncConnection[Any]) -> None:
-        self.pool = pool
-        self.conn = conn
-        self.active = True
-
-
-#: The connection a task holds in ``helpers.with_pg_client()``.
-_held_connection: ContextVar[_Held] = ContextVar("graphile_worker_held_connection")
-
 
 class WorkerUtils:
     """Job administration over a connection pool; see :func:`make_worker_utils`."""
@@ -92,30 +56,16 @@ class WorkerUtils:
         # Whether the unique-jobs table exists (None: not checked yet).
         self._unique_tables: bool | None = None
 
-    @asynccontextmanager
-    async def connection(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+    def connection(self) -> AbstractAsyncContextManager[psycopg.AsyncConnection[Any]]:
         """A connection from the pool; inside :meth:`holding_connection` on the same
         pool (the same asyncio task), the connection held there. Taking a second
         one could wait forever: tasks holding connections can exhaust the pool."""
-        held = _held_connection.get(None)
-        if held is not None and held.active and held.pool is self.pool:
-            yield held.conn
-            return
-        async with self.pool.connection() as conn:
-            yield conn
+        return pool_connection(self.pool)
 
-    @asynccontextmanager
-    async def holding_connection(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+    def holding_connection(self) -> AbstractAsyncContextManager[psycopg.AsyncConnection[Any]]:
         """A connection for the block, which this pool's methods called inside it
         use too (so they also join any transaction open on it)."""
-        async with self.connection() as conn:
-            held = _Held(self.pool, conn)
-            token = _held_connection.set(held)
-            try:
-                yield conn
-            finally:
-                held.active = False
-                _held_connection.reset(token)
+        return holding_connection(self.pool)
 
     @overload
     async def add_job(
@@ -236,59 +186,24 @@ class WorkerUtils:
         :class:`UniqueJobResult` in the order of ``specs``.
         """
         if unique is None:
-            return await self._add_jobs_in_chunks(specs, job_key_preserve_run_at)
-        records = [_spec_record(raw, index) for index, raw in enumerate(specs)]
-        rules = _unique_rules(unique, records)
+            if not specs:
+                return []
+            async with self.connection() as conn:
+                return await JobQueries(conn, self.schema).insert_jobs(
+                    specs, job_key_preserve_run_at
+                )
+        records = [spec_record(raw, index) for index, raw in enumerate(specs)]
+        rules = rules_for_specs(unique, [record["payload"] for record in records])
         if not records:
             return []
         return await self._fetch_unique(
             statements.add_unique_jobs,
             {
-                "specs": _encode_specs(records),
+                "specs": encode_specs(records),
                 "unique_rules": json.dumps(rules),
                 "job_key_preserve_run_at": job_key_preserve_run_at,
             },
         )
-
-    async def _add_jobs_in_chunks(
-        self, specs: Sequence[JobSpec | Mapping[str, Any]], job_key_preserve_run_at: bool
-    ) -> list[Job]:
-        """``add_jobs``: one statement per chunk of specs, in one transaction.
-
-        A large batch goes out in a pipeline: the database inserts one chunk
-        while the next is checked and encoded. A bad spec in a later chunk
-        rolls back the earlier ones, so the call stays all-or-nothing.
-        """
-        if not specs:
-            return []
-        statement = statements.compose(statements.add_jobs, self.schema)
-        keys: dict[str, int] = {}
-        size = _ADD_JOBS_CHUNK
-        async with self.connection() as conn:
-            try:
-                async with (
-                    conn.transaction(),
-                    conn.pipeline() if len(specs) > size else nullcontext(),
-                ):
-                    cursors = []
-                    for start in range(0, len(specs), size):
-                        records = [
-                            _spec_record(raw, index, keys)
-                            for index, raw in enumerate(specs[start : start + size], start)
-                        ]
-                        cur = _raw_payload_cursor(conn)
-                        await cur.execute(
-                            statement,
-                            {
-                                "specs": _encode_specs(records, start),
-                                "job_key_preserve_run_at": job_key_preserve_run_at,
-                            },
-                        )
-                        cursors.append(cur)
-                    rows = [row for cur in cursors for row in await cur.fetchall()]
-                    return await self._jobs_from_rows(conn, rows)
-            except _SCHEMA_MISSING as exc:
-                raise self._not_installed(exc) from exc
 
     async def remove_job(self, job_key: str) -> Job | None:
         """Delete the pending job with this key; a running one is kept from retrying."""
@@ -352,13 +267,8 @@ class WorkerUtils:
     ) -> None:
         """Delete unused queues, unused task identifiers, permanently failed jobs
         and/or expired uniqueness locks (``GC_UNIQUE_LOCKS``)."""
-        unknown = [task for task in tasks if task not in _CLEANUP_STATEMENTS]
-        if unknown:
-            raise ValueError(
-                f"unknown cleanup task(s) {', '.join(unknown)}; "
-                f"expected {', '.join(_CLEANUP_STATEMENTS)}"
-            )
-        for name, statement in _CLEANUP_STATEMENTS.items():
+        check_cleanup_tasks(tasks)
+        for name, statement in CLEANUP_STATEMENTS.items():
             if name not in tasks:
                 continue
             if name == "GC_UNIQUE_LOCKS":
@@ -379,20 +289,12 @@ class WorkerUtils:
         """
         if not await self._unique_installed():
             return 0
-        query = statements.compose(statements.gc_unique_locks, self.schema)
-        total = 0
-        async with self.pool.connection() as conn, _autocommit(conn):
-            while True:
-                cur = await conn.execute(query, {"max_rows": _GC_UNIQUE_BATCH})
-                row = await cur.fetchone()
-                deleted = int(row[0]) if row else 0
-                total += deleted
-                if deleted < _GC_UNIQUE_BATCH:
-                    return total
+        async with self.pool.connection() as conn, autocommit(conn):
+            return await delete_unique_locks(conn, self.schema)
 
     async def migrate(self) -> MigrationReport:
         """Install or upgrade the schema (see :func:`worker_cli.migrate.migrate`)."""
-        async with self.pool.connection() as conn, _autocommit(conn):
+        async with self.pool.connection() as conn, autocommit(conn):
             try:
                 return await migrate(conn, self.schema)
             finally:
@@ -400,150 +302,24 @@ class WorkerUtils:
 
     async def _fetch(self, statement: LiteralString, params: Mapping[str, Any]) -> list[Job]:
         async with self.connection() as conn:
-            try:
-                cur = _raw_payload_cursor(conn)
-                await cur.execute(statements.compose(statement, self.schema), params)
-                return await self._jobs_from_rows(conn, await cur.fetchall())
-            except _SCHEMA_MISSING as exc:
-                raise self._not_installed(exc) from exc
-
-    async def _jobs_from_rows(
-        self, conn: psycopg.AsyncConnection[Any], rows: Sequence[Sequence[Any]]
-    ) -> list[Job]:
-        """Jobs from rows holding the columns of _private_jobs in Job's field order,
-        read by a :func:`_raw_payload_cursor`."""
-        if not rows:
-            return []
-        tasks, queues = await self._names(conn, rows)
-        payloads = parse_payloads([row[3] for row in rows])
-        return [
-            Job._make((*row[:3], payload, *row[4:], tasks[row[2]], queues.get(row[1])))
-            for row, payload in zip(rows, payloads, strict=True)
-        ]
-
-    async def _names(
-        self, conn: psycopg.AsyncConnection[Any], rows: Sequence[Sequence[Any]]
-    ) -> tuple[dict[int, str], dict[int | None, str]]:
-        """The task identifiers and queue names of job rows (task_id, job_queue_id
-        in the columns 2 and 1), by id."""
-        names = await conn.execute(
-            statements.compose(statements.job_names, self.schema),
-            {
-                "task_ids": list({row[2] for row in rows}),
-                "queue_ids": list({row[1] for row in rows} - {None}),
-            },
-        )
-        tasks: dict[int, str] = {}
-        queues: dict[int | None, str] = {}
-        async for kind, id_, name in names:
-            (tasks if kind == "task" else queues)[id_] = name
-        return tasks, queues
+            return await JobQueries(conn, self.schema).jobs(statement, params)
 
     async def _fetch_unique(
         self, statement: LiteralString, params: Mapping[str, Any]
     ) -> list[UniqueJobResult]:
-        # Rows are job_id, conflict, conflict_state, replaced, then the columns
-        # of _private_jobs in Job's field order (all null for a job that has
-        # already succeeded).
         async with self.connection() as conn:
-            try:
-                cur = await conn.execute(statements.compose(statement, self.schema), params)
-                rows = await cur.fetchall()
-                if not rows:
-                    return []
-                tasks, queues = await self._names(
-                    conn, [row[4:] for row in rows if row[4] is not None]
-                )
-            except _SCHEMA_MISSING as exc:
-                raise self._not_installed(exc) from exc
-            except pg_errors.InvalidParameterValue as exc:
-                # The SQL function's own check of a rule (Python checks first).
-                field, _, reason = (exc.diag.message_primary or "").partition(": ")
-                raise UniqueRuleError(field, reason) from exc
-        return [
-            UniqueJobResult(
-                job=(
-                    Job._make((*row[4:], tasks[row[6]], queues.get(row[5])))
-                    if row[4] is not None
-                    else None
-                ),
-                conflict=row[1],
-                job_id=row[0],
-                conflict_state=row[2],
-                replaced=row[3],
-            )
-            for row in rows
-        ]
-
-    async def _unique_installed(self) -> bool:
-        """Whether this schema has the unique-jobs table (Python migration 1)."""
-        if self._unique_tables is None:
-            name = sql.Identifier(self.schema, "_private_py_unique_locks")
-            async with self.pool.connection() as conn:
-                cur = await conn.execute(
-                    "select to_regclass(%s) is not null", [name.as_string(conn)]
-                )
-                row = await cur.fetchone()
-            self._unique_tables = bool(row and row[0])
-        return self._unique_tables
+            return await JobQueries(conn, self.schema).unique_results(statement, params)
 
     async def _execute(self, statement: LiteralString, params: Mapping[str, Any]) -> None:
-        query = statements.compose(statement, self.schema)
         async with self.connection() as conn:
-            try:
-                await conn.execute(query, params)
-            except _SCHEMA_MISSING as exc:
-                raise self._not_installed(exc) from exc
+            await JobQueries(conn, self.schema).execute(statement, params)
 
-    def _not_installed(self, exc: psycopg.Error) -> SchemaNotInstalledError:
-        return SchemaNotInstalledError(
-            f"the graphile-worker schema {self.schema!r} is not installed in this database "
-            f"({exc.diag.message_primary}); run `graphile-worker --schema-only` or "
-            "`await utils.migrate()` first"
-        )
-
-
-@asynccontextmanager
-async def _autocommit(conn: psycopg.AsyncConnection[Any]) -> AsyncIterator[None]:
-    """The block runs ``conn`` in autocommit mode; its previous mode is restored
-    after, so a pooled connection goes back as it came (the worker's pool is
-    in autocommit, an application's may not be)."""
-    previous = conn.autocommit
-    if not previous:
-        await conn.set_autocommit(True)
-    try:
-        yield
-    finally:
-        if conn.autocommit != previous and not conn.closed and not conn.broken:
-            await conn.set_autocommit(previous)
-
-
-def _unique_rules(
-    unique: UniqueSpec | Sequence[UniqueSpec | None], records: Sequence[Mapping[str, Any]]
-) -> dict[str, Any] | list[dict[str, Any] | None]:
-    """The rules of add_jobs as JSON: one object for all specs, or one per spec."""
-    if isinstance(unique, UniqueRule | Mapping):
-        rule = UniqueRule.coerce(unique).to_json()
-        for index, record in enumerate(records):
-            check_keys_payload(rule, record["payload"], field=f"specs[{index}].unique")
-        return rule
-    if isinstance(unique, str | bytes) or not isinstance(unique, Sequence):
-        raise UniqueRuleError(
-            "unique", "must be a rule (a UniqueRule or a dict) or a list with one per spec"
-        )
-    if len(unique) != len(records):
-        raise UniqueRuleError(
-            "unique", f"has {len(unique)} rules for {len(records)} specs; give one per spec"
-        )
-    rules: list[dict[str, Any] | None] = []
-    for index, (item, record) in enumerate(zip(unique, records, strict=True)):
-        if item is None:
-            rules.append(None)
-            continue
-        rule = UniqueRule.coerce(item, field=f"unique[{index}]").to_json(field=f"unique[{index}]")
-        check_keys_payload(rule, record["payload"], field=f"unique[{index}]")
-        rules.append(rule)
-    return rules
+    async def _unique_installed(self) -> bool:
+        """Whether this schema has the unique-jobs table (checked once)."""
+        if self._unique_tables is None:
+            async with self.pool.connection() as conn:
+                self._unique_tables = await unique_installed(conn, self.schema)
+        return self._unique_tables
 
 
 @asynccontextmanager
@@ -619,44 +395,6 @@ async def quick_add_job(
             return job
         result: UniqueJobResult = await utils.add_job(identifier, payload, unique=unique, **options)
         return result
-
-
-def _spec_record(
-    raw: JobSpec | Mapping[str, Any], index: int, keys: dict[str, int] | None = None
-) -> dict[str, Any]:
-    """Spec number ``index`` of add_jobs, checked, as a ``job_spec`` JSON record.
-
-    ``keys`` maps the job keys of the earlier specs to their index, to refuse
-    a key given twice (add_jobs would otherwise fail on it in PostgreSQL).
-    """
-    spec = JobSpec.coerce(raw, index)
-    try:
-        spec.validate()
-    except JobSpecError as exc:
-        raise JobSpecError(f"specs[{index}].{exc.field}", exc.reason) from None
-    if keys is not None and spec.job_key is not None:
-        first = keys.setdefault(spec.job_key, index)
-        if first != index:
-            raise JobSpecError(f"specs[{index}].job_key", f"is also the job_key of specs[{first}]")
-    return spec.to_json_record()
-
-
-def _encode_specs(records: Sequence[dict[str, Any]], offset: int = 0) -> str:
-    """Spec records as one JSON array; a payload that cannot be encoded is named
-    by its index (``offset``: the index of ``records[0]`` in the call)."""
-    try:
-        return json.dumps(records, allow_nan=False, separators=(",", ":"))
-    except (TypeError, ValueError):
-        for index, record in enumerate(records, offset):
-            encode_payload(record["payload"], field=f"specs[{index}].payload")
-        raise
-
-
-def _raw_payload_cursor(conn: psycopg.AsyncConnection[Any]) -> psycopg.AsyncCursor[Any]:
-    """A cursor whose rows hold payloads as text, for :meth:`WorkerUtils._jobs_from_rows`."""
-    cur = conn.cursor()
-    read_payloads_raw(cur)
-    return cur
 
 
 async def sweep_unique_locks(utils: WorkerUtils) -> None:
