@@ -6,7 +6,7 @@ import gc
 import logging
 import os
 import sys
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -18,11 +18,12 @@ from ._version import __version__
 from .config import load_dotenv_file
 from .errors import GraphileWorkerError, IncompatibleSchemaError
 from .logs import LOG_FORMATS, LogFormat
-from .options import WorkerOptions
+from .options import FLAGS, WorkerOptions
 
 __all__ = ["command", "main"]
 
 T = TypeVar("T")
+F = TypeVar("F", bound=Callable[..., Any])
 
 CLEANUP_TASKS = (
     "GC_TASK_IDENTIFIERS",
@@ -69,6 +70,33 @@ def _parse_cleanup(_ctx: click.Context, _param: click.Parameter, value: str | No
 
 CONTEXT_SETTINGS: dict[str, Any] = {"help_option_names": ["-h", "--help"]}
 
+_FLAGS = {flag.field: flag for flag in FLAGS}
+
+
+def worker_option(field: str) -> Callable[[F], F]:
+    """The click option of a WorkerOptions field, from its row in ``FLAGS``:
+    its default is the field's, and its value is passed to the field's name."""
+    flag = _FLAGS[field]
+    if isinstance(flag.default, bool):
+        return click.option(*flag.names, field, is_flag=True, help=flag.help)
+    kind: click.IntRange | click.FloatRange | None = None
+    if flag.low is not None or flag.high is not None:
+        kind = (click.IntRange if flag.whole else click.FloatRange)(
+            flag.low, flag.high, min_open=flag.low_open
+        )
+    return click.option(
+        *flag.names,
+        field,
+        type=kind,
+        default=flag.default,
+        show_default=True,
+        envvar=flag.envvar,
+        show_envvar=flag.envvar is not None,
+        metavar=flag.metavar,
+        help=flag.help,
+    )
+
+
 #: Options the worker and its subcommands share (given before a subcommand,
 #: they apply to it).
 connection_option = click.option(
@@ -79,15 +107,7 @@ connection_option = click.option(
     show_envvar=True,
     help="PostgreSQL connection string. Default: DATABASE_URL, else the libpq PG* variables.",
 )
-schema_option = click.option(
-    "-s",
-    "--schema",
-    envvar="GRAPHILE_WORKER_SCHEMA",
-    show_envvar=True,
-    default="graphile_worker",
-    show_default=True,
-    help="The schema graphile-worker's tables and functions live in.",
-)
+schema_option = worker_option("schema")
 SHARED_OPTIONS = ("connection", "schema")
 
 
@@ -100,58 +120,12 @@ SHARED_OPTIONS = ("connection", "schema")
 @schema_option
 @click.option("--schema-only", is_flag=True, help="Install or upgrade the schema, then exit.")
 @click.option("--once", is_flag=True, help="Run until no runnable job is left, then exit.")
-@click.option(
-    "-j",
-    "--jobs",
-    type=click.IntRange(min=1),
-    default=1,
-    show_default=True,
-    help="How many jobs to run at the same time.",
-)
-@click.option(
-    "-m",
-    "--max-pool-size",
-    type=click.IntRange(min=2),
-    default=10,
-    show_default=True,
-    help="Largest number of PostgreSQL connections in the pool.",
-)
-@click.option(
-    "--local-queue-size",
-    type=click.IntRange(min=0),
-    default=200,
-    show_default=True,
-    envvar="GRAPHILE_WORKER_LOCAL_QUEUE_SIZE",
-    show_envvar=True,
-    help="Most jobs fetched ahead of free slots (about 50 ms of work at the current "
-    "rate is kept; 0: fetch only for idle slots). A crashed worker holds at most "
-    "this many plus -j jobs until their locks expire.",
-)
-@click.option(
-    "--complete-job-batch-delay",
-    type=click.IntRange(min=0, max=10000),
-    default=2,
-    show_default=True,
-    metavar="MS",
-    envvar="GRAPHILE_WORKER_COMPLETE_JOB_BATCH_DELAY",
-    show_envvar=True,
-    help="While the worker is busy, how long finished jobs may wait for others to be "
-    "written back with them (one statement and one commit); 0: write as soon as "
-    "the previous write is done.",
-)
-@click.option(
-    "--poll-interval",
-    type=click.IntRange(min=1),
-    default=2000,
-    show_default=True,
-    metavar="MS",
-    help="Milliseconds between polls for due jobs (scheduled jobs and retries) when idle.",
-)
-@click.option(
-    "--no-prepared-statements",
-    is_flag=True,
-    help="Do not use prepared statements (for pgBouncer in transaction mode).",
-)
+@worker_option("concurrency")
+@worker_option("max_pool_size")
+@worker_option("local_queue_size")
+@worker_option("complete_job_batch_delay")
+@worker_option("poll_interval")
+@worker_option("no_prepared_statements")
 @click.option(
     "--cleanup",
     metavar="TASKS",
@@ -167,29 +141,8 @@ SHARED_OPTIONS = ("connection", "schema")
     default=None,
     help="Crontab file of recurring jobs. Default: ./crontab, if there is one.",
 )
-@click.option(
-    "--heartbeat-interval",
-    type=click.FloatRange(min=0),
-    default=WorkerOptions.heartbeat_interval,
-    show_default=True,
-    envvar="GRAPHILE_WORKER_HEARTBEAT_INTERVAL",
-    show_envvar=True,
-    metavar="SECONDS",
-    help="Record a heartbeat this often, and release the jobs of worker pools whose "
-    "heartbeat stopped (crashed workers). 0 turns heartbeats off.",
-)
-@click.option(
-    "--heartbeat-timeout",
-    type=click.FloatRange(min=0, min_open=True),
-    default=WorkerOptions.heartbeat_timeout,
-    show_default=True,
-    envvar="GRAPHILE_WORKER_HEARTBEAT_TIMEOUT",
-    show_envvar=True,
-    metavar="SECONDS",
-    help="A pool without a heartbeat for this long is declared dead by the others and its "
-    "jobs run again; keep it well above any pause a worker may have (at least twice "
-    "the interval).",
-)
+@worker_option("heartbeat_interval")
+@worker_option("heartbeat_timeout")
 @click.option(
     "--tasks",
     "tasks_dir",
@@ -228,24 +181,17 @@ SHARED_OPTIONS = ("connection", "schema")
 @click.pass_context
 def command(
     ctx: click.Context,
+    /,
     connection: str | None,
-    schema: str,
     schema_only: bool,
     once: bool,
-    jobs: int,
-    max_pool_size: int,
-    local_queue_size: int,
-    complete_job_batch_delay: int,
-    poll_interval: int,
-    no_prepared_statements: bool,
     cleanup: list[str],
     crontab_path: Path | None,
-    heartbeat_interval: float,
-    heartbeat_timeout: float,
     tasks_dir: Path,
     log_format: LogFormat,
     progress_interval: float,
     embedded_db: Path | None,
+    **worker_flags: Any,
 ) -> None:
     """Run jobs from a PostgreSQL queue shared with graphile-worker (Node).
 
@@ -257,58 +203,71 @@ def command(
         return
     if once and schema_only:
         raise click.UsageError("--once and --schema-only cannot be used together")
-    try:
-        WorkerOptions(heartbeat_interval=heartbeat_interval, heartbeat_timeout=heartbeat_timeout)
-    except ValueError as exc:
-        raise click.UsageError(str(exc)) from None
+    settings = _worker_settings(worker_flags)
     logs.configure(log_format)
     if embedded_db is not None:  # runs until the command ends
         from .embedded import use_embedded_database
 
         connection = use_embedded_database(embedded_db, connection)
-    from . import runner
-    from .worker_utils import make_worker_utils
-
     if schema_only:
-        report = _run(runner.run_migrations(connection, schema=schema))
-        if report.applied or report.applied_py:
-            click.echo(f"Schema {schema!r} migrated to revision {report.revision}.")
-        else:
-            click.echo(f"Schema {schema!r} is up to date (revision {report.revision}).")
-        return
-
-    if cleanup:
-
-        async def clean() -> None:
-            async with make_worker_utils(connection, schema=schema) as utils:
-                await utils.migrate()
-                await utils.cleanup(cleanup)  # type: ignore[arg-type]
-
-        _run(clean())
-        click.echo(f"Cleanup done: {', '.join(cleanup)}.")
-        return
-
-    crontab_file = crontab_path
-    if crontab_file is None and Path("crontab").is_file():
-        crontab_file = Path("crontab")
-
-    async def work() -> int:
-        worker = await runner.run(
+        _migrate_only(connection, settings["schema"])
+    elif cleanup:
+        _clean(connection, settings["schema"], cleanup)
+    else:
+        crontab_file = crontab_path
+        if crontab_file is None and Path("crontab").is_file():
+            crontab_file = Path("crontab")
+        _run_worker(
             connection,
+            settings,
             task_directory=tasks_dir,
-            concurrency=jobs,
-            schema=schema,
-            poll_interval=poll_interval / 1000,
-            max_pool_size=max_pool_size,
-            local_queue_size=local_queue_size,
-            complete_job_batch_delay=complete_job_batch_delay / 1000,
-            no_prepared_statements=no_prepared_statements,
             once=once,
             progress_interval=progress_interval,
             crontab_file=crontab_file,
-            heartbeat_interval=heartbeat_interval,
-            heartbeat_timeout=heartbeat_timeout,
         )
+
+
+def _worker_settings(flags: dict[str, Any]) -> dict[str, Any]:
+    """The worker flags' values as ``run()`` keywords (in the fields' units),
+    checked together as WorkerOptions checks them."""
+    settings = {field: _FLAGS[field].to_field(value) for field, value in flags.items()}
+    try:
+        WorkerOptions(**settings)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+    return settings
+
+
+def _migrate_only(connection: str | None, schema: str) -> None:
+    """``--schema-only``."""
+    from .runner import run_migrations
+
+    report = _run(run_migrations(connection, schema=schema))
+    if report.applied or report.applied_py:
+        click.echo(f"Schema {schema!r} migrated to revision {report.revision}.")
+    else:
+        click.echo(f"Schema {schema!r} is up to date (revision {report.revision}).")
+
+
+def _clean(connection: str | None, schema: str, tasks: list[str]) -> None:
+    """``--cleanup``."""
+    from .worker_utils import make_worker_utils
+
+    async def clean() -> None:
+        async with make_worker_utils(connection, schema=schema) as utils:
+            await utils.migrate()
+            await utils.cleanup(tasks)  # type: ignore[arg-type]
+
+    _run(clean())
+    click.echo(f"Cleanup done: {', '.join(tasks)}.")
+
+
+def _run_worker(connection: str | None, settings: dict[str, Any], **run_options: Any) -> None:
+    """The worker (``--once`` too); exits with its exit code."""
+    from .runner import run
+
+    async def work() -> int:
+        worker = await run(connection, **settings, **run_options)
         await worker
         return worker.exit_code
 
@@ -358,17 +317,21 @@ def _check_shared_options_only(ctx: click.Context) -> None:
         )
 
 
-def _shared(ctx: click.Context, name: str, value: Any) -> Any:
-    """A shared option's value: the subcommand's own, unless it was only given
-    (on the command line) before the subcommand."""
+def _shared(ctx: click.Context, connection: str | None, schema: str) -> tuple[str | None, str]:
+    """A subcommand's connection and schema: its own, unless an option was only
+    given (on the command line) before the subcommand."""
     parent = ctx.parent
-    if (
-        parent is not None
-        and ctx.get_parameter_source(name) is not ParameterSource.COMMANDLINE
-        and parent.get_parameter_source(name) is ParameterSource.COMMANDLINE
-    ):
-        return parent.params[name]
-    return value
+
+    def value(name: str, own: Any) -> Any:
+        if (
+            parent is not None
+            and ctx.get_parameter_source(name) is not ParameterSource.COMMANDLINE
+            and parent.get_parameter_source(name) is ParameterSource.COMMANDLINE
+        ):
+            return parent.params[name]
+        return own
+
+    return value("connection", connection), value("schema", schema)
 
 
 @command.command(context_settings=CONTEXT_SETTINGS)
@@ -382,8 +345,7 @@ def status(ctx: click.Context, connection: str | None, schema: str, as_json: boo
     job."""
     from .status import format_json, format_text, read_status
 
-    connection = _shared(ctx, "connection", connection)
-    schema = _shared(ctx, "schema", schema)
+    connection, schema = _shared(ctx, connection, schema)
     figures = _run(read_status(connection, schema=schema))
     click.echo(format_json(figures) if as_json else format_text(figures))
 
@@ -457,8 +419,7 @@ def add_job(
     """
     from .worker_utils import make_worker_utils
 
-    connection = _shared(ctx, "connection", connection)
-    schema = _shared(ctx, "schema", schema)
+    connection, schema = _shared(ctx, connection, schema)
 
     async def add() -> Any:
         async with make_worker_utils(connection, schema=schema) as utils:

@@ -3,25 +3,30 @@
 The order matches graphile-worker (Node): an explicit connection string, else
 ``DATABASE_URL``, else the libpq ``PG*`` environment variables. A ``.env`` file
 in the working directory is read first (without overriding the environment).
+:func:`resolve_database` does all three once, for an entry point.
 """
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 from dotenv import load_dotenv
 
 from .errors import ConfigurationError
+from .options import WorkerOptions
 
 __all__ = [
     "DEFAULT_SCHEMA",
+    "DatabaseConfig",
     "load_dotenv_file",
     "resolve_connection_string",
+    "resolve_database",
     "resolve_schema",
 ]
 
-DEFAULT_SCHEMA = "graphile_worker"
+DEFAULT_SCHEMA: str = WorkerOptions.schema
 
 # The libpq variables that, when set, describe a server to connect to.
 _LIBPQ_SERVER_VARIABLES = (
@@ -69,3 +74,20 @@ def resolve_schema(schema: str | None = None) -> str:
     if len(name.encode()) > 63:
         raise ConfigurationError(f"schema name {name!r} is longer than PostgreSQL's 63-byte limit")
     return name
+
+
+@dataclass(frozen=True)
+class DatabaseConfig:
+    """The database an entry point works on, resolved once."""
+
+    #: libpq connection string; empty when only the ``PG*`` variables are set.
+    conninfo: str
+    schema: str
+
+
+def resolve_database(
+    connection_string: str | None = None, schema: str | None = None
+) -> DatabaseConfig:
+    """Read ``.env``, then resolve the connection string and the schema."""
+    load_dotenv_file()
+    return DatabaseConfig(resolve_connection_string(connection_string), resolve_schema(schema))

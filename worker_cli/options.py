@@ -1,13 +1,19 @@
-"""Settings of a running worker, with graphile-worker's defaults."""
+"""Settings of a running worker, with graphile-worker's defaults.
+
+This is the one place the defaults live: :class:`WorkerOptions` declares them,
+``run()``'s keyword arguments take them from its fields, and :data:`FLAGS`
+says how the fields that have a command-line flag are given there (the CLI
+builds its click options from it, with the field's default).
+"""
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TypeAlias
+from typing import Any, TypeAlias
 
-__all__ = ["ForbiddenFlags", "WorkerOptions"]
+__all__ = ["FLAGS", "Flag", "ForbiddenFlags", "WorkerOptions"]
 
 #: A fixed list of flags, or a function (sync or async) called before each fetch.
 ForbiddenFlags: TypeAlias = (
@@ -90,3 +96,121 @@ class WorkerOptions:
                     f"heartbeat_timeout ({self.heartbeat_timeout:g}s) must be at least twice "
                     f"heartbeat_interval ({self.heartbeat_interval:g}s)"
                 )
+
+
+@dataclass(frozen=True)
+class Flag:
+    """How one :class:`WorkerOptions` field is given on the command line.
+
+    The flag's default is the field's, in the flag's unit; ``low``/``high``
+    bound what the flag accepts (as the field's validation does).
+    """
+
+    #: The WorkerOptions field (and ``run()`` keyword) the flag sets.
+    field: str
+    #: The flag's spellings, e.g. ``("-j", "--jobs")``.
+    names: tuple[str, ...]
+    help: str
+    envvar: str | None = None
+    metavar: str | None = None
+    #: Flag units per field unit: 1000 for a flag in milliseconds of a field
+    #: in seconds.
+    scale: int = 1
+    #: Whole numbers only (else any number).
+    whole: bool = True
+    low: int | None = None
+    high: int | None = None
+    #: ``low`` itself is not accepted.
+    low_open: bool = False
+
+    @property
+    def default(self) -> Any:
+        """The field's default, in the flag's unit."""
+        value = getattr(WorkerOptions(), self.field)
+        if self.scale == 1:
+            return value
+        scaled = value * self.scale
+        return round(scaled) if self.whole else scaled
+
+    def to_field(self, value: Any) -> Any:
+        """A value given to the flag, in the field's unit."""
+        return value if self.scale == 1 else value / self.scale
+
+
+#: The WorkerOptions fields that have a command-line flag, in ``--help`` order.
+FLAGS: tuple[Flag, ...] = (
+    Flag(
+        "schema",
+        ("-s", "--schema"),
+        envvar="GRAPHILE_WORKER_SCHEMA",
+        help="The schema graphile-worker's tables and functions live in.",
+    ),
+    Flag(
+        "concurrency",
+        ("-j", "--jobs"),
+        low=1,
+        help="How many jobs to run at the same time.",
+    ),
+    Flag(
+        "max_pool_size",
+        ("-m", "--max-pool-size"),
+        low=2,
+        help="Largest number of PostgreSQL connections in the pool.",
+    ),
+    Flag(
+        "local_queue_size",
+        ("--local-queue-size",),
+        envvar="GRAPHILE_WORKER_LOCAL_QUEUE_SIZE",
+        low=0,
+        help="Most jobs fetched ahead of free slots (about 50 ms of work at the current "
+        "rate is kept; 0: fetch only for idle slots). A crashed worker holds at most "
+        "this many plus -j jobs until their locks expire.",
+    ),
+    Flag(
+        "complete_job_batch_delay",
+        ("--complete-job-batch-delay",),
+        envvar="GRAPHILE_WORKER_COMPLETE_JOB_BATCH_DELAY",
+        metavar="MS",
+        scale=1000,
+        low=0,
+        high=10000,
+        help="While the worker is busy, how long finished jobs may wait for others to be "
+        "written back with them (one statement and one commit); 0: write as soon as "
+        "the previous write is done.",
+    ),
+    Flag(
+        "poll_interval",
+        ("--poll-interval",),
+        metavar="MS",
+        scale=1000,
+        low=1,
+        help="Milliseconds between polls for due jobs (scheduled jobs and retries) when idle.",
+    ),
+    Flag(
+        "no_prepared_statements",
+        ("--no-prepared-statements",),
+        help="Do not use prepared statements (for pgBouncer in transaction mode).",
+    ),
+    Flag(
+        "heartbeat_interval",
+        ("--heartbeat-interval",),
+        envvar="GRAPHILE_WORKER_HEARTBEAT_INTERVAL",
+        metavar="SECONDS",
+        whole=False,
+        low=0,
+        help="Record a heartbeat this often, and release the jobs of worker pools whose "
+        "heartbeat stopped (crashed workers). 0 turns heartbeats off.",
+    ),
+    Flag(
+        "heartbeat_timeout",
+        ("--heartbeat-timeout",),
+        envvar="GRAPHILE_WORKER_HEARTBEAT_TIMEOUT",
+        metavar="SECONDS",
+        whole=False,
+        low=0,
+        low_open=True,
+        help="A pool without a heartbeat for this long is declared dead by the others and "
+        "its jobs run again; keep it well above any pause a worker may have (at least "
+        "twice the interval).",
+    ),
+)

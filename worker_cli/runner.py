@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, overload
 
 from . import logs
-from .config import load_dotenv_file, resolve_connection_string, resolve_schema
-from .db import connect
+from .config import DatabaseConfig, resolve_database
+from .db import connect, worker_conninfo
 from .errors import ConfigurationError
 from .events import Events
 from .job import Job
@@ -48,11 +48,9 @@ async def run_migrations(
     connection_string: str | None = None, *, schema: str | None = None
 ) -> MigrationReport:
     """Install or upgrade the schema and return what was done (``--schema-only``)."""
-    load_dotenv_file()
-    conninfo = resolve_connection_string(connection_string)
-    schema_name = resolve_schema(schema)
-    async with await connect(conninfo, autocommit=True) as conn:
-        return await migrate(conn, schema_name)
+    database = resolve_database(connection_string, schema)
+    async with await connect(database.conninfo, autocommit=True) as conn:
+        return await migrate(conn, database.schema)
 
 
 class Runner:
@@ -118,16 +116,16 @@ async def run(
     *,
     task_list: Mapping[str, TaskFunction] | None = None,
     task_directory: str | Path | None = None,
-    concurrency: int = 1,
+    concurrency: int = WorkerOptions.concurrency,
     schema: str | None = None,
-    poll_interval: float = 2.0,
-    max_pool_size: int = 10,
-    no_prepared_statements: bool = False,
-    forbidden_flags: ForbiddenFlags = None,
-    local_queue_size: int = 200,
-    local_queue_horizon: float = 0.05,
-    complete_job_batch_delay: float = 0.002,
-    graceful_shutdown_timeout: float = 5.0,
+    poll_interval: float = WorkerOptions.poll_interval,
+    max_pool_size: int = WorkerOptions.max_pool_size,
+    no_prepared_statements: bool = WorkerOptions.no_prepared_statements,
+    forbidden_flags: ForbiddenFlags = WorkerOptions.forbidden_flags,
+    local_queue_size: int = WorkerOptions.local_queue_size,
+    local_queue_horizon: float = WorkerOptions.local_queue_horizon,
+    complete_job_batch_delay: float = WorkerOptions.complete_job_batch_delay,
+    graceful_shutdown_timeout: float = WorkerOptions.graceful_shutdown_timeout,
     events: Events | None = None,
     no_handle_signals: bool = False,
     once: bool = False,
@@ -136,34 +134,36 @@ async def run(
     crontab: str | None = None,
     crontab_file: str | Path | None = None,
     parsed_cron_items: Sequence[ParsedCronItem] | None = None,
-    heartbeat_interval: float | None = 30.0,
-    heartbeat_timeout: float = 300.0,
+    heartbeat_interval: float | None = WorkerOptions.heartbeat_interval,
+    heartbeat_timeout: float = WorkerOptions.heartbeat_timeout,
 ) -> Runner:
     """Migrate, load the tasks and start a worker pool; returns once it is running.
 
-    ``poll_interval`` and ``complete_job_batch_delay`` are in seconds. Exactly
-    one of ``task_list`` (identifier -> callable) and ``task_directory`` is
-    needed. Recurring jobs come from at most one of ``crontab`` (its text),
-    ``crontab_file`` and ``parsed_cron_items`` (see
-    ``parse_crontab``/``parse_cron_items``); cron does not run with ``once``.
-    With ``once`` and a ``progress_interval`` (seconds), a progress line (jobs
-    done, rate, jobs remaining) is logged that often, and a total at the end.
+    The worker's settings default to :class:`WorkerOptions`'s; ``schema``
+    defaults to ``GRAPHILE_WORKER_SCHEMA``, then to that, and ``log_success``
+    to true unless ``NO_LOG_SUCCESS`` is set. ``poll_interval`` and
+    ``complete_job_batch_delay`` are in seconds. Exactly one of ``task_list``
+    (identifier -> callable) and ``task_directory`` is needed. Recurring jobs
+    come from at most one of ``crontab`` (its text), ``crontab_file`` and
+    ``parsed_cron_items`` (see ``parse_crontab``/``parse_cron_items``); cron
+    does not run with ``once``. With ``once`` and a ``progress_interval``
+    (seconds), a progress line (jobs done, rate, jobs remaining) is logged
+    that often, and a total at the end.
 
     Heartbeats: every ``heartbeat_interval`` seconds (30; None or 0 turns them
     off) the pool records that it is alive; a pool silent for its
     ``heartbeat_timeout`` (300 s) is declared dead and its jobs are released.
     """
-    load_dotenv_file()
+    database = resolve_database(connection_string, schema)
     tasks = load_tasks(task_list, task_directory)
     cron_items = load_cron_items(crontab, crontab_file, parsed_cron_items)
-    conninfo = resolve_connection_string(connection_string)
     if progress_interval is not None and progress_interval < 0:
         raise ConfigurationError("progress_interval must not be negative")
     if log_success is None:
         log_success = not os.environ.get("NO_LOG_SUCCESS")
     options = WorkerOptions(
         concurrency=concurrency,
-        schema=resolve_schema(schema),
+        schema=database.schema,
         poll_interval=poll_interval,
         max_pool_size=max_pool_size,
         no_prepared_statements=no_prepared_statements,
@@ -176,23 +176,45 @@ async def run(
         heartbeat_interval=heartbeat_interval,
         heartbeat_timeout=heartbeat_timeout,
     )
-    if max_pool_size < concurrency:
+    _warn_if_pool_too_small(options)
+    pool = WorkerPool(
+        database.conninfo, tasks, options, events=events, once=once, cron_items=cron_items
+    )
+    task = await _start(pool, database, handle_signals=not no_handle_signals)
+    if once and progress_interval:
+        reporter = ProgressReporter(pool, progress_interval)
+        reporter.start()
+        task.add_done_callback(reporter.finish)
+    return Runner(pool, task)
+
+
+def _warn_if_pool_too_small(options: WorkerOptions) -> None:
+    if options.max_pool_size < options.concurrency:
         logger.warning(
             "max_pool_size (%d) is smaller than the concurrency (%d): tasks that use the "
             "database will wait for connections",
-            max_pool_size,
-            concurrency,
+            options.max_pool_size,
+            options.concurrency,
         )
-    pool = WorkerPool(conninfo, tasks, options, events=events, once=once, cron_items=cron_items)
+
+
+async def _start(
+    pool: WorkerPool, database: DatabaseConfig, *, handle_signals: bool
+) -> asyncio.Task[None]:
+    """Migrate on the connection the fetcher will go on with, start the pool
+    and wait until it is ready; returns its task."""
     if logger.isEnabledFor(logging.DEBUG):
         logs.attach_debug_logging(pool.events)
     # Signals are handled from here on: one during start-up stops the worker as
     # soon as it has started.
-    remove_handlers = None if no_handle_signals else _handle_signals(pool)
+    remove_handlers = _handle_signals(pool) if handle_signals else None
     try:
-        conn = await connect(pool.conninfo_for("fetch"), autocommit=True)
+        # The fetcher's connection string, as the pool names it (see
+        # WorkerPool.conninfo_for).
+        conninfo = worker_conninfo(database.conninfo, f"graphile-worker {pool.id} fetch")
+        conn = await connect(conninfo, autocommit=True)
         try:
-            await migrate(conn, options.schema)
+            await migrate(conn, database.schema)
         except BaseException:
             await conn.close()
             raise
@@ -210,11 +232,7 @@ async def run(
     if not ready.done():
         ready.cancel()
         await task  # start-up failed: raise its error
-    if once and progress_interval:
-        reporter = ProgressReporter(pool, progress_interval)
-        reporter.start()
-        task.add_done_callback(reporter.finish)
-    return Runner(pool, task)
+    return task
 
 
 async def run_once(connection_string: str | None = None, **options: Any) -> int:
