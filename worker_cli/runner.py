@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, overload
 
 from . import logs
 from .config import DatabaseConfig, resolve_database
-from .db import connect, worker_conninfo
+from .db import connect
 from .errors import ConfigurationError
 from .events import Events
 from .job import Job
@@ -209,10 +209,7 @@ async def _start(
     # soon as it has started.
     remove_handlers = _handle_signals(pool) if handle_signals else None
     try:
-        # The fetcher's connection string, as the pool names it (see
-        # WorkerPool.conninfo_for).
-        conninfo = worker_conninfo(database.conninfo, f"graphile-worker {pool.id} fetch")
-        conn = await connect(conninfo, autocommit=True)
+        conn = await connect(pool.conninfo_for("fetch"), autocommit=True)
         try:
             await migrate(conn, database.schema)
         except BaseException:

@@ -347,9 +347,7 @@ status_installed = """
     and to_regclass(format('%%I.migrations', %(schema)s::text)) is not null
 """
 
-status_revision = """
-  select max(id) from {schema}.migrations
-"""
+status_revision = "select max(id) from {schema}.migrations"
 
 # Every job is in exactly one of: locked (being run, or held by a crashed
 # worker), permanently failed (attempts used up), scheduled (run_at in the
@@ -397,9 +395,7 @@ status_locked_queues = """
   where q.locked_at is not null
 """
 
-status_now = """
-  select now()
-"""
+status_now = "select now()"
 
 # --- Unique jobs (migrations/py/000001.sql) -------------------------------------
 #
@@ -543,9 +539,7 @@ heartbeat_reap = """
 """
 
 # A pool stopping cleanly (every result written) forgets its heartbeat.
-heartbeat_remove = """
-  delete from {schema}._private_py_heartbeats where pool_id = %(pool_id)s
-"""
+heartbeat_remove = "delete from {schema}._private_py_heartbeats where pool_id = %(pool_id)s"
 
 
 # --- Schema probing (worker_cli/schema.py) ----------------------------------------
@@ -559,19 +553,13 @@ unique_tables_installed = """
 # --- Migrations (worker_cli/migrate.py; the scripts themselves are files) --------
 
 # Serialises the Python migrators of one schema, until the transaction ends.
-migration_lock = """
-  select pg_advisory_xact_lock(%(namespace)s, hashtext(%(schema)s::text))
-"""
+migration_lock = "select pg_advisory_xact_lock(%(namespace)s, hashtext(%(schema)s::text))"
 
 # The latest revision and the latest breaking one (fails on a table older than
 # graphile-worker 0.11, which has no "breaking" column).
-migration_state = """
-  select max(id), max(id) filter (where breaking) from {schema}.migrations
-"""
+migration_state = "select max(id), max(id) filter (where breaking) from {schema}.migrations"
 
-migrations_recorded = """
-  select exists (select 1 from {schema}.migrations)
-"""
+migrations_recorded = "select exists (select 1 from {schema}.migrations)"
 
 # Revisions 1-16 at once (base.sql), with Node's breaking flags.
 record_base_migrations = """
@@ -579,27 +567,17 @@ record_base_migrations = """
   select n, n = any(%(breaking)s::int[]) from unnest(%(ids)s::int[]) as n
 """
 
-migration_recorded = """
-  select exists (select 1 from {schema}.migrations where id = %(id)s)
-"""
+migration_recorded = "select exists (select 1 from {schema}.migrations where id = %(id)s)"
 
-record_migration = """
-  insert into {schema}.migrations (id, breaking) values (%(id)s, %(breaking)s)
-"""
+record_migration = "insert into {schema}.migrations (id, breaking) values (%(id)s, %(breaking)s)"
 
-py_migrations_recorded = """
-  select id from {schema}._private_py_migrations
-"""
+py_migrations_recorded = "select id from {schema}._private_py_migrations"
 
 py_migration_recorded = """
   select exists (select 1 from {schema}._private_py_migrations where id = %(id)s)
 """
 
-record_py_migration = """
-  insert into {schema}._private_py_migrations (id) values (%(id)s)
-"""
+record_py_migration = "insert into {schema}._private_py_migrations (id) values (%(id)s)"
 
 # Tells listening workers (Node's too) that a revision was applied.
-notify_migrated = """
-  select pg_notify('worker:migrate', %(payload)s)
-"""
+notify_migrated = "select pg_notify('worker:migrate', %(payload)s)"
