@@ -1,4 +1,8 @@
-"""Shared fixtures: a PostgreSQL server, fresh databases, Node graphile-worker."""
+"""Shared fixtures: a PostgreSQL server, fresh databases, Node graphile-worker.
+
+Every test carries a tier mark (see pyproject.toml and the README's
+"Development" section); the check below keeps the marks honest.
+"""
 
 from __future__ import annotations
 
@@ -16,9 +20,54 @@ from worker_cli.migrate import migrate
 
 NODE_VERSION = "0.18.0"
 
+#: Fixtures that reach a PostgreSQL server: a ``unit`` test requests none of
+#: them, and a test that requests one is marked ``db``.
+DB_FIXTURES = frozenset({"pg", "db", "empty_db", "utils", "migrated_template", "private_pg"})
+#: Fixtures that run the Node graphile-worker: a test requesting one is marked ``node``.
+NODE_FIXTURES = frozenset({"node", "node_factory"})
+TIERS = ("unit", "db", "node")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Refuse to run if a test's tier marks disagree with the fixtures it uses.
+
+    Runs before ``-m`` deselects anything, so every collected test is checked.
+    ``item.fixturenames`` is the full closure: a fixture that needs ``pg``
+    counts as a database fixture too.
+    """
+    problems: list[str] = []
+    for item in items:
+        marks = {mark.name for mark in item.iter_markers()}
+        fixtures = set(getattr(item, "fixturenames", ()))
+        db_used = sorted(fixtures & DB_FIXTURES)
+        node_used = sorted(fixtures & NODE_FIXTURES)
+        wanted = (["db"] if db_used else []) + (["node"] if node_used else [])
+        missing = [tier for tier in wanted if tier not in marks]
+        if not marks & set(TIERS):
+            problems.append(f"{item.nodeid}: no tier mark (give it one of {', '.join(TIERS)})")
+        elif "unit" in marks and wanted:
+            problems.append(
+                f"{item.nodeid}: marked unit but requests {', '.join(db_used + node_used)}"
+                f" (mark it {' and '.join(wanted)} instead)"
+            )
+        elif missing:
+            problems.append(
+                f"{item.nodeid}: requests {', '.join(db_used + node_used)}"
+                f" but is not marked {' and '.join(missing)}"
+            )
+    if problems:
+        raise pytest.UsageError(
+            "test tier marks (unit, db, node, slow) are missing or wrong:\n  "
+            + "\n  ".join(problems)
+        )
+
 
 @pytest.fixture(scope="session")
 def pg() -> Iterator[PgServer]:
+    # Session-scoped but not autouse: the server is started (or
+    # TEST_DATABASE_URL connected to) only when a test needs it, so
+    # `pytest -m unit` never starts one.
     with start_server() as server:
         yield server
 

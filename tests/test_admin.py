@@ -9,6 +9,9 @@ from dbhelpers import rows, value
 
 from worker_cli import WorkerUtils
 
+pytestmark = pytest.mark.db
+
+
 FRESH_LOCK = timedelta(minutes=5)
 STALE_LOCK = timedelta(hours=4, minutes=1)
 

@@ -22,6 +22,8 @@ from dbhelpers import rows, value
 from worker_cli import Helpers, Runner, WorkerUtils, run, run_once, statements
 from worker_cli.worker.fetcher import Fetcher
 
+pytestmark = pytest.mark.db
+
 
 async def test_priorities_are_respected_within_a_batch(utils: WorkerUtils, db: str) -> None:
     rng = random.Random(7)

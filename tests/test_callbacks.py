@@ -20,6 +20,8 @@ from workers import Recorder, until, worker
 from worker_cli import Helpers, WorkerUtils
 from worker_cli.events import Events
 
+pytestmark = pytest.mark.db
+
 
 async def _wait_for_empty_queue(db: str, within: float = 10) -> None:
     await until(

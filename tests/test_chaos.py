@@ -48,6 +48,9 @@ from fault_helpers import (
     wait_until,
 )
 
+pytestmark = [pytest.mark.db, pytest.mark.slow]
+
+
 SHORT_SECONDS = 12.0
 LONG = "CHAOS_SECONDS" in os.environ
 SECONDS = float(os.environ.get("CHAOS_SECONDS", SHORT_SECONDS))

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from dbhelpers import run_cli, value
 
 
+@pytest.mark.db
 def test_schema_only_installs_then_reports_up_to_date(empty_db: str) -> None:
     first = run_cli("-c", empty_db, "--schema-only")
     assert first.returncode == 0, first.stderr
@@ -17,6 +19,7 @@ def test_schema_only_installs_then_reports_up_to_date(empty_db: str) -> None:
     assert "up to date (revision 20)" in second.stdout
 
 
+@pytest.mark.db
 def test_schema_option_and_env(empty_db: str) -> None:
     assert run_cli("-c", empty_db, "--schema-only", "-s", "custom one").returncode == 0
     assert value(empty_db, 'select count(*) from "custom one".migrations') == 20
@@ -25,6 +28,7 @@ def test_schema_option_and_env(empty_db: str) -> None:
     assert value(empty_db, "select count(*) from from_env.migrations") == 20
 
 
+@pytest.mark.db
 def test_database_url_and_dotenv(empty_db: str, tmp_path: Path) -> None:
     assert run_cli("--schema-only", env={"DATABASE_URL": empty_db}).returncode == 0
     (tmp_path / ".env").write_text(
@@ -35,6 +39,7 @@ def test_database_url_and_dotenv(empty_db: str, tmp_path: Path) -> None:
     assert value(empty_db, "select count(*) from dotenv_schema.migrations") == 20
 
 
+@pytest.mark.unit
 def test_no_connection_is_one_line_and_exit_1(tmp_path: Path) -> None:
     result = run_cli("--schema-only", cwd=tmp_path)
     assert result.returncode == 1
@@ -43,6 +48,7 @@ def test_no_connection_is_one_line_and_exit_1(tmp_path: Path) -> None:
     assert "-c/--connection" in lines[0] and "DATABASE_URL" in lines[0] and "PG*" in lines[0]
 
 
+@pytest.mark.db
 def test_unreachable_database_is_one_line_and_exit_1(pg) -> None:  # type: ignore[no-untyped-def]
     result = run_cli("-c", pg.url("no_such_db_for_cli"), "--schema-only")
     assert result.returncode == 1
@@ -51,6 +57,7 @@ def test_unreachable_database_is_one_line_and_exit_1(pg) -> None:  # type: ignor
     assert "no_such_db_for_cli" in result.stderr
 
 
+@pytest.mark.unit
 def test_version_and_help() -> None:
     version = run_cli("--version")
     assert version.returncode == 0 and version.stdout.startswith("graphile-worker, version ")
@@ -59,6 +66,7 @@ def test_version_and_help() -> None:
         assert flag in help_text
 
 
+@pytest.mark.db
 def test_python_dash_m_works_the_same(empty_db: str) -> None:
     import subprocess
     import sys
@@ -74,6 +82,7 @@ def test_python_dash_m_works_the_same(empty_db: str) -> None:
     assert "migrated to revision 20" in result.stdout
 
 
+@pytest.mark.db
 def test_add_job_command_adds_one_job_with_its_options(db: str) -> None:
     result = run_cli(
         "add-job", "-c", db, "hello", '{"name": "CLI"}', "--queue", "q1", "--priority", "-3",
@@ -91,6 +100,7 @@ def test_add_job_command_adds_one_job_with_its_options(db: str) -> None:
     assert value(db, "select payload from graphile_worker._private_jobs") == {"name": "CLI"}
 
 
+@pytest.mark.db
 def test_add_job_command_refuses_bad_input_and_adds_nothing(db: str) -> None:
     bad_json = run_cli("add-job", "-c", db, "hello", "{name: 1}")
     assert bad_json.returncode == 2

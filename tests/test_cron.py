@@ -20,6 +20,9 @@ from psycopg_pool import AsyncConnectionPool
 from worker_cli import parse_crontab
 from worker_cli.worker.cron import CronScheduler
 
+pytestmark = pytest.mark.db
+
+
 ROOT = Path(__file__).resolve().parent.parent
 START = datetime(2026, 3, 10, 12, 0, 30, tzinfo=UTC)
 
@@ -287,6 +290,8 @@ def _live_ticks(db: str) -> list[str]:
     ]
 
 
+@pytest.mark.node
+@pytest.mark.slow
 def test_node_and_python_with_one_crontab_and_the_example(
     pg: Any, db: str, tmp_path: Path, node: NodeWorker
 ) -> None:

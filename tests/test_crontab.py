@@ -10,6 +10,9 @@ import pytest
 from worker_cli import CronItem, CrontabError, parse_cron_items, parse_crontab
 from worker_cli.crontab import parse_time_phrase
 
+pytestmark = pytest.mark.unit
+
+
 ROOT = Path(__file__).resolve().parent.parent
 ALL_MINUTES = frozenset(range(60))
 ALL_HOURS = frozenset(range(24))

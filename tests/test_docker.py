@@ -57,6 +57,7 @@ def arguments(stage: list[tuple[str, str]], keyword: str) -> list[str]:
     return [args for kw, args in stage if kw == keyword]
 
 
+@pytest.mark.unit
 def test_dockerfile_passes_hadolint() -> None:
     result = subprocess.run(
         [str(BIN / "hadolint"), "--no-color", "--failure-threshold", "style", str(DOCKERFILE)],
@@ -80,6 +81,7 @@ def test_dockerfile_passes_hadolint() -> None:
     assert result.returncode == 1 and "DL3008" in result.stdout
 
 
+@pytest.mark.unit
 def test_image_shape() -> None:
     """What the README promises: two stages, non-root, /worker, tini then graphile-worker."""
     assert len(STAGES) == 2
@@ -187,6 +189,8 @@ def cron_item_known(db: str, identifier: str) -> bool:
     )
 
 
+@pytest.mark.db
+@pytest.mark.slow
 def test_image_layout_runs_a_job_and_stops_on_sigterm(
     image: Image, worker_dir: Path, empty_db: str, tmp_path: Path
 ) -> None:
@@ -231,6 +235,10 @@ def test_image_layout_runs_a_job_and_stops_on_sigterm(
     assert not list((worker_dir / "tasks").rglob("__pycache__"))  # read-only mounts are fine
 
 
+# No database, but marked with the test above: both use the slow module-scoped
+# image build, which a run of one tier then does once.
+@pytest.mark.db
+@pytest.mark.slow
 def test_image_has_no_embedded_extra(image: Image, worker_dir: Path) -> None:
     """--embedded-db is for development: in the image it says how to get it."""
     result = subprocess.run(

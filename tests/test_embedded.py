@@ -97,6 +97,7 @@ def add_job(url: str, task: str, file: Path) -> None:
         )
 
 
+@pytest.mark.db
 def test_data_is_kept_between_runs_and_the_server_stopped_after_each(tmp_path: Path) -> None:
     data = tmp_path / "pgdata"
     first_tasks = tasks_folder(tmp_path / "tasks_a", "mark")
@@ -139,6 +140,7 @@ def test_data_is_kept_between_runs_and_the_server_stopped_after_each(tmp_path: P
     assert not server_running(data)
 
 
+@pytest.mark.db
 def test_the_server_is_stopped_on_errors_and_on_sigint(tmp_path: Path) -> None:
     data = tmp_path / "pg"
     # An error after the server started (no tasks folder): one line, exit 1, stopped.
@@ -173,6 +175,7 @@ def test_the_server_is_stopped_on_errors_and_on_sigint(tmp_path: Path) -> None:
     ]
 
 
+@pytest.mark.unit
 def test_flag_conflicts_and_bad_folders_are_one_line_errors(tmp_path: Path) -> None:
     data = tmp_path / "pg"
     both = run_cli("--embedded-db", str(data), "-c", "postgres:///x", cwd=tmp_path)
@@ -196,6 +199,7 @@ def test_flag_conflicts_and_bad_folders_are_one_line_errors(tmp_path: Path) -> N
     assert sorted(os.listdir(tmp_path / "notes")) == ["todo.txt"]
 
 
+@pytest.mark.unit
 def test_without_the_flag_no_server_is_started(tmp_path: Path) -> None:
     """Never a fallback: with the extra installed, a missing connection is still an error."""
     result = run_cli("--schema-only", cwd=tmp_path)

@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+import pytest
 from dbhelpers import rows, run_cli, value
 
 from worker_cli import parse_crontab
@@ -54,12 +55,14 @@ def job(db: str, job_id: int) -> dict[str, Any] | None:
     return found[0] if found else None
 
 
+@pytest.mark.unit
 def test_every_example_is_tested_and_the_crontab_uses_only_them() -> None:
     assert example_tasks() == COVERED
     cron_tasks = {item.task for item in parse_crontab((ROOT / "crontab.example").read_text())}
     assert cron_tasks <= COVERED and len(cron_tasks) >= 4
 
 
+@pytest.mark.db
 def test_each_example_task(db: str, tmp_path: Path) -> None:
     data = tmp_path / "data.bin"
     data.write_bytes(os.urandom(3 * 1024 * 1024 + 17))  # more than one chunk

@@ -40,6 +40,8 @@ from workers import Recorder
 from worker_cli import Helpers, make_worker_utils, run, run_once
 from worker_cli.events import Events
 
+pytestmark = pytest.mark.db
+
 
 @pytest.fixture(autouse=True)
 def _no_worker_outlives_its_test() -> Iterator[None]:
@@ -116,6 +118,7 @@ async def task(payload, helpers):
 
 
 @pytest.mark.parametrize("outage", ["restart", "terminate_backends"])
+@pytest.mark.slow
 def test_database_outage_loses_nothing_and_listen_resumes(
     db: str, private_pg: RestartablePg, tmp_path: Path, outage: str
 ) -> None:
@@ -478,6 +481,7 @@ def test_tasks_that_never_return_are_failed_by_a_forced_shutdown(db: str, tmp_pa
     print(f"\nnever-returning tasks: forced shutdown exited 0 after {exited_in:.2f}s, 2 jobs kept")
 
 
+@pytest.mark.slow
 def test_a_forced_stop_ends_within_seconds_while_the_database_hangs(
     private_pg: RestartablePg, tmp_path: Path
 ) -> None:
@@ -747,6 +751,7 @@ def test_schema_name_needing_quotes(db: str, tmp_path: Path) -> None:
     assert value(db, "select count(*) from pg_namespace where nspname = 'graphile_worker'") == 1
 
 
+@pytest.mark.slow
 def test_wrong_password_is_one_line_and_exit_1(private_pg: RestartablePg, tmp_path: Path) -> None:
     server = private_pg.server
     name = server.create_database()

@@ -32,6 +32,9 @@ from worker_cli.options import WorkerOptions
 from worker_cli.tasks import make_task_list
 from worker_cli.worker import WorkerPool
 
+pytestmark = pytest.mark.db
+
+
 INTERVAL, TIMEOUT = 0.5, 3.0
 HEARTBEAT = ("--heartbeat-interval", str(INTERVAL), "--heartbeat-timeout", str(TIMEOUT))
 
@@ -180,6 +183,7 @@ def test_released_job_keeps_its_attempt_and_says_why(db: str, tmp_path: Path) ->
     assert value(db, "select count(*) from public.runs") == 0
 
 
+@pytest.mark.node
 def test_pools_without_heartbeat_are_never_released(
     db: str, tmp_path: Path, node: NodeWorker
 ) -> None:

@@ -14,6 +14,9 @@ from psycopg.rows import dict_row
 
 from worker_cli import JobSpecError, WorkerUtils, make_worker_utils
 
+pytestmark = pytest.mark.db
+
+
 NOW = datetime.now(UTC)
 LATER = NOW + timedelta(hours=1)
 MUCH_LATER = NOW + timedelta(hours=2)

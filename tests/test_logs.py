@@ -15,6 +15,9 @@ from dbhelpers import cli_path, rows, run_cli
 
 from worker_cli import Helpers, WorkerUtils, run_once
 
+pytestmark = pytest.mark.db
+
+
 TASKS = {
     "ok.py": (
         "async def task(payload, helpers):\n"

@@ -38,6 +38,7 @@ def migration_rows(url: str, schema: str = "graphile_worker") -> list[tuple[int,
         ]
 
 
+@pytest.mark.db
 async def test_fresh_database_reaches_revision_20(empty_db: str) -> None:
     report = await run_migrate(empty_db)
     assert report.previous_revision is None
@@ -50,6 +51,7 @@ async def test_fresh_database_reaches_revision_20(empty_db: str) -> None:
     assert again.applied == () and again.previous_revision == 20
 
 
+@pytest.mark.db
 async def test_every_revision_notifies_worker_migrate(empty_db: str) -> None:
     async with await psycopg.AsyncConnection.connect(empty_db, autocommit=True) as listener:
         await listener.execute('listen "worker:migrate"')
@@ -63,6 +65,7 @@ async def test_every_revision_notifies_worker_migrate(empty_db: str) -> None:
     ]
 
 
+@pytest.mark.db
 async def test_schema_name_needing_quotes(empty_db: str) -> None:
     await run_migrate(empty_db, 'my "odd" schema')
     default_url = empty_db
@@ -90,6 +93,7 @@ def _downgrade_to(url: str, revision: int) -> None:
 
 
 @pytest.mark.parametrize("revision", [16, 17])
+@pytest.mark.db
 async def test_upgrade_from_revision_16_and_17(db: str, revision: int) -> None:
     reference = snapshot(db)
     rows(db, "select graphile_worker.add_job('pending', '{\"n\": 1}', queue_name => 'q')")
@@ -106,6 +110,8 @@ async def test_upgrade_from_revision_16_and_17(db: str, revision: int) -> None:
 
 
 @pytest.mark.parametrize("version,revision", [("0.16.6", 18), ("0.17.3", 19), ("0.18.0", 20)])
+@pytest.mark.db
+@pytest.mark.node
 async def test_upgrade_database_installed_by_node(
     pg: PgServer, node_factory, node, version: str, revision: int
 ) -> None:
@@ -136,6 +142,7 @@ async def test_upgrade_database_installed_by_node(
         assert not differences(snapshot(theirs), snapshot(reference))
 
 
+@pytest.mark.db
 async def test_older_revision_is_refused_with_upgrade_advice(db: str) -> None:
     rows(db, "delete from graphile_worker.migrations where id > 15")
     with pytest.raises(MigrationError) as info:
@@ -149,6 +156,7 @@ async def test_older_revision_is_refused_with_upgrade_advice(db: str) -> None:
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.db
 async def test_unknown_breaking_revision_exits_57(db: str) -> None:
     rows(db, "insert into graphile_worker.migrations (id, breaking) values (21, true)")
     with pytest.raises(IncompatibleSchemaError) as info:
@@ -161,6 +169,7 @@ async def test_unknown_breaking_revision_exits_57(db: str) -> None:
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.db
 async def test_unknown_safe_revision_warns_and_continues(db: str) -> None:
     rows(db, "insert into graphile_worker.migrations (id, breaking) values (21, false)")
     result = run_cli("-c", db, "--schema-only")
@@ -169,6 +178,7 @@ async def test_unknown_safe_revision_warns_and_continues(db: str) -> None:
     assert [r for r, _ in migration_rows(db)] == list(range(1, 22))
 
 
+@pytest.mark.unit
 def test_postgres_older_than_12_is_refused() -> None:
     with pytest.raises(UnsupportedPostgresError, match=r"PostgreSQL 12 or newer.*version 11\.5"):
         check_server_version(110005)
@@ -176,6 +186,7 @@ def test_postgres_older_than_12_is_refused() -> None:
 
 
 @pytest.mark.parametrize("processes", [2, 3, 10])
+@pytest.mark.db
 def test_concurrent_migrators_all_succeed(empty_db: str, processes: int) -> None:
     command = [cli_path(), "-c", empty_db, "--schema-only"]
     procs = [
@@ -195,6 +206,8 @@ def test_concurrent_migrators_all_succeed(empty_db: str, processes: int) -> None
     )
 
 
+@pytest.mark.db
+@pytest.mark.node
 async def test_concurrent_with_node_migrator(empty_db: str, node) -> None:
     async def node_migrate() -> int:
         proc = await asyncio.create_subprocess_exec(
@@ -210,6 +223,8 @@ async def test_concurrent_with_node_migrator(empty_db: str, node) -> None:
     assert migration_rows(empty_db) == [(n, n in EXPECTED_BREAKING) for n in range(1, 21)]
 
 
+@pytest.mark.db
+@pytest.mark.node
 async def test_python_only_migrations_have_their_own_record(db: str, tmp_path: Path, node) -> None:
     files_dir = tmp_path / "migrations"
     shutil.copytree(MigrationFiles().directory, files_dir)

@@ -15,6 +15,9 @@ from pg_server import PgServer
 from worker_cli import JobSpec, make_worker_utils
 from worker_cli.migrate import MigrationFiles, migrate
 
+pytestmark = [pytest.mark.db, pytest.mark.node]
+
+
 # A Node task that records each run in a table, in the order they ran.
 RECORDING_TASK = """\
 module.exports = async (payload, helpers) => {

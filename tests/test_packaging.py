@@ -8,6 +8,11 @@ import sys
 import zipfile
 from pathlib import Path
 
+import pytest
+
+pytestmark = [pytest.mark.db, pytest.mark.slow]
+
+
 ROOT = Path(__file__).resolve().parent.parent
 
 

@@ -18,6 +18,9 @@ from dbhelpers import run_cli
 import worker_cli
 from worker_cli.cli import command
 
+pytestmark = pytest.mark.unit
+
+
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text(encoding="utf-8")
 SOURCE = "\n".join(

@@ -7,10 +7,13 @@ import json
 import re
 from typing import Any
 
+import pytest
 from dbhelpers import rows, run_cli, value
 from workers import Recorder, worker
 
 from worker_cli import Helpers, WorkerUtils
+
+pytestmark = pytest.mark.db
 
 
 def _split(text: str) -> list[list[str]]:

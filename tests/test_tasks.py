@@ -25,6 +25,7 @@ def write(path: Path, text: str, executable: bool = False) -> Path:
 ASYNC_TASK = "async def task(payload, helpers):\n    return None\n"
 
 
+@pytest.mark.unit
 def test_identifiers_come_from_paths(tmp_path: Path) -> None:
     write(tmp_path / "hello.py", ASYNC_TASK)
     write(tmp_path / "users" / "send_email.py", "def task(payload, helpers):\n    pass\n")
@@ -61,6 +62,7 @@ def test_identifiers_come_from_paths(tmp_path: Path) -> None:
         ("bad name.py", ASYNC_TASK, r"'bad name.py': 'bad name' may only contain"),
     ],
 )
+@pytest.mark.unit
 def test_bad_task_files_name_the_file_and_reason(
     tmp_path: Path, name: str, content: str, message: str
 ) -> None:
@@ -70,6 +72,7 @@ def test_bad_task_files_name_the_file_and_reason(
         load_task_directory(tmp_path)
 
 
+@pytest.mark.unit
 def test_empty_or_missing_folder_is_an_error(tmp_path: Path) -> None:
     with pytest.raises(TaskLoadError, match="has no tasks"):
         load_task_directory(tmp_path)
@@ -77,6 +80,7 @@ def test_empty_or_missing_folder_is_an_error(tmp_path: Path) -> None:
         load_task_directory(tmp_path / "nope")
 
 
+@pytest.mark.unit
 def test_duplicate_identifier_is_an_error(tmp_path: Path) -> None:
     write(tmp_path / "dup.py", ASYNC_TASK)
     write(tmp_path / "dup", "#!/bin/sh\n", executable=True)
@@ -97,6 +101,7 @@ sys.exit(data["payload"].get("exit", 0))
 """
 
 
+@pytest.mark.db
 async def test_executable_tasks(
     utils: WorkerUtils, db: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

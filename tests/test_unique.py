@@ -59,6 +59,7 @@ async def succeed(db: str, task: str = "t") -> None:
 # --- the rule and its defaults -------------------------------------------------
 
 
+@pytest.mark.unit
 def test_rule_defaults() -> None:
     assert UniqueRule().to_json() == {
         "period": 60.0,
@@ -74,12 +75,14 @@ def test_rule_defaults() -> None:
     assert UniqueRule(period=float("inf")).to_json()["period"] == "infinity"
 
 
+@pytest.mark.db
 async def test_without_unique_add_job_returns_a_plain_job(utils: WorkerUtils) -> None:
     job = await utils.add_job("t", {"a": 1})
     assert isinstance(job, Job) and job.task_identifier == "t"
     assert [type(j) for j in await utils.add_jobs([{"identifier": "t"}])] == [Job]
 
 
+@pytest.mark.db
 async def test_conflict_flag_and_existing_job(utils: WorkerUtils, db: str) -> None:
     first = await utils.add_job("t", {"a": 1}, unique={"period": 60})
     assert isinstance(first, UniqueJobResult)
@@ -95,6 +98,7 @@ async def test_conflict_flag_and_existing_job(utils: WorkerUtils, db: str) -> No
     assert job_count(db) == 1
 
 
+@pytest.mark.db
 async def test_default_by_compares_task_queue_and_payload(utils: WorkerUtils, db: str) -> None:
     rule = UniqueRule()
     assert not (await utils.add_job("t", {"a": 1, "b": 2}, unique=rule)).conflict
@@ -107,6 +111,7 @@ async def test_default_by_compares_task_queue_and_payload(utils: WorkerUtils, db
     assert job_count(db) == 4
 
 
+@pytest.mark.db
 async def test_by_chooses_the_fields(utils: WorkerUtils) -> None:
     task_only = UniqueRule(by=["task"])
     assert not (await utils.add_job("t", {"n": 1}, queue_name="a", unique=task_only)).conflict
@@ -121,6 +126,7 @@ async def test_by_chooses_the_fields(utils: WorkerUtils) -> None:
     assert (await utils.add_job("f", flags=[], unique=with_flags)).conflict
 
 
+@pytest.mark.db
 async def test_keys_compare_part_of_the_payload(utils: WorkerUtils) -> None:
     rule = UniqueRule(keys=["user"])
     first = await utils.add_job("mail", {"user": 7, "text": "hi"}, unique=rule)
@@ -136,6 +142,7 @@ async def test_keys_compare_part_of_the_payload(utils: WorkerUtils) -> None:
 # --- states --------------------------------------------------------------------
 
 
+@pytest.mark.db
 async def test_pending_scheduled_job_blocks(utils: WorkerUtils) -> None:
     later = datetime.now(UTC) + timedelta(hours=1)
     assert not (await utils.add_job("t", run_at=later, unique={"period": 60})).conflict
@@ -143,6 +150,7 @@ async def test_pending_scheduled_job_blocks(utils: WorkerUtils) -> None:
     assert result.conflict and result.conflict_state == "pending"
 
 
+@pytest.mark.db
 async def test_running_job_blocks_with_until_success_but_not_until_start(
     utils: WorkerUtils, db: str
 ) -> None:
@@ -163,6 +171,7 @@ async def test_running_job_blocks_with_until_success_but_not_until_start(
     assert job_count(db) == 0
 
 
+@pytest.mark.db
 async def test_states_without_running(utils: WorkerUtils, db: str) -> None:
     seen: list[UniqueJobResult] = []
 
@@ -175,6 +184,7 @@ async def test_states_without_running(utils: WorkerUtils, db: str) -> None:
     assert seen[0].conflict is False
 
 
+@pytest.mark.db
 async def test_failing_job_holds_until_success_lock_through_retries(
     utils: WorkerUtils, db: str
 ) -> None:
@@ -197,6 +207,7 @@ async def test_failing_job_holds_until_success_lock_through_retries(
     assert not again.conflict and again.job_id != released.job_id
 
 
+@pytest.mark.db
 async def test_permanently_failed_job_blocks_only_when_failed_is_listed(
     utils: WorkerUtils, db: str
 ) -> None:
@@ -213,6 +224,7 @@ async def test_permanently_failed_job_blocks_only_when_failed_is_listed(
     assert blocked.job_id == listed.job_id
 
 
+@pytest.mark.db
 async def test_succeeded_job_blocks_for_the_rest_of_the_period(utils: WorkerUtils, db: str) -> None:
     first = await utils.add_job("t", {"n": 1}, unique={"period": 60})
     faktory = await utils.add_job(
@@ -231,6 +243,7 @@ async def test_succeeded_job_blocks_for_the_rest_of_the_period(utils: WorkerUtil
     assert not added.conflict and added.job_id != faktory.job_id
 
 
+@pytest.mark.db
 async def test_infinity_blocks_while_the_job_exists_and_not_after_success(
     utils: WorkerUtils, db: str
 ) -> None:
@@ -262,6 +275,7 @@ def time_passes(db: str, seconds: float) -> None:
     )
 
 
+@pytest.mark.db
 async def test_period_expiry(utils: WorkerUtils, db: str) -> None:
     rule = {"period": 600}
     first = await utils.add_job("t", {}, unique=rule)
@@ -278,6 +292,7 @@ async def test_period_expiry(utils: WorkerUtils, db: str) -> None:
     assert (await utils.add_job("t", {}, unique=rule)).job_id == second.job_id
 
 
+@pytest.mark.db
 async def test_scheduled_job_is_unique_for_its_delay_plus_the_period(
     utils: WorkerUtils, db: str
 ) -> None:
@@ -308,6 +323,7 @@ async def test_scheduled_job_is_unique_for_its_delay_plus_the_period(
 # --- replace -----------------------------------------------------------------------
 
 
+@pytest.mark.db
 async def test_replace_updates_a_pending_job(utils: WorkerUtils, db: str) -> None:
     later = datetime.now(UTC) + timedelta(hours=1)
     rule = UniqueRule(
@@ -333,6 +349,7 @@ async def test_replace_updates_a_pending_job(utils: WorkerUtils, db: str) -> Non
     assert third.job.max_attempts == 25 and third.job.priority == 0
 
 
+@pytest.mark.db
 async def test_replace_leaves_a_job_that_is_not_pending_alone(utils: WorkerUtils, db: str) -> None:
     rule = UniqueRule(replace=["priority", "max_attempts"])
     first = await utils.add_job("flaky", {}, max_attempts=5, unique=rule)
@@ -346,6 +363,7 @@ async def test_replace_leaves_a_job_that_is_not_pending_alone(utils: WorkerUtils
 # --- the guarantees ------------------------------------------------------------------
 
 
+@pytest.mark.db
 async def test_50_concurrent_connections_add_one_job(db: str) -> None:
     connections = [await psycopg.AsyncConnection.connect(db, autocommit=True) for _ in range(50)]
     try:
@@ -373,6 +391,7 @@ async def test_50_concurrent_connections_add_one_job(db: str) -> None:
     assert job_count(db) == 1 and lock_count(db) == 1
 
 
+@pytest.mark.db
 async def test_50_concurrent_python_callers_add_one_job(db: str) -> None:
     async with make_worker_utils(connection_string=db, max_pool_size=50) as utils:
         results = await asyncio.gather(
@@ -383,6 +402,8 @@ async def test_50_concurrent_python_callers_add_one_job(db: str) -> None:
     assert job_count(db) == 1
 
 
+@pytest.mark.db
+@pytest.mark.node
 async def test_job_completed_by_node_releases_the_lock(
     utils: WorkerUtils, db: str, node: NodeWorker, tmp_path: Path
 ) -> None:
@@ -407,6 +428,7 @@ async def test_job_completed_by_node_releases_the_lock(
     assert blocked.job_id == second.job_id
 
 
+@pytest.mark.db
 async def test_jobs_without_unique_leave_no_trace(utils: WorkerUtils, db: str) -> None:
     await utils.add_job("t", {})
     await utils.add_jobs([{"identifier": "t"}])
@@ -417,6 +439,7 @@ async def test_jobs_without_unique_leave_no_trace(utils: WorkerUtils, db: str) -
 # --- add_jobs ----------------------------------------------------------------------------
 
 
+@pytest.mark.db
 async def test_add_jobs_with_one_rule(utils: WorkerUtils, db: str) -> None:
     existing = await utils.add_job("t", {"n": 0}, unique={})
     results = await utils.add_jobs(
@@ -440,6 +463,7 @@ async def test_add_jobs_with_one_rule(utils: WorkerUtils, db: str) -> None:
     assert job_count(db) == 3
 
 
+@pytest.mark.db
 async def test_add_jobs_with_a_rule_per_spec(utils: WorkerUtils, db: str) -> None:
     results = await utils.add_jobs(
         [
@@ -460,6 +484,7 @@ async def test_add_jobs_with_a_rule_per_spec(utils: WorkerUtils, db: str) -> Non
         await utils.add_jobs([{"identifier": "t"}, {"identifier": "t"}], unique=[{}, {"period": 0}])
 
 
+@pytest.mark.db
 async def test_concurrent_batches_in_different_orders_do_not_deadlock(db: str) -> None:
     specs = [{"identifier": "t", "payload": {"n": n}} for n in range(20)]
     async with make_worker_utils(connection_string=db, max_pool_size=8) as utils:
@@ -477,6 +502,7 @@ async def test_concurrent_batches_in_different_orders_do_not_deadlock(db: str) -
 # --- SQL callers -------------------------------------------------------------------------
 
 
+@pytest.mark.db
 async def test_sql_callers_and_python_callers_share_the_rule(utils: WorkerUtils, db: str) -> None:
     sql_row = rows(
         db,
@@ -524,6 +550,7 @@ BAD_RULES: list[tuple[dict[str, Any], str]] = [
 
 
 @pytest.mark.parametrize("rule,message", BAD_RULES)
+@pytest.mark.db
 async def test_bad_rules_raise_value_error_naming_the_field(
     utils: WorkerUtils, db: str, rule: dict[str, Any], message: str
 ) -> None:
@@ -543,6 +570,7 @@ async def test_bad_rules_raise_value_error_naming_the_field(
     assert job_count(db) == 0
 
 
+@pytest.mark.db
 async def test_keys_need_an_object_payload(utils: WorkerUtils, db: str) -> None:
     with pytest.raises(ValueError, match=r"^unique\.keys: .*JSON object, not list"):
         await utils.add_job("t", [1, 2], unique={"keys": ["id"]})
@@ -561,6 +589,7 @@ async def test_keys_need_an_object_payload(utils: WorkerUtils, db: str) -> None:
 # --- removal and cleanup -------------------------------------------------------------
 
 
+@pytest.mark.db
 async def test_remove_job_releases_the_lock(utils: WorkerUtils, db: str) -> None:
     await utils.add_job("t", {}, job_key="k", unique={})
     await utils.remove_job("k")
@@ -568,6 +597,7 @@ async def test_remove_job_releases_the_lock(utils: WorkerUtils, db: str) -> None
     assert not (await utils.add_job("t", {}, unique={})).conflict
 
 
+@pytest.mark.db
 async def test_deleted_permanently_failed_job_does_not_count_as_success(
     utils: WorkerUtils, db: str
 ) -> None:
@@ -578,6 +608,7 @@ async def test_deleted_permanently_failed_job_does_not_count_as_success(
     assert not (await utils.add_job("t", {}, unique={})).conflict
 
 
+@pytest.mark.db
 async def test_a_plain_sql_delete_counts_as_success(utils: WorkerUtils, db: str) -> None:
     added = await utils.add_job("t", {}, unique={})
     rows(db, "delete from graphile_worker._private_jobs")
@@ -599,6 +630,7 @@ async def make_collectable_locks(utils: WorkerUtils, db: str) -> set[int]:
     return {gone_oban.job_id, live.job_id}
 
 
+@pytest.mark.db
 async def test_cleanup_deletes_locks_that_can_never_block_again(
     utils: WorkerUtils, db: str
 ) -> None:
@@ -611,6 +643,7 @@ async def test_cleanup_deletes_locks_that_can_never_block_again(
     assert lock_count(db) == 0
 
 
+@pytest.mark.db
 async def test_cleanup_goes_through_many_locks(utils: WorkerUtils, db: str) -> None:
     await utils.add_jobs(
         [{"identifier": "t", "payload": {"n": n}} for n in range(1200)], unique={"period": 60}
@@ -621,6 +654,7 @@ async def test_cleanup_goes_through_many_locks(utils: WorkerUtils, db: str) -> N
     assert lock_count(db) == 0
 
 
+@pytest.mark.db
 async def test_cli_cleanup_gc_unique_locks(utils: WorkerUtils, db: str) -> None:
     kept = await make_collectable_locks(utils, db)
     result = run_cli("-c", db, "--cleanup", "GC_UNIQUE_LOCKS")
@@ -628,6 +662,7 @@ async def test_cli_cleanup_gc_unique_locks(utils: WorkerUtils, db: str) -> None:
     assert {r["job_id"] for r in rows(db, f"select job_id from {LOCKS}")} == kept
 
 
+@pytest.mark.db
 async def test_the_worker_sweep_deletes_expired_locks(utils: WorkerUtils, db: str) -> None:
     kept = await make_collectable_locks(utils, db)
     options = WorkerOptions(stale_sweep_interval=(0.05, 0.1))
@@ -644,6 +679,7 @@ async def test_the_worker_sweep_deletes_expired_locks(utils: WorkerUtils, db: st
     assert {r["job_id"] for r in rows(db, f"select job_id from {LOCKS}")} == kept
 
 
+@pytest.mark.db
 async def test_our_tables_stay_out_of_nodes_migrations(db: str) -> None:
     assert value(db, "select max(id) from graphile_worker.migrations") == 20
     assert 1 in value(db, "select array_agg(id) from graphile_worker._private_py_migrations")
@@ -662,12 +698,15 @@ async def test_our_tables_stay_out_of_nodes_migrations(db: str) -> None:
     ]
 
 
+@pytest.mark.db
 async def test_quick_add_job_with_unique(db: str) -> None:
     first = await quick_add_job("t", {"n": 1}, connection_string=db, unique={})
     second = await quick_add_job("t", {"n": 1}, connection_string=db, unique={})
     assert not first.conflict and second.conflict and second.job_id == first.job_id
 
 
+@pytest.mark.db
+@pytest.mark.node
 async def test_schema_installed_by_node_only(empty_db: str, node: NodeWorker) -> None:
     """Without our migration, everything but unique jobs works as before."""
     result = node.run("-c", empty_db, "--schema-only")

@@ -21,6 +21,8 @@ from worker_cli.tasks import make_task_list
 from worker_cli.worker import WorkerPool
 from worker_cli.worker.fetcher import configure_fetch_connection
 
+pytestmark = pytest.mark.db
+
 
 def jobs(db: str) -> list[dict[str, Any]]:
     return rows(db, "select * from graphile_worker.jobs order by id")

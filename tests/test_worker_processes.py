@@ -14,6 +14,9 @@ from node_worker import NodeWorker
 
 from worker_cli import WorkerUtils
 
+pytestmark = pytest.mark.db
+
+
 RECORD_PY = '''\
 import asyncio
 
@@ -112,6 +115,7 @@ def overlapping_runs(db: str) -> list[dict[str, object]]:
     )
 
 
+@pytest.mark.slow
 async def test_four_processes_drain_5000_jobs_each_once(
     utils: WorkerUtils, db: str, tmp_path: Path
 ) -> None:
@@ -167,6 +171,8 @@ async def test_named_queues_stay_serial_across_processes(
     )
 
 
+@pytest.mark.node
+@pytest.mark.slow
 async def test_mixed_fleet_with_node(
     utils: WorkerUtils, db: str, tmp_path: Path, node: NodeWorker
 ) -> None:

@@ -34,6 +34,7 @@ def job_count(db: str) -> int:
     return int(value(db, "select count(*) from graphile_worker._private_jobs"))
 
 
+@pytest.mark.db
 async def test_add_job_usage_from_the_issue(db: str) -> None:
     async with make_worker_utils(connection_string=db) as utils:
         job = await utils.add_job("send_email", {"to": "a@b.c"}, queue_name="mail", run_at=None)
@@ -48,6 +49,7 @@ async def test_add_job_usage_from_the_issue(db: str) -> None:
     ]
 
 
+@pytest.mark.db
 async def test_job_is_read_only(utils: WorkerUtils) -> None:
     job = await utils.add_job("t")
     with pytest.raises(AttributeError):
@@ -76,6 +78,7 @@ BAD_OPTIONS: list[tuple[dict[str, Any], str]] = [
 
 
 @pytest.mark.parametrize("options,message", BAD_OPTIONS)
+@pytest.mark.db
 async def test_bad_add_job_options_name_the_field(
     utils: WorkerUtils, db: str, options: dict[str, Any], message: str
 ) -> None:
@@ -91,6 +94,7 @@ async def test_bad_add_job_options_name_the_field(
 @pytest.mark.parametrize(
     "options,message", [(o, m) for o, m in BAD_OPTIONS if "job_key_mode" not in o]
 )
+@pytest.mark.db
 async def test_bad_add_jobs_specs_name_the_index_and_field(
     utils: WorkerUtils, db: str, options: dict[str, Any], message: str
 ) -> None:
@@ -101,6 +105,7 @@ async def test_bad_add_jobs_specs_name_the_index_and_field(
     assert job_count(db) == 0
 
 
+@pytest.mark.db
 async def test_add_jobs_rejects_unknown_fields_and_modes(utils: WorkerUtils) -> None:
     with pytest.raises(JobSpecError, match=r"specs\[0\]: unknown field\(s\) task"):
         await utils.add_jobs([{"identifier": "t", "task": "x"}])
@@ -110,6 +115,7 @@ async def test_add_jobs_rejects_unknown_fields_and_modes(utils: WorkerUtils) -> 
         await utils.add_jobs([JobSpec(identifier="t", job_key_mode="unsafe_dedupe")])
 
 
+@pytest.mark.db
 async def test_add_jobs_with_spec_objects(utils: WorkerUtils, db: str) -> None:
     when = datetime.now(UTC) + timedelta(minutes=5)
     jobs = await utils.add_jobs(
@@ -130,12 +136,14 @@ async def test_add_jobs_with_spec_objects(utils: WorkerUtils, db: str) -> None:
     assert job_count(db) == 2
 
 
+@pytest.mark.db
 async def test_payloads_that_are_json_but_not_objects(utils: WorkerUtils) -> None:
     for payload in ("text", 42, [1, "a"], True):
         job = await utils.add_job("t", payload)
         assert job.payload == payload
 
 
+@pytest.mark.db
 async def test_missing_schema_gets_a_clear_error(empty_db: str) -> None:
     async with make_worker_utils(connection_string=empty_db) as utils:
         with pytest.raises(SchemaNotInstalledError, match="graphile-worker --schema-only"):
@@ -145,6 +153,7 @@ async def test_missing_schema_gets_a_clear_error(empty_db: str) -> None:
         assert (await utils.add_job("t", {})).task_identifier == "t"
 
 
+@pytest.mark.db
 async def test_custom_schema(empty_db: str) -> None:
     async with make_worker_utils(connection_string=empty_db, schema="jobs here") as utils:
         await utils.migrate()
@@ -153,6 +162,7 @@ async def test_custom_schema(empty_db: str) -> None:
     assert value(empty_db, 'select count(*) from "jobs here".migrations') == 20
 
 
+@pytest.mark.db
 async def test_quick_add_job(db: str) -> None:
     job = await quick_add_job("hello", {"name": "Bobby"}, connection_string=db, priority=2)
     assert (job.task_identifier, job.priority) == ("hello", 2)
@@ -168,12 +178,14 @@ def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> pytest.MonkeyP
     return monkeypatch
 
 
+@pytest.mark.db
 async def test_database_url_is_used(db: str, clean_env: pytest.MonkeyPatch) -> None:
     clean_env.setenv("DATABASE_URL", db)
     await quick_add_job("from_env")
     assert job_count(db) == 1
 
 
+@pytest.mark.db
 async def test_pg_variables_are_used(db: str, clean_env: pytest.MonkeyPatch) -> None:
     params = conninfo_to_dict(db)
     for key, env in (
@@ -188,6 +200,7 @@ async def test_pg_variables_are_used(db: str, clean_env: pytest.MonkeyPatch) -> 
     assert job_count(db) == 1
 
 
+@pytest.mark.db
 async def test_dotenv_in_working_directory_is_read(
     db: str, clean_env: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
@@ -196,6 +209,7 @@ async def test_dotenv_in_working_directory_is_read(
     assert job_count(db) == 1
 
 
+@pytest.mark.unit
 async def test_no_connection_settings_explains_the_three_ways(
     clean_env: pytest.MonkeyPatch,
 ) -> None:
@@ -205,6 +219,7 @@ async def test_no_connection_settings_explains_the_three_ways(
     assert "-c/--connection" in message and "DATABASE_URL" in message and "PG*" in message
 
 
+@pytest.mark.db
 async def test_refused_connection_is_one_clear_error(pg: Any) -> None:
     # The test servers trust every local login, so a refused login is shown with
     # a database that does not exist: the same libpq failure path as a bad password.
@@ -216,6 +231,7 @@ async def test_refused_connection_is_one_clear_error(pg: Any) -> None:
         await quick_add_job("t", connection_string=bad)
 
 
+@pytest.mark.db
 async def test_add_jobs_assigns_ids_in_the_order_of_the_specs(utils: WorkerUtils, db: str) -> None:
     # So that a batch added to a named queue runs in the order given.
     specs = [
@@ -241,6 +257,7 @@ async def test_add_jobs_assigns_ids_in_the_order_of_the_specs(utils: WorkerUtils
 BIG = 12_000
 
 
+@pytest.mark.db
 async def test_a_large_add_jobs_adds_every_job_in_order(utils: WorkerUtils, db: str) -> None:
     payloads: list[Any] = [{"n": n} for n in range(BIG)]
     # Payloads of every JSON kind, with escapes, come back as they were given.
@@ -270,6 +287,7 @@ async def test_a_large_add_jobs_adds_every_job_in_order(utils: WorkerUtils, db: 
         ({"job_key": "k3"}, r"specs\[11000\]\.job_key: is also the job_key of specs\[3\]"),
     ],
 )
+@pytest.mark.db
 async def test_a_bad_spec_late_in_a_large_add_jobs_adds_nothing(
     utils: WorkerUtils, db: str, bad: dict[str, Any], message: str
 ) -> None:
@@ -284,6 +302,7 @@ async def test_a_bad_spec_late_in_a_large_add_jobs_adds_nothing(
     assert job_count(db) == 0
 
 
+@pytest.mark.db
 async def test_a_failed_large_add_jobs_leaves_the_callers_transaction_usable(
     utils: WorkerUtils, db: str
 ) -> None:
@@ -300,6 +319,7 @@ async def test_a_failed_large_add_jobs_leaves_the_callers_transaction_usable(
     ] == ["before", "after"]
 
 
+@pytest.mark.db
 async def test_repeated_job_keys_are_refused_in_a_small_add_jobs_too(
     utils: WorkerUtils, db: str
 ) -> None:
@@ -320,6 +340,7 @@ async def test_repeated_job_keys_are_refused_in_a_small_add_jobs_too(
 
 
 @pytest.mark.parametrize("autocommit", [True, False])
+@pytest.mark.db
 async def test_maintenance_leaves_pooled_connections_as_they_were(
     db: str, autocommit: bool
 ) -> None:
@@ -355,6 +376,7 @@ async def task(payload, helpers):
 """
 
 
+@pytest.mark.db
 async def test_a_tasks_statements_commit_the_same_way_after_a_sweep(
     utils: WorkerUtils, db: str, tmp_path: Path
 ) -> None:
@@ -403,6 +425,7 @@ async def test_a_tasks_statements_commit_the_same_way_after_a_sweep(
 # --- A held connection stays with its block ---------------------------------------
 
 
+@pytest.mark.db
 async def test_a_task_spawned_in_holding_connection_does_not_use_it_after_the_block(
     db: str,
 ) -> None:
