@@ -6,10 +6,13 @@ import dataclasses
 import inspect
 
 import click
+import pytest
 
 from worker_cli.cli import command
 from worker_cli.options import FLAGS, WorkerOptions
 from worker_cli.runner import run
+
+pytestmark = pytest.mark.unit
 
 DEFAULTS = WorkerOptions()
 FIELDS = {field.name for field in dataclasses.fields(WorkerOptions)}
@@ -23,7 +26,8 @@ def test_every_flag_sets_a_field_and_a_run_keyword() -> None:
 
 
 def test_cli_defaults_are_the_fields_defaults() -> None:
-    ctx = click.Context(command)
+    # With the command's own settings: click keeps the help option it makes first.
+    ctx = click.Context(command, **command.context_settings)
     params = {param.name: param for param in command.get_params(ctx)}
     for flag in FLAGS:
         param = params[flag.field]
