@@ -37,7 +37,7 @@ logger = logging.getLogger("graphile_worker")
 WRITE_AT_MOST = 1000
 
 
-def write_now(*, stopping: bool, named_queue_results: int, pool_idle: bool, pending: int) -> bool:
+def write_now(stopping: bool, named_queue_results: int, pool_idle: bool, pending: int) -> bool:
     """True when waiting results should be written without the batching delay:
     the pool is stopping; a result belongs to a job of a named queue (the
     queue stays locked until it is written); the pool has nothing running or
@@ -86,28 +86,29 @@ class Completer:
         return not self._succeeded and not self._failed and not self._writing
 
     def succeeded(self, job: Job, worker_id: str) -> None:
-        """Queue a success for writing."""
+        """Queue a success for writing (once per job: kept lean)."""
         self._succeeded.append((job, worker_id))
-        self._added(job)
-
-    def failed(self, failure: Failure) -> None:
-        """Queue a failure for writing."""
-        self._failed.append(failure)
-        self._added(failure.job)
-
-    def _added(self, job: Job) -> None:
         self._ready.set()
         if job.job_queue_id is not None:
             self._named_queue_results += 1
         if self._due():
             self._write_now.set()  # ends a batch's wait for more
 
+    def failed(self, failure: Failure) -> None:
+        """Queue a failure for writing."""
+        self._failed.append(failure)
+        self._ready.set()
+        if failure.job.job_queue_id is not None:
+            self._named_queue_results += 1
+        if self._due():
+            self._write_now.set()
+
     def _due(self) -> bool:
         return write_now(
-            stopping=self._stopping,
-            named_queue_results=self._named_queue_results,
-            pool_idle=self._pool_idle(),
-            pending=len(self._succeeded) + len(self._failed),
+            self._stopping,
+            self._named_queue_results,
+            self._pool_idle(),
+            len(self._succeeded) + len(self._failed),
         )
 
     def hurry(self) -> None:
