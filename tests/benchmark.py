@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import resource
 import signal
 import socket
 import statistics
@@ -50,6 +51,21 @@ PY_TASKS = {
         " ('127.0.0.1', payload['port']))\n"
     ),
 }
+#: The same tasks as plain functions (run in the worker's threads).
+PY_DEF_TASKS = {
+    "noop.py": "def task(payload, helpers):\n    return None\n",
+    "latency.py": (
+        "import socket, time\n"
+        "_sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n\n"
+        "def task(payload, helpers):\n"
+        "    _sock.sendto(f\"{payload['id']} {time.monotonic_ns()}\".encode(),"
+        " ('127.0.0.1', payload['port']))\n"
+    ),
+}
+#: Success lines on (--log-success): what users run by default; else off for
+#: every system, as graphile-worker's perfTest has them.
+LOG_SUCCESS = False
+
 NODE_TASKS = {
     "noop.cjs": "module.exports = async () => {};\n",
     "latency.cjs": (
@@ -71,6 +87,8 @@ class System:
     env: dict[str, str] = field(default_factory=dict)  # added to the environment
     startup_ms: list[float] = field(default_factory=list)
     throughput: dict[int, list[float]] = field(default_factory=dict)
+    #: Worker CPU (user + system, every process, start-up included) per 1,000 jobs.
+    cpu_per_1k: dict[int, list[float]] = field(default_factory=dict)
     latency_p50: list[float] = field(default_factory=list)
     latency_p95: list[float] = field(default_factory=list)
 
@@ -85,18 +103,21 @@ class System:
         )
 
     def start(self, url: str, *args: str) -> subprocess.Popen[bytes]:
-        return subprocess.Popen(
-            [*self.command, "-c", url, *args],
-            cwd=self.workdir,
-            env={**_env(), **self.env},
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-        )
+        # Log lines go to a file (a pipe nobody reads would fill up and block).
+        with open(self.workdir / "worker.log", "ab") as log:
+            return subprocess.Popen(
+                [*self.command, "-c", url, *args],
+                cwd=self.workdir,
+                env={**_env(), **self.env},
+                stdout=subprocess.DEVNULL,
+                stderr=log,
+            )
 
 
 def _env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL" and not k.startswith("PG")}
-    env["NO_LOG_SUCCESS"] = "1"
+    if not LOG_SUCCESS:
+        env["NO_LOG_SUCCESS"] = "1"
     return env
 
 
@@ -124,7 +145,8 @@ def measure_startup(pg: PgServer, system: System, concurrency: int, runs: int = 
 
 def measure_throughput(
     pg: PgServer, system: System, jobs: int, processes: int, concurrency: int, startup_ms: float
-) -> float:
+) -> tuple[float, float]:
+    """Jobs/s net of the start-up time, and the workers' CPU seconds per 1,000 jobs."""
     url = fresh_database(pg, system, "gw_bench")
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(
@@ -136,14 +158,17 @@ def measure_throughput(
         conn.execute("vacuum analyze graphile_worker._private_jobs")
         conn.execute("checkpoint")
     time.sleep(1)
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     procs = [system.start(url, "--once", "-j", str(concurrency)) for _ in range(processes)]
     codes = [p.wait(timeout=600) for p in procs]
     wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     with psycopg.connect(url) as conn:
         left = conn.execute("select count(*) from graphile_worker._private_jobs").fetchone()
     assert codes == [0] * processes and left == (0,), (codes, left)
-    return jobs / max(wall - startup_ms / 1000, 1e-6)
+    return jobs / max(wall - startup_ms / 1000, 1e-6), cpu / jobs * 1000
 
 
 def measure_latency(
@@ -398,16 +423,37 @@ def main() -> None:
         "`git worktree` of the previous commit: before/after in the same run",
     )
     parser.add_argument(
+        "--task-kinds",
+        default="async",
+        help="this worker's task functions: async, def (plain functions, run in threads), "
+        "or both: async,def",
+    )
+    parser.add_argument(
+        "--log-success",
+        action="store_true",
+        help="success lines on for every system (what users run by default); "
+        "without it they are off (NO_LOG_SUCCESS=1), as in graphile-worker's perfTest",
+    )
+    parser.add_argument(
         "--extras",
         action="store_true",
         help="also this worker's enqueue rate, drain rate behind large tables, and memory",
     )
     args = parser.parse_args()
     process_counts = [int(n) for n in args.processes.split(",")]
+    kinds = args.task_kinds.split(",")
+    if not kinds or set(kinds) - {"async", "def"}:
+        parser.error("--task-kinds takes async, def or async,def")
+    global LOG_SUCCESS
+    LOG_SUCCESS = args.log_success
 
     scratch = Path(tempfile.mkdtemp(prefix="gw-bench-"))
     py_cli = str(Path(sys.executable).parent / "graphile-worker")
-    systems = [_system("python", [py_cli], scratch / "python", PY_TASKS)]
+    systems = []
+    if "async" in kinds:
+        systems.append(_system("python", [py_cli], scratch / "python", PY_TASKS))
+    if "def" in kinds:
+        systems.append(_system("python, def", [py_cli], scratch / "python-def", PY_DEF_TASKS))
     if args.compare_with:
         other = Path(args.compare_with).resolve()
         systems.append(
@@ -415,7 +461,7 @@ def main() -> None:
                 "python, before",
                 [py_cli],
                 scratch / "python-before",
-                PY_TASKS,
+                PY_TASKS if "async" in kinds else PY_DEF_TASKS,
                 env={"PYTHONPATH": str(other)},
             )
         )
@@ -460,11 +506,12 @@ def main() -> None:
                 system.startup_ms.append(startup)
                 line = f"round {round_ + 1} {system.name}: start-up {startup:.0f} ms"
                 for processes in process_counts:
-                    rate = measure_throughput(
+                    rate, cpu = measure_throughput(
                         pg, system, args.jobs, processes, args.concurrency, startup
                     )
                     system.throughput.setdefault(processes, []).append(rate)
-                    line += f", {processes}p {rate:,.0f} jobs/s"
+                    system.cpu_per_1k.setdefault(processes, []).append(cpu)
+                    line += f", {processes}p {rate:,.0f} jobs/s, CPU {cpu:.3f} s/1k jobs"
                 if system.latency:
                     p50, p95 = measure_latency(pg, system, args.latency_samples, args.concurrency)
                     system.latency_p50.append(p50)
@@ -478,15 +525,21 @@ def main() -> None:
         for name in SCALE_TEMPLATES:
             pg.drop_database(name)
 
+    lines = "on" if LOG_SUCCESS else "off (NO_LOG_SUCCESS=1)"
     print(
         f"\n{args.jobs:,} jobs, concurrency {args.concurrency}, {args.latency_samples} latency "
-        f"samples, {args.rounds} alternating rounds (median [min-max]); {versions}\n"
+        f"samples, {args.rounds} alternating rounds (median [min-max]); success lines {lines}; "
+        f"{versions}\n"
     )
-    head = "| system | " + " | ".join(f"jobs/s, {n} process(es)" for n in process_counts)
+    head = "| system | " + " | ".join(
+        f"jobs/s, {n} process(es) | worker CPU s / 1k jobs, {n} process(es)" for n in process_counts
+    )
     print(head + " | latency p50 ms | latency p95 ms | start+stop `--once` ms |")
-    print("|---" * (4 + len(process_counts)) + "|")
+    print("|---" * (4 + 2 * len(process_counts)) + "|")
     for s in systems:
-        rates = " | ".join(_fmt(s.throughput[n]) for n in process_counts)
+        rates = " | ".join(
+            f"{_fmt(s.throughput[n])} | {_fmt(s.cpu_per_1k[n], 3)}" for n in process_counts
+        )
         print(
             f"| {s.name} | {rates} | {_fmt(s.latency_p50, 2)} | "
             f"{_fmt(s.latency_p95, 2)} | {_fmt(s.startup_ms)} |"
@@ -494,14 +547,25 @@ def main() -> None:
     by_name = {s.name: s for s in systems}
     for ours, theirs in [
         ("python", "node"),
+        ("python, def", "node"),
+        ("python", "node, batching"),
+        ("python, def", "node, batching"),
         ("python, batching", "node, batching"),
         ("python, before", "node"),
         ("python", "python, before"),
+        ("python, def", "python, before"),
     ]:
         if ours not in by_name or theirs not in by_name:
             continue
+        if theirs == "python, before" and ("async" in kinds) != (ours == "python"):
+            continue  # "before" runs the first task kind only
         a, b = by_name[ours], by_name[theirs]
-        rates = " | ".join(_ratio(a.throughput[n], b.throughput[n]) for n in process_counts)
+        rates = " | ".join(
+            _ratio(a.throughput[n], b.throughput[n])
+            + " | "
+            + _ratio(a.cpu_per_1k[n], b.cpu_per_1k[n])
+            for n in process_counts
+        )
         print(
             f"| {ours} / {theirs} | {rates} | "
             f"{_ratio(a.latency_p50, b.latency_p50)} | "
