@@ -11,6 +11,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg_pool import AsyncConnectionPool
 
 from .errors import DatabaseConnectionError
+from .retry import one_line
 
 __all__ = [
     "WORKER_CONNECTION_DEFAULTS",
@@ -28,7 +29,7 @@ async def connect(conninfo: str, *, autocommit: bool = False) -> psycopg.AsyncCo
             conninfo, autocommit=autocommit, connect_timeout=10
         )
     except psycopg.OperationalError as exc:
-        reason = " ".join(str(exc).split()) or type(exc).__name__
+        reason = one_line(exc)
         raise DatabaseConnectionError(f"could not connect to the database: {reason}") from None
     except psycopg.ProgrammingError as exc:  # a malformed connection string
         raise DatabaseConnectionError(f"invalid connection string: {exc}") from None

@@ -20,6 +20,7 @@ from . import statements
 from .config import resolve_connection_string, resolve_schema
 from .db import connect
 from .errors import GraphileWorkerError, SchemaNotInstalledError
+from .retry import one_line
 
 __all__ = ["Counts", "QueueStatus", "Status", "format_json", "format_text", "read_status"]
 
@@ -104,7 +105,7 @@ async def read_status(connection_string: str | None = None, *, schema: str | Non
                 oldest = await fetch(statements.status_oldest_waiting)
                 locked_queues = await fetch(statements.status_locked_queues)
     except psycopg.Error as exc:
-        reason = " ".join(str(exc).split()) or type(exc).__name__
+        reason = one_line(exc)
         raise GraphileWorkerError(f"could not read the queue status: {reason}") from None
     return _assemble(schema_name, revision, now, counts, oldest, locked_queues)
 

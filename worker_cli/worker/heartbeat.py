@@ -49,7 +49,7 @@ import psycopg
 
 from .. import statements
 from ..db import WorkerConnections
-from ..retry import DEFAULT
+from ..retry import DEFAULT, one_line
 
 __all__ = ["Heartbeat"]
 
@@ -168,7 +168,7 @@ class Heartbeat:
                 logger.warning(
                     "Worker pool %s: heartbeat failed (%s); retrying in %.2fs",
                     self.pool_id,
-                    " ".join(str(exc).split()) or type(exc).__name__,
+                    one_line(exc),
                     min(self.interval, DEFAULT.delay(failures)),
                 )
 
@@ -238,7 +238,7 @@ class Heartbeat:
             logger.warning(
                 "Worker pool %s: could not remove its heartbeat (%s)",
                 self.pool_id,
-                " ".join(str(exc).split()) or type(exc).__name__,
+                one_line(exc),
             )
 
     def _call_soon(self, callback: Callable[..., Any], *args: Any) -> None:
