@@ -288,7 +288,7 @@ class WorkerPool:
 
     async def _wait_for_running(self, slots: Slots, tasks: Sequence[asyncio.Task[None]]) -> None:
         """Let the running jobs finish; after the graceful timeout set their
-        ``abort_signal``; on a forced stop they are failed (see force_stop)."""
+        ``abort_signal``; on a forced stop they are failed (Slots.fail_running)."""
         all_slots: asyncio.Future[Any] = asyncio.gather(*tasks)
         if slots.running:
             timeout = self.options.graceful_shutdown_timeout
