@@ -10,7 +10,7 @@ from dbhelpers import rows
 from psycopg.conninfo import conninfo_to_dict
 
 from worker_cli import Events, Helpers, run
-from worker_cli.db import WorkerConnections
+from worker_cli.db import WorkerConnections, connect
 
 
 @pytest.mark.unit
@@ -87,3 +87,23 @@ async def test_a_dba_sees_each_connection_of_a_pool_by_name(
         await asyncio.wait_for(ran.wait(), 10)
     finally:
         await runner.stop()
+
+
+@pytest.mark.db
+async def test_a_connect_timeout_in_the_connection_string_wins(
+    db: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """connect() (status, migrations, the fetcher's first connection) adds the
+    worker's timeout only where the connection string sets none."""
+    monkeypatch.delenv("PGCONNECT_TIMEOUT", raising=False)
+    separator = "&" if "?" in db else "?"
+    conn = await connect(f"{db}{separator}connect_timeout=7")
+    try:
+        assert conninfo_to_dict(conn.info.dsn)["connect_timeout"] == "7"
+    finally:
+        await conn.close()
+    conn = await connect(db)
+    try:
+        assert conninfo_to_dict(conn.info.dsn)["connect_timeout"] == "10"
+    finally:
+        await conn.close()

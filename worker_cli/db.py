@@ -26,7 +26,7 @@ async def connect(conninfo: str, *, autocommit: bool = False) -> psycopg.AsyncCo
     """Open one connection; failures raise DatabaseConnectionError with libpq's reason."""
     try:
         return await psycopg.AsyncConnection.connect(
-            conninfo, autocommit=autocommit, connect_timeout=10
+            worker_conninfo(conninfo), autocommit=autocommit
         )
     except psycopg.OperationalError as exc:
         reason = one_line(exc)
@@ -59,15 +59,16 @@ WORKER_CONNECTION_DEFAULTS: dict[str, tuple[str, str | None]] = {
 }
 
 
-def worker_conninfo(conninfo: str, application_name: str) -> str:
-    """``conninfo`` with the worker's connection settings added where it sets
-    none: :data:`WORKER_CONNECTION_DEFAULTS`, and ``application_name`` (which
-    names the pool and the connection's role in ``pg_stat_activity``)."""
+def worker_conninfo(conninfo: str, application_name: str | None = None) -> str:
+    """``conninfo`` with the worker's connection settings added where it (or
+    the libpq variable) sets none: :data:`WORKER_CONNECTION_DEFAULTS`, and
+    ``application_name`` if given (naming the pool and the connection's role
+    in ``pg_stat_activity``)."""
     params: dict[str, Any] = conninfo_to_dict(conninfo)
     for name, (default, variable) in WORKER_CONNECTION_DEFAULTS.items():
         if name not in params and not (variable and os.environ.get(variable)):
             params[name] = default
-    if "application_name" not in params and not os.environ.get("PGAPPNAME"):
+    if application_name and "application_name" not in params and not os.environ.get("PGAPPNAME"):
         params["application_name"] = application_name
     return make_conninfo(**params)
 
