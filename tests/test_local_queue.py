@@ -1,9 +1,12 @@
-"""The local queue's sizing rule and rate estimate, without a database."""
+"""The local queue (order, takes from slots and task threads), its sizing rule
+and rate estimate, without a database."""
 
 from __future__ import annotations
 
 import asyncio
 import math
+import sys
+import threading
 from datetime import UTC, datetime
 
 import pytest
@@ -102,3 +105,84 @@ async def test_draining_returns_the_unstarted_jobs_and_keeps_the_markers_out() -
     queue.end_slots(1)
     assert sorted(job.id for job in queue.drain()) == [1, 2]
     assert len(queue) == 0
+
+
+def _plain_job(id_: int, task: str) -> Job:
+    job = _job(id_, 0, 100 + id_)
+    return job._replace(task_identifier=task)
+
+
+async def test_a_task_thread_takes_only_a_plain_job_at_the_head() -> None:
+    queue = LocalQueue()
+    queue.put([_plain_job(1, "plain"), _plain_job(2, "async"), _plain_job(3, "plain")])
+    queue.end_slots(1)
+    taken = queue.take_plain({"plain"})
+    assert taken is not None and taken.id == 1
+    # The head is an async job: the thread leaves it (and what follows) to a slot.
+    assert queue.take_plain({"plain"}) is None
+    assert len(queue) == 3
+    assert [queue.take_nowait() for _ in range(2)] == [
+        _plain_job(2, "async"),
+        _plain_job(3, "plain"),
+    ]
+    # A stop marker is never taken by a thread.
+    assert queue.take_plain({"plain"}) is None
+    assert queue.take_nowait() is None
+
+
+async def test_threads_and_slots_taking_at_once_take_each_job_exactly_once() -> None:
+    queue = LocalQueue()
+    count = 20_000
+    queue.put([_plain_job(n, "plain") for n in range(count)])
+    taken: list[list[int]] = [[] for _ in range(4)]
+    start = threading.Barrier(len(taken) + 1)
+
+    def thread_takes(into: list[int]) -> None:
+        start.wait()
+        while (job := queue.take_plain({"plain"})) is not None:
+            into.append(job.id)
+
+    threads = [threading.Thread(target=thread_takes, args=(into,)) for into in taken]
+    for thread in threads:
+        thread.start()
+    # Switch threads as often as possible, so that a take that is not atomic shows.
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    start.wait()
+    by_loop = []
+    while True:
+        try:
+            job = queue.take_nowait()
+        except asyncio.QueueEmpty:
+            break
+        assert job is not None
+        by_loop.append(job.id)
+    for thread in threads:
+        thread.join()
+    sys.setswitchinterval(interval)
+    everything = by_loop + [id_ for into in taken for id_ in into]
+    assert sorted(everything) == list(range(count))
+
+
+async def test_a_slot_woken_for_a_job_a_thread_took_waits_for_the_next() -> None:
+    queue = LocalQueue()
+    waiting = asyncio.ensure_future(queue.take())
+    await asyncio.sleep(0)
+    queue.put([_plain_job(1, "plain")])
+    assert queue.take_plain({"plain"}) is not None  # before the slot runs
+    await asyncio.sleep(0)
+    assert not waiting.done()
+    queue.put([_plain_job(2, "async")])
+    job = await asyncio.wait_for(waiting, 1)
+    assert job is not None and job.id == 2
+
+
+async def test_a_cancelled_waiter_passes_its_wake_up_on() -> None:
+    queue = LocalQueue()
+    first = asyncio.ensure_future(queue.take())
+    second = asyncio.ensure_future(queue.take())
+    await asyncio.sleep(0)
+    queue.put([_plain_job(1, "async")])  # wakes `first`...
+    first.cancel()  # ...which is cancelled before it runs
+    job = await asyncio.wait_for(second, 1)
+    assert job is not None and job.id == 1

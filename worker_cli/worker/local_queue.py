@@ -10,15 +10,19 @@ hoarded, so other workers can take them. The rate is :class:`Rate`.
 from __future__ import annotations
 
 import asyncio
+import collections
+import heapq
 import itertools
 import math
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from ..job import Job
 
-__all__ = ["FetchPlan", "LocalQueue", "Rate", "plan_fetch"]
+__all__ = ["FetchPlan", "LocalQueue", "Rate", "Refill", "plan_fetch"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +60,19 @@ def plan_fetch(
     return FetchPlan(max(0, idle + target - buffered), refill_below)
 
 
+class Refill(Protocol):
+    """What the slots and task threads need of the fetcher."""
+
+    #: The last fetch found fewer jobs than it asked for (waking it is useless
+    #: until something new is announced).
+    exhausted: bool
+    #: Wake the fetcher once the local queue is this short.
+    refill_below: int
+
+    def wake(self) -> None:
+        """Fetch again if the local queue wants more."""
+
+
 class Rate:
     """Events per second: an exponentially weighted average of a running count,
     sampled whenever the rate is read (the events since the last reading count
@@ -89,40 +106,84 @@ class Rate:
 
 class LocalQueue:
     """Fetched jobs waiting for a slot, in the order the database gives them
-    (priority, then run_at, then id), and the "stop" markers that end slots."""
+    (priority, then run_at, then id), and the "stop" markers that end slots.
+
+    The event loop puts jobs and markers in; slots take them out, and so do
+    the task threads (:meth:`take_plain`, from any thread): every change to
+    the heap is made under a lock. A slot woken for a job that a thread took
+    first simply waits again.
+    """
 
     def __init__(self) -> None:
-        self._queue: asyncio.PriorityQueue[tuple[float, float, int, Job | None]] = (
-            asyncio.PriorityQueue()
-        )
+        self._heap: list[tuple[float, float, int, Job | None]] = []
+        self._lock = threading.Lock()
+        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
         self._markers = itertools.count()
 
     def __len__(self) -> int:
-        return self._queue.qsize()
+        return len(self._heap)
 
     def put(self, jobs: Sequence[Job]) -> None:
-        """Queue fetched jobs."""
-        for job in jobs:
-            self._queue.put_nowait((job.priority, job.run_at.timestamp(), job.id, job))
+        """Queue fetched jobs (event loop only)."""
+        with self._lock:
+            for job in jobs:
+                heapq.heappush(self._heap, (job.priority, job.run_at.timestamp(), job.id, job))
+        for _ in jobs:
+            self._wake_one()
 
     async def take(self) -> Job | None:
         """The next job, waiting for one; None tells the slot to stop."""
-        return (await self._queue.get())[3]
+        while True:
+            with self._lock:
+                if self._heap:
+                    return heapq.heappop(self._heap)[3]
+            waiter = asyncio.get_running_loop().create_future()
+            self._waiters.append(waiter)
+            try:
+                await waiter
+            except asyncio.CancelledError:
+                if waiter.done() and not waiter.cancelled():
+                    self._wake_one()  # the wake-up it got goes to another slot
+                else:
+                    self._waiters.remove(waiter)
+                raise
 
     def take_nowait(self) -> Job | None:
         """The next job without waiting (raises ``asyncio.QueueEmpty``)."""
-        return self._queue.get_nowait()[3]
+        with self._lock:
+            if not self._heap:
+                raise asyncio.QueueEmpty
+            return heapq.heappop(self._heap)[3]
+
+    def take_plain(self, identifiers: Collection[str]) -> Job | None:
+        """From any thread: the next job if it is one of ``identifiers`` (a
+        task thread takes only the plain tasks it can run); otherwise, or at a
+        stop marker, None and the queue is unchanged."""
+        with self._lock:
+            if self._heap:
+                job = self._heap[0][3]
+                if job is not None and job.task_identifier in identifiers:
+                    heapq.heappop(self._heap)
+                    return job
+        return None
 
     def drain(self) -> list[Job]:
-        """Remove and return every job not started yet."""
-        jobs = []
-        while not self._queue.empty():
-            job = self._queue.get_nowait()[3]
-            if job is not None:
-                jobs.append(job)
-        return jobs
+        """Remove and return every job not started yet (stop markers are dropped)."""
+        with self._lock:
+            entries, self._heap = self._heap, []
+        return [entry[3] for entry in sorted(entries) if entry[3] is not None]
 
     def end_slots(self, count: int) -> None:
         """Make the next ``count`` takes return None (after every queued job)."""
+        with self._lock:
+            for _ in range(count):
+                heapq.heappush(self._heap, (math.inf, next(self._markers), 0, None))
         for _ in range(count):
-            self._queue.put_nowait((math.inf, next(self._markers), 0, None))
+            self._wake_one()
+
+    def _wake_one(self) -> None:
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
