@@ -6,7 +6,8 @@
 2. the **local queue** (``local_queue.py``), highest priority first, holding
    about 50 ms of work ahead at the rate jobs finish;
 3. N **slots** (``slots.py``) take jobs from it and run their tasks (``async
-   def`` inline, plain ``def`` in a thread), waking the fetcher when the
+   def`` inline; plain ``def`` in the slot's thread, ``task_threads.py``,
+   which goes on with the plain jobs after it), waking the fetcher when the
    queue runs short, and hand each outcome to
 4. the **completer** (``completer.py``), which writes results back in
    batches (group commit) and tells the fetcher when they are written.

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import json
+import logging
 from dataclasses import dataclass
+from typing import Any
 
 from ..job import Job
 
-__all__ = ["Failure", "describe"]
+__all__ = ["Failure", "batch_failures", "describe"]
+
+logger = logging.getLogger("graphile_worker")
 
 
 @dataclass(slots=True)
@@ -35,3 +40,36 @@ def describe(error: BaseException) -> str:
         text = f"<unprintable {name} object>"
     described = f"{name}: {text}" if text else name
     return described.encode("utf-8", "backslashreplace").decode().replace("\x00", "\\x00")
+
+
+def batch_failures(job: Job, result: list[Any]) -> tuple[Exception | None, str | None]:
+    """A list payload answered by a list of results: retry only the failed items.
+
+    Returns the job's error and its replacement payload (None, None: success).
+    A list of another length is a bug in the task: as graphile-worker does, it
+    is logged and the job counts as a success.
+    """
+    payload: list[Any] = job.payload
+    if len(result) != len(payload):
+        logger.warning(
+            "Task %r (job %d) returned a list of %d result(s) for a payload of %d item(s): "
+            "a batch task returns nothing, or one result per item (an exception for those "
+            "that failed). Treated as a full success; this is a bug in the task.",
+            job.task_identifier,
+            job.id,
+            len(result),
+            len(payload),
+        )
+        return None, None
+    failed = [
+        (item, entry)
+        for item, entry in zip(payload, result, strict=True)
+        if isinstance(entry, BaseException)
+    ]
+    if not failed:
+        return None, None
+    error = RuntimeError(
+        f"Batch failures ({len(failed)} of {len(result)} items):\n"
+        + "\n".join(describe(entry) for _, entry in failed)
+    )
+    return error, json.dumps([item for item, _ in failed])
