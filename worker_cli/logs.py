@@ -7,6 +7,13 @@ formatted on the hot path unless it is printed. Every line carries its scope
 ``max_attempts``, ``duration_ms``, ...) as ``logging`` record attributes
 (``extra=``), which :class:`JsonFormatter` writes out as fields.
 
+Success lines have a fast path: when the line would go only through the
+handler and formatter that :func:`configure` installed, untouched (no filter,
+other handler, replaced formatter, record factory or patched ``logging``
+method on its way), it is formatted and written here without a ``LogRecord``,
+to the same bytes ``logging`` would write. In any other set-up it goes
+through ``logging`` as usual.
+
 :func:`configure` is what the command line uses: text or JSON lines on
 stderr, and debug lines of the ``graphile_worker`` loggers when
 ``GRAPHILE_LOGGER_DEBUG`` is set (the variable graphile-worker for Node reads).
@@ -19,7 +26,11 @@ import logging
 import math
 import os
 import sys
+import threading
+import time
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any, Literal, TextIO
 
 if TYPE_CHECKING:
@@ -48,6 +59,8 @@ ROOT_LOGGER = "graphile_worker"
 outcome_logger = logging.getLogger("graphile_worker.worker")
 #: Debug lines about the pool's life (fetches, listening, jobs starting).
 debug_logger = logging.getLogger("graphile_worker.debug")
+#: The parent of both, between them and the root logger.
+_parent_logger = logging.getLogger(ROOT_LOGGER)
 
 _INFO = logging.INFO
 _ERROR = logging.ERROR
@@ -68,12 +81,20 @@ def _scope(job: Job, worker_id: str, pool_id: str, duration_ms: float) -> dict[s
     }
 
 
+_SUCCESS = "Completed task %d (%s, %.2fms, attempt %d/%d) with success"
+
+
 def job_succeeded(job: Job, worker_id: str, pool_id: str, duration_ms: float) -> None:
-    """Log ``Completed task <id> (<task>, <ms>ms, attempt a/m) with success``."""
+    """Log ``Completed task <id> (<task>, <ms>ms, attempt a/m) with success``
+    (written directly when :func:`_fast_target` allows, else through ``logging``)."""
     if not outcome_logger.isEnabledFor(_INFO):
         return
+    target = _fast_target()
+    if target is not None:
+        _write_success(target, job, worker_id, pool_id, duration_ms)
+        return
     outcome_logger.info(
-        "Completed task %d (%s, %.2fms, attempt %d/%d) with success",
+        _SUCCESS,
         job.id,
         job.task_identifier,
         duration_ms,
@@ -185,30 +206,61 @@ _RECORD_ATTRIBUTES = frozenset(
 )
 
 
+def _utc_time(created: float) -> str:
+    return (
+        datetime.fromtimestamp(created, UTC)
+        .isoformat(timespec="milliseconds")
+        .replace("+00:00", "Z")
+    )
+
+
+# What json.dumps(document, default=str, ensure_ascii=False) builds on every call.
+_JSON_ENCODER = json.JSONEncoder(default=str, ensure_ascii=False)
+# Record attributes that are not fields of the JSON line: the standard ones, and
+# those named like the four keys every line starts with.
+_NOT_FIELDS = _RECORD_ATTRIBUTES | {"time", "level", "logger", "message"}
+
+
+def _json_line(
+    created: float,
+    levelname: str,
+    logger: str,
+    message: str,
+    fields: Mapping[str, Any],
+    record: logging.LogRecord | None = None,
+    formatter: logging.Formatter | None = None,
+) -> str:
+    """One JSON line: the time, level, logger and message, then ``fields`` (the
+    ``extra=`` attributes, none of them in ``_NOT_FIELDS``), then ``record``'s
+    traceback and stack (formatted by ``formatter``). Shared by
+    :class:`JsonFormatter` and the success fast path, so both print the same."""
+    document: dict[str, Any] = {
+        "time": _utc_time(created),
+        "level": levelname.lower(),
+        "logger": logger,
+        "message": message,
+    }
+    document.update(fields)
+    if record is not None and formatter is not None:
+        if record.exc_info:
+            document["exception"] = formatter.formatException(record.exc_info)
+        elif record.exc_text:
+            document["exception"] = record.exc_text
+        if record.stack_info:
+            document["stack"] = formatter.formatStack(record.stack_info)
+    return _JSON_ENCODER.encode(document)
+
+
 class JsonFormatter(logging.Formatter):
     """One JSON object per line: ``time`` (UTC, ISO 8601), ``level``, ``logger``,
     ``message``, then every ``extra=`` field of the record, then ``exception``
     (the traceback) when there is one."""
 
     def format(self, record: logging.LogRecord) -> str:
-        document: dict[str, Any] = {
-            "time": datetime.fromtimestamp(record.created, UTC)
-            .isoformat(timespec="milliseconds")
-            .replace("+00:00", "Z"),
-            "level": record.levelname.lower(),
-            "logger": record.name,
-            "message": record.getMessage(),
-        }
-        for key, value in record.__dict__.items():
-            if key not in _RECORD_ATTRIBUTES and key not in document:
-                document[key] = value
-        if record.exc_info:
-            document["exception"] = self.formatException(record.exc_info)
-        elif record.exc_text:
-            document["exception"] = record.exc_text
-        if record.stack_info:
-            document["stack"] = self.formatStack(record.stack_info)
-        return json.dumps(document, default=str, ensure_ascii=False)
+        fields = {k: v for k, v in record.__dict__.items() if k not in _NOT_FIELDS}
+        return _json_line(
+            record.created, record.levelname, record.name, record.getMessage(), fields, record, self
+        )
 
 
 def debug_from_env() -> bool:
@@ -224,14 +276,228 @@ def configure(
     """Send log lines to ``stream`` (stderr) as text or JSON lines, at INFO and
     above; with ``debug`` (default: from ``GRAPHILE_LOGGER_DEBUG``) the
     ``graphile_worker`` loggers also print DEBUG lines. Replaces the root
-    logger's handlers: meant for the command line."""
+    logger's handlers: meant for the command line. Remembers the handler and
+    formatter for the success lines' fast path (:func:`_fast_target`)."""
+    global _installed
     if log_format not in LOG_FORMATS:
         raise ValueError(f"log_format must be one of {', '.join(LOG_FORMATS)}")
     if debug is None:
         debug = debug_from_env()
     handler = logging.StreamHandler(stream or sys.stderr)
-    handler.setFormatter(
-        JsonFormatter() if log_format == "json" else logging.Formatter(TEXT_FORMAT)
-    )
+    formatter = JsonFormatter() if log_format == "json" else logging.Formatter(TEXT_FORMAT)
+    handler.setFormatter(formatter)
     logging.basicConfig(level=logging.INFO, handlers=[handler], force=True)
     logging.getLogger(ROOT_LOGGER).setLevel(logging.DEBUG if debug else logging.NOTSET)
+    _installed = None
+    if _record_time is not None and _GENUINE_METHODS is not None:
+        _installed = (
+            handler,
+            formatter,
+            frozenset(vars(handler)) | _HANDLER_SETTINGS,
+            frozenset(vars(formatter)) | _FORMATTER_SETTINGS,
+        )
+
+
+# --- Success lines without a LogRecord -------------------------------------------
+#
+# The fast path writes what StreamHandler.emit would write after Formatter.format
+# or JsonFormatter.format of the record Logger.info would make, and only when
+# nothing else on the record's way could see or change it (_fast_target).
+
+_Target = tuple["logging.StreamHandler[TextIO]", logging.Formatter]
+
+
+def _time_until_3_12() -> tuple[float, float]:
+    """``created`` and ``msecs`` as a LogRecord of Python 3.11 and 3.12 sets them."""
+    ct = time.time()
+    return ct, int((ct - int(ct)) * 1000) + 0.0
+
+
+def _time_from_3_13() -> tuple[float, float]:
+    """``created`` and ``msecs`` as a LogRecord of Python 3.13 sets them (from
+    nanoseconds; ``msecs`` is 0 when ``created`` rounds up to the next second)."""
+    ns = time.time_ns()
+    created = ns / 1e9
+    msecs = (ns % 1_000_000_000) // 1_000_000 + 0.0
+    if msecs == 999.0 and int(created) != ns // 1_000_000_000:
+        msecs = 0.0
+    return created, msecs
+
+
+def _record_time_for(version: tuple[Any, ...]) -> Callable[[], tuple[float, float]] | None:
+    """The clock reading of LogRecords in Python ``version`` (``sys.version_info``),
+    or None for a version whose formula is not mirrored here (no fast path): the
+    pre-releases (3.13.0b2 still lacked the 0 ms correction, gh-120683) and
+    3.14 and later, not checked yet."""
+    if version[3] != "final":
+        return None
+    if (3, 11) <= version[:2] <= (3, 12):
+        return _time_until_3_12
+    if version[:2] == (3, 13):
+        return _time_from_3_13
+    return None
+
+
+_record_time = _record_time_for(sys.version_info)
+
+# The classes a success line goes through, as this module was imported with them,
+# and a reader of the methods it runs in each: the methods must still be these
+# (a library that wraps, say, Logger.callHandlers must see every line).
+_Logger, _StreamHandler, _Formatter = logging.Logger, logging.StreamHandler, logging.Formatter
+_PercentStyle, _LogRecord = logging.PercentStyle, logging.LogRecord
+_RLock = type(threading.RLock())
+_logger_methods = attrgetter("info", "_log", "makeRecord", "handle", "filter", "callHandlers")
+_handler_methods = attrgetter("handle", "filter", "emit", "format", "flush", "acquire", "release")
+_formatter_methods = attrgetter("format", "formatTime", "usesTime", "formatMessage")
+_style_methods = attrgetter("format", "_format", "usesTime")
+_record_methods = attrgetter("__init__", "getMessage")
+
+
+def _path_methods() -> tuple[Any, ...]:
+    """The methods a success line would run in ``logging`` and :class:`JsonFormatter`,
+    as the classes hold them now."""
+    return (
+        _logger_methods(_Logger),
+        _handler_methods(_StreamHandler),
+        _formatter_methods(_Formatter),
+        _style_methods(_PercentStyle),
+        _record_methods(_LogRecord),
+        JsonFormatter.format,
+    )
+
+
+def _genuine_methods() -> tuple[Any, ...] | None:
+    """:func:`_path_methods` now, if each is defined in ``logging`` or here
+    (not already wrapped by another library), else None (no fast path)."""
+    methods = _path_methods()
+    functions = [*(f for group in methods[:-1] for f in group), methods[-1]]
+    origins = {getattr(getattr(f, "__code__", None), "co_filename", None) for f in functions}
+    return methods if origins <= {logging.__file__, __file__} else None
+
+
+_GENUINE_METHODS = _genuine_methods()
+
+# Instance attributes a user may set on the handler or formatter that the fast
+# path reads just as logging does; any other new one (emit, format, ...) means
+# no fast path.
+_HANDLER_SETTINGS = frozenset({"terminator"})
+_FORMATTER_SETTINGS = frozenset({"converter", "default_time_format", "default_msec_format"})
+_LOGGER_ATTRIBUTES = frozenset((*vars(logging.Logger("")), "manager"))
+
+#: What :func:`configure` installed: handler, formatter, and the attribute names
+#: each may have (None: not configured, or no fast path in this Python).
+_installed: (
+    tuple[logging.StreamHandler[TextIO], logging.Formatter, frozenset[str], frozenset[str]] | None
+) = None
+
+
+def _fast_target() -> _Target | None:
+    """The handler and formatter :func:`configure` installed, when a success line
+    of ``outcome_logger`` would reach them and nothing else: no handler or filter
+    on the loggers but theirs, no filter or higher level on the handler, the same
+    formatter, the standard record factory, no ``logging`` method replaced.
+    None otherwise (the line then goes through ``logging``). The caller has
+    checked ``outcome_logger.isEnabledFor(INFO)`` (levels, ``disabled``,
+    ``logging.disable``)."""
+    installed = _installed
+    if installed is None:
+        return None
+    handler, formatter, handler_attributes, formatter_attributes = installed
+    logger, parent, root = outcome_logger, _parent_logger, logging.root
+    root_handlers = root.handlers
+    if not (
+        type(logger) is _Logger
+        and logger.propagate
+        and not logger.handlers
+        and not logger.filters
+        and logger.parent is parent
+        and _LOGGER_ATTRIBUTES.issuperset(logger.__dict__)
+        and parent.propagate
+        and not parent.handlers
+        and not parent.filters
+        and not parent.disabled
+        and parent.parent is root
+        and not root.filters
+        and len(root_handlers) == 1
+        and root_handlers[0] is handler
+        and type(handler) is _StreamHandler
+        and type(handler.lock) is _RLock
+        and not handler.filters
+        and handler.level <= _INFO
+        and handler.formatter is formatter
+        and handler_attributes.issuperset(handler.__dict__)
+        and formatter_attributes.issuperset(formatter.__dict__)
+        and logging.getLogRecordFactory() is _LogRecord
+        and _path_methods() == _GENUINE_METHODS
+    ):
+        return None
+    kind = type(formatter)
+    if kind is JsonFormatter:
+        return handler, formatter
+    style = formatter._style
+    if (
+        kind is _Formatter
+        and formatter.datefmt is None
+        and type(style) is _PercentStyle
+        and style._fmt is TEXT_FORMAT
+    ):
+        return handler, formatter
+    return None
+
+
+class _Stamp:
+    """The two record attributes ``Formatter.formatTime`` reads."""
+
+    __slots__ = ("created", "msecs")
+
+    def __init__(self, created: float, msecs: float) -> None:
+        self.created = created
+        self.msecs = msecs
+
+
+def _write_success(
+    target: _Target, job: Job, worker_id: str, pool_id: str, duration_ms: float
+) -> None:
+    """Write the success line as ``StreamHandler.emit`` would: the formatted line
+    and the terminator in one write, then a flush, under the handler's lock; an
+    error goes to ``handleError`` with the record logging would have made."""
+    handler, formatter = target
+    assert _record_time is not None  # _installed is None without it
+    created, msecs = _record_time()
+    levelname = logging.getLevelName(_INFO)
+    try:
+        message = _SUCCESS % (
+            job.id,
+            job.task_identifier,
+            duration_ms,
+            job.attempts,
+            job.max_attempts,
+        )
+        if type(formatter) is JsonFormatter:
+            fields = _scope(job, worker_id, pool_id, duration_ms)  # none in _NOT_FIELDS
+            line = _json_line(created, levelname, outcome_logger.name, message, fields)
+        else:
+            asctime = formatter.formatTime(_Stamp(created, msecs))  # type: ignore[arg-type]
+            line = TEXT_FORMAT % {"asctime": asctime, "levelname": levelname, "message": message}
+        with handler.lock:  # type: ignore[union-attr]  # an RLock (_fast_target)
+            handler.stream.write(line + handler.terminator)
+            # StreamHandler.flush, whose lock this thread holds already:
+            stream = handler.stream
+            if stream and hasattr(stream, "flush"):
+                stream.flush()
+    except RecursionError:  # as StreamHandler.emit does
+        raise
+    except Exception:
+        record = outcome_logger.makeRecord(
+            outcome_logger.name,
+            _INFO,
+            __file__,
+            0,
+            _SUCCESS,
+            (job.id, job.task_identifier, duration_ms, job.attempts, job.max_attempts),
+            None,
+            "job_succeeded",
+            _scope(job, worker_id, pool_id, duration_ms),
+        )
+        record.created, record.msecs = created, msecs
+        handler.handleError(record)
