@@ -2,9 +2,11 @@
 
 Runs the harness (``../shared/bench`` beside this repository, set up with its
 ``setup.sh``) in alternating rounds: graphile-worker (Node) with batching, and
-this worker with ``async def`` and plain ``def`` tasks, each with success lines
-on (``BENCH_LOG_SUCCESS=1``, what users run by default) and off. Each round
-runs every row once, in an order rotated from round to round; the table gives
+this worker with ``async def`` and plain ``def`` tasks, at its defaults and
+with a local queue of 500 as Node's batching has, each with success lines on
+(``BENCH_LOG_SUCCESS=1``, what users run by default) and off. Each round runs
+every row once, in an order rotated from round to round, after a warm-up
+round that is not counted; the table gives
 the worker CPU per 1,000 jobs and the jobs/s of each row (min-max over rounds)
 and their ratios to graphile-worker in the same round and logging mode.
 
@@ -31,15 +33,24 @@ DEF_TASKS = {
     "    probe(payload['id'])\n",
 }
 
-#: (label, harness system, variant, task kind, success lines on)
+#: Node's batching variant holds 500 jobs locally; so does this worker's.
+BATCHING = "--local-queue-size 500"
+
+#: (label, harness system, task kind, extra worker arguments, success lines on)
 ROWS = [
-    ("graphile-worker 0.18, batching, lines on", "graphile-node", "c10-batch", None, True),
-    ("this worker, async def, lines on", "graphile-py", "c10", "async", True),
-    ("this worker, plain def, lines on", "graphile-py", "c10", "def", True),
-    ("graphile-worker 0.18, batching, lines off", "graphile-node", "c10-batch", None, False),
-    ("this worker, async def, lines off", "graphile-py", "c10", "async", False),
-    ("this worker, plain def, lines off", "graphile-py", "c10", "def", False),
+    ("graphile-worker 0.18, batching, lines on", "graphile-node", None, "", True),
+    ("this worker, async def, lines on", "graphile-py", "async", "", True),
+    ("this worker, plain def, lines on", "graphile-py", "def", "", True),
+    ("this worker, async def, batching, lines on", "graphile-py", "async", BATCHING, True),
+    ("this worker, plain def, batching, lines on", "graphile-py", "def", BATCHING, True),
+    ("graphile-worker 0.18, batching, lines off", "graphile-node", None, "", False),
+    ("this worker, async def, lines off", "graphile-py", "async", "", False),
+    ("this worker, plain def, lines off", "graphile-py", "def", "", False),
+    ("this worker, async def, batching, lines off", "graphile-py", "async", BATCHING, False),
+    ("this worker, plain def, batching, lines off", "graphile-py", "def", BATCHING, False),
 ]
+#: The harness variant of each system.
+VARIANTS = {"graphile-node": "c10-batch", "graphile-py": "c10"}
 
 
 def main() -> None:
@@ -47,6 +58,9 @@ def main() -> None:
     parser.add_argument("--bench-dir", type=Path, default=REPO.parent / "shared" / "bench")
     parser.add_argument("--anchors-dir", type=Path, default=Path("/tmp/anchors"))
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--warmup", type=int, default=1, help="rounds run first and not counted (cold caches)"
+    )
     parser.add_argument("--n", type=int, default=20000, help="jobs per drain")
     args = parser.parse_args()
     python = args.anchors_dir / "py" / "venv" / "bin" / "python"
@@ -60,16 +74,19 @@ def main() -> None:
         (def_tasks / name).write_text(text)
     results = scratch / "results"
     tag = time.strftime("py-tax-%Y%m%dT%H%M%S")
-    for round_ in range(args.rounds):
+    for round_ in range(-args.warmup, args.rounds):
         order = ROWS[round_ % len(ROWS) :] + ROWS[: round_ % len(ROWS)]
-        for number, (label, system, variant, kind, lines) in enumerate(order):
-            print(f"round {round_ + 1}/{args.rounds}, {number + 1}/{len(order)}: {label}")
+        for number, row in enumerate(order):
+            label, system, kind, extra, lines = row
+            counted = f"round {round_ + 1}/{args.rounds}" if round_ >= 0 else "warm-up"
+            print(f"{counted}, {number + 1}/{len(order)}: {label}")
             env = {
                 **os.environ,
                 "BENCH_RESULTS_DIR": str(results),
                 "ANCHORS_DIR": str(args.anchors_dir),
                 "GW_PY_CMD": str(cli),
                 "GW_PY_VERSION": "this worker",
+                "GW_PY_EXTRA": extra,
             }
             if lines:
                 env["BENCH_LOG_SUCCESS"] = "1"
@@ -79,8 +96,8 @@ def main() -> None:
                 env["GW_PY_TASKS_DIR"] = str(def_tasks)
             else:
                 env.pop("GW_PY_TASKS_DIR", None)
-            row_tag = f"{tag}-{ROWS.index((label, system, variant, kind, lines))}-r{round_}"
-            command = [str(python), "bench.py", "run", system, "--variants", variant]
+            row_tag = f"{tag}-{ROWS.index(row)}-r{round_}"
+            command = [str(python), "bench.py", "run", system, "--variants", VARIANTS[system]]
             command += ["--tests", "throughput", "--reps", "1", "--n", str(args.n)]
             subprocess.run(
                 [*command, "--tag", row_tag],
@@ -101,6 +118,8 @@ def table(raw: Path, tag: str, rounds: int) -> str:
         if not doc["tag"].startswith(tag + "-"):
             continue
         row, round_ = doc["tag"][len(tag) + 1 :].split("-r")
+        if int(round_) < 0:  # a warm-up round
+            continue
         [rep] = doc["result"]["reps"]
         if not rep["ok"]:
             sys.exit(f"{path}: the drain failed")
@@ -111,7 +130,7 @@ def table(raw: Path, tag: str, rounds: int) -> str:
         "|---|---|---|---|---|",
     ]
     for index, (label, *_rest, lines_on) in enumerate(ROWS):
-        node = 0 if lines_on else 3
+        node = 0 if lines_on else len(ROWS) // 2
         cpu = [figures[index, r][0] for r in range(rounds)]
         rate = [figures[index, r][1] for r in range(rounds)]
         cpu_ratio = [figures[index, r][0] / figures[node, r][0] for r in range(rounds)]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+import os
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -204,6 +205,53 @@ def test_settings_the_fast_path_reads_are_followed(
     assert out.getvalue() == _through_logging("json")
     assert json.loads(out.getvalue())["level"] == "information"
     assert len(fast_calls) == 2
+
+
+def test_the_time_text_follows_the_second_and_the_time_zone(
+    monkeypatch: pytest.MonkeyPatch, fast_calls: list[object]
+) -> None:
+    """The text before the milliseconds is kept for a second: lines in a row
+    across second boundaries, and after the time zone changes, are still the
+    ones logging prints."""
+
+    def lines() -> list[str]:
+        printed = []
+        # Starts in the second the previous call ended in (a cached text).
+        for ns in (SECOND + 1_500_000_000, SECOND + 999_000_000, SECOND + 1_000_000_000):
+            _clock(monkeypatch, ns)
+            with configured() as out:
+                _succeed()
+            assert out.getvalue() == _through_logging("text")
+            printed.append(out.getvalue()[:23])
+        return printed
+
+    assert lines() == [
+        time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(SECOND // 10**9 + s)) + f",{ms:03d}"
+        for s, ms in ((1, 500), (0, 999), (1, 0))
+    ]
+    saved = os.environ.get("TZ")
+    for zone in ("UTC0", "XXX-5:30", "YYY+7"):
+        os.environ["TZ"] = zone
+        time.tzset()
+        try:
+            shown = lines()
+        finally:
+            if saved is None:
+                del os.environ["TZ"]
+            else:
+                os.environ["TZ"] = saved
+            time.tzset()
+        assert shown[0][11:19] == time.strftime(
+            "%H:%M:%S", time.gmtime(SECOND // 10**9 + 1 + _offset(zone))
+        )
+    assert len(fast_calls) == 4 * 3
+
+
+def _offset(zone: str) -> int:
+    """Seconds east of UTC of a POSIX TZ value such as ``XXX-5:30`` (west is +)."""
+    sign = -1 if zone[3] == "-" else 1
+    hours, _, minutes = zone[3:].lstrip("+-").partition(":")
+    return -sign * (int(hours) * 3600 + int(minutes or 0) * 60)
 
 
 # --- When the fast path steps aside ----------------------------------------------------

@@ -445,6 +445,44 @@ def _fast_target() -> _Target | None:
     return None
 
 
+#: ``Formatter.formatTime``'s text before the milliseconds for one second, and
+#: the key of everything that text depends on (see :func:`_asctime`); one
+#: tuple, replaced whole, so that a thread never sees one's key with another's text.
+_second: tuple[tuple[Any, ...], str] = ((), "")
+
+#: Converters whose result depends only on the whole second and the time zone.
+_WHOLE_SECOND_CONVERTERS = (time.localtime, time.gmtime)
+#: The default time format: digits only, whatever the locale.
+_DEFAULT_TIME_FORMAT = "%Y-%m-%d %H:%M:%S"
+
+
+def _asctime(formatter: logging.Formatter, created: float, msecs: float) -> str:
+    """What ``formatter.formatTime`` returns for a record made at ``created``
+    (``msecs``). ``time.localtime``/``gmtime`` of a float depend only on its
+    whole seconds (rounded down) and the time zone (``time.tzset`` changes
+    ``time.timezone``, ``altzone``, ``daylight``, ``tzname``), and the default
+    format only prints digits: so the text before the milliseconds is computed
+    once per second. Any other converter or format goes to ``formatTime``."""
+    global _second
+    converter, time_format = formatter.converter, formatter.default_time_format
+    if converter not in _WHOLE_SECOND_CONVERTERS or time_format != _DEFAULT_TIME_FORMAT:
+        return formatter.formatTime(_Stamp(created, msecs))  # type: ignore[arg-type]
+    key = (
+        math.floor(created),
+        converter,
+        time.timezone,
+        time.altzone,
+        time.daylight,
+        time.tzname,
+    )
+    cached_key, text = _second
+    if key != cached_key:
+        text = time.strftime(time_format, converter(created))
+        _second = (key, text)
+    msec_format = formatter.default_msec_format
+    return msec_format % (text, msecs) if msec_format else text
+
+
 class _Stamp:
     """The two record attributes ``Formatter.formatTime`` reads."""
 
@@ -477,7 +515,7 @@ def _write_success(
             fields = _scope(job, worker_id, pool_id, duration_ms)  # none in _NOT_FIELDS
             line = _json_line(created, levelname, outcome_logger.name, message, fields)
         else:
-            asctime = formatter.formatTime(_Stamp(created, msecs))  # type: ignore[arg-type]
+            asctime = _asctime(formatter, created, msecs)
             line = TEXT_FORMAT % {"asctime": asctime, "levelname": levelname, "message": message}
         with handler.lock:  # type: ignore[union-attr]  # an RLock (_fast_target)
             handler.stream.write(line + handler.terminator)
