@@ -213,11 +213,12 @@ class Slots:
         except asyncio.CancelledError:
             if done.cancelled():  # else _delivered counted it
                 self.running -= 1
+            # The thread takes no other job and reports nothing more.
+            slot.thread = None
+            abandoned = thread.abandon()
             if not self._failing or slot.task is None:
                 raise
             slot.task.uncancel()
-            slot.thread = None
-            abandoned = thread.abandon()
             if abandoned is not None:
                 running, started = abandoned
                 duration = (time.perf_counter() - started) * 1000
