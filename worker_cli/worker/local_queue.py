@@ -155,6 +155,11 @@ class LocalQueue:
                 raise asyncio.QueueEmpty
             return heapq.heappop(self._heap)[3]
 
+    def runs_short(self, refill: Refill) -> bool:
+        """Whether to wake the fetcher: the queue is at or below its refill
+        threshold, and the last fetch did not find the database short."""
+        return not refill.exhausted and len(self._heap) <= refill.refill_below
+
     def take_plain(self, identifiers: Collection[str]) -> Job | None:
         """From any thread: the next job if it is one of ``identifiers`` (a
         task thread takes only the plain tasks it can run); otherwise, or at a

@@ -148,7 +148,7 @@ class Slots:
                 await self._run_job(slot, job)
             streak += 1
             # Wake the fetcher only when it has something to do (it re-checks).
-            if not refill.exhausted and len(queue) <= refill.refill_below:
+            if queue.runs_short(refill):
                 refill.wake()
                 streak = _YIELD_EVERY
             # Jobs that never await would let this slot drain the whole local
@@ -192,7 +192,7 @@ class Slots:
             slot.job = None
             self.running -= 1
         duration = (time.perf_counter() - started) * 1000
-        self._report(Ran(job, slot.worker_id, error, replacement, started, duration))
+        self._report(Ran(job, slot.worker_id, error, replacement, duration))
 
     async def _run_plain(self, slot: _Slot, job: Job) -> None:
         """Hand a plain job to the slot's thread, which runs it and the plain
@@ -222,7 +222,7 @@ class Slots:
             if abandoned is not None:
                 running, started = abandoned
                 duration = (time.perf_counter() - started) * 1000
-                self._report(Ran(running, slot.worker_id, _stopped(), None, started, duration))
+                self._report(Ran(running, slot.worker_id, _stopped(), None, duration))
 
     def _delivered(self, items: list[Ran | Back], refill: bool) -> None:
         """On the loop: what the task threads reported since the last call."""
@@ -233,7 +233,7 @@ class Slots:
         for item in items:
             if isinstance(item, Ran):
                 self._report(item)
-        if refill and not self._refill.exhausted and len(self._queue) <= self._refill.refill_below:
+        if refill and self._queue.runs_short(self._refill):
             self._refill.wake()
 
     def _report(self, ran: Ran) -> None:

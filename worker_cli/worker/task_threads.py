@@ -62,8 +62,6 @@ class Ran:
     error: BaseException | None
     #: A batch job's new payload: the items that failed (None: unchanged).
     replacement: str | None
-    #: ``time.perf_counter()`` when the job started.
-    started: float
     #: How long it ran, in milliseconds.
     duration_ms: float
 
@@ -200,8 +198,7 @@ class TaskThread:
                         return  # already failed by the loop
                     job = self._job = take(plain) if more else None
                 outbox.put(ran)
-                refill = settings.refill
-                if not refill.exhausted and len(settings.queue) <= refill.refill_below:
+                if settings.queue.runs_short(settings.refill):
                     outbox.ask_refill()
             outbox.put(Back(done))
 
@@ -218,7 +215,7 @@ class TaskThread:
         started = self._started = time.perf_counter()
         error, replacement = contained_call(function, job, helpers)
         duration = (time.perf_counter() - started) * 1000
-        return Ran(job, self._worker_id, error, replacement, started, duration)
+        return Ran(job, self._worker_id, error, replacement, duration)
 
 
 _busy_task_threads: set[threading.Thread] = set()
