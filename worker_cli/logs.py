@@ -33,6 +33,9 @@ from datetime import UTC, datetime
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any, Literal, TextIO
 
+from . import line_handler
+from .line_handler import LineHandler
+
 if TYPE_CHECKING:
     from .events import EventHandler, Events
     from .job import Job
@@ -82,6 +85,12 @@ def _scope(job: Job, worker_id: str, pool_id: str, duration_ms: float) -> dict[s
 
 
 _SUCCESS = "Completed task %d (%s, %.2fms, attempt %d/%d) with success"
+#: A text success line in one formatting step: TEXT_FORMAT's "%(asctime)s
+#: %(levelname)s %(message)s" with _SUCCESS as the message (all str), and
+#: asctime as Formatter.default_msec_format ("%s,%03d") makes it.
+_TEXT_SUCCESS = "%s %s " + _SUCCESS
+_DEFAULT_MSEC_FORMAT = "%s,%03d"
+_TEXT_SUCCESS_MSECS = _DEFAULT_MSEC_FORMAT + " %s " + _SUCCESS
 
 
 def job_succeeded(job: Job, worker_id: str, pool_id: str, duration_ms: float) -> None:
@@ -283,7 +292,7 @@ def configure(
         raise ValueError(f"log_format must be one of {', '.join(LOG_FORMATS)}")
     if debug is None:
         debug = debug_from_env()
-    handler = logging.StreamHandler(stream or sys.stderr)
+    handler = LineHandler(stream or sys.stderr, _success_record)
     formatter = JsonFormatter() if log_format == "json" else logging.Formatter(TEXT_FORMAT)
     handler.setFormatter(formatter)
     logging.basicConfig(level=logging.INFO, handlers=[handler], force=True)
@@ -304,7 +313,7 @@ def configure(
 # or JsonFormatter.format of the record Logger.info would make, and only when
 # nothing else on the record's way could see or change it (_fast_target).
 
-_Target = tuple["logging.StreamHandler[TextIO]", logging.Formatter]
+_Target = tuple[LineHandler, logging.Formatter]
 
 
 def _time_until_3_12() -> tuple[float, float]:
@@ -344,6 +353,7 @@ _record_time = _record_time_for(sys.version_info)
 # and a reader of the methods it runs in each: the methods must still be these
 # (a library that wraps, say, Logger.callHandlers must see every line).
 _Logger, _StreamHandler, _Formatter = logging.Logger, logging.StreamHandler, logging.Formatter
+_LineHandler = LineHandler
 _PercentStyle, _LogRecord = logging.PercentStyle, logging.LogRecord
 _RLock = type(threading.RLock())
 _logger_methods = attrgetter("info", "_log", "makeRecord", "handle", "filter", "callHandlers")
@@ -358,11 +368,14 @@ def _path_methods() -> tuple[Any, ...]:
     as the classes hold them now."""
     return (
         _logger_methods(_Logger),
-        _handler_methods(_StreamHandler),
+        # LineHandler's own and inherited methods, and the emit it calls for
+        # other records (its flush and write_line run for success lines too).
+        _handler_methods(_LineHandler),
+        (_StreamHandler.emit,),
         _formatter_methods(_Formatter),
         _style_methods(_PercentStyle),
         _record_methods(_LogRecord),
-        JsonFormatter.format,
+        (JsonFormatter.format,),
     )
 
 
@@ -370,9 +383,9 @@ def _genuine_methods() -> tuple[Any, ...] | None:
     """:func:`_path_methods` now, if each is defined in ``logging`` or here
     (not already wrapped by another library), else None (no fast path)."""
     methods = _path_methods()
-    functions = [*(f for group in methods[:-1] for f in group), methods[-1]]
+    functions = [f for group in methods for f in group]
     origins = {getattr(getattr(f, "__code__", None), "co_filename", None) for f in functions}
-    return methods if origins <= {logging.__file__, __file__} else None
+    return methods if origins <= {logging.__file__, __file__, line_handler.__file__} else None
 
 
 _GENUINE_METHODS = _genuine_methods()
@@ -386,9 +399,7 @@ _LOGGER_ATTRIBUTES = frozenset((*vars(logging.Logger("")), "manager"))
 
 #: What :func:`configure` installed: handler, formatter, and the attribute names
 #: each may have (None: not configured, or no fast path in this Python).
-_installed: (
-    tuple[logging.StreamHandler[TextIO], logging.Formatter, frozenset[str], frozenset[str]] | None
-) = None
+_installed: tuple[LineHandler, logging.Formatter, frozenset[str], frozenset[str]] | None = None
 
 
 def _fast_target() -> _Target | None:
@@ -420,7 +431,7 @@ def _fast_target() -> _Target | None:
         and not root.filters
         and len(root_handlers) == 1
         and root_handlers[0] is handler
-        and type(handler) is _StreamHandler
+        and type(handler) is _LineHandler
         and type(handler.lock) is _RLock
         and not handler.filters
         and handler.level <= _INFO
@@ -458,15 +469,29 @@ _DEFAULT_TIME_FORMAT = "%Y-%m-%d %H:%M:%S"
 
 def _asctime(formatter: logging.Formatter, created: float, msecs: float) -> str:
     """What ``formatter.formatTime`` returns for a record made at ``created``
-    (``msecs``). ``time.localtime``/``gmtime`` of a float depend only on its
-    whole seconds (rounded down) and the time zone (``time.tzset`` changes
-    ``time.timezone``, ``altzone``, ``daylight``, ``tzname``), and the default
-    format only prints digits: so the text before the milliseconds is computed
-    once per second. Any other converter or format goes to ``formatTime``."""
-    global _second
-    converter, time_format = formatter.converter, formatter.default_time_format
-    if converter not in _WHOLE_SECOND_CONVERTERS or time_format != _DEFAULT_TIME_FORMAT:
+    (``msecs``): the text of its second (:func:`_second_text`) with the
+    milliseconds, or, for a converter or format that text cannot be cached
+    for, ``formatTime`` itself."""
+    text = _second_text(formatter, created)
+    if text is None:
         return formatter.formatTime(_Stamp(created, msecs))  # type: ignore[arg-type]
+    msec_format = formatter.default_msec_format
+    return msec_format % (text, msecs) if msec_format else text
+
+
+def _second_text(formatter: logging.Formatter, created: float) -> str | None:
+    """``formatter.formatTime``'s text before the milliseconds, for a record made
+    at ``created``; None unless its converter is ``time.localtime``/``gmtime``
+    and its time format the default. Those depend only on the whole seconds
+    (rounded down) and the time zone (``time.tzset`` changes ``time.timezone``,
+    ``altzone``, ``daylight``, ``tzname``), and the default format only prints
+    digits: so the text is computed once per second."""
+    global _second
+    converter = formatter.converter
+    if converter not in _WHOLE_SECOND_CONVERTERS or (
+        formatter.default_time_format != _DEFAULT_TIME_FORMAT
+    ):
+        return None
     key = (
         math.floor(created),
         converter,
@@ -477,10 +502,9 @@ def _asctime(formatter: logging.Formatter, created: float, msecs: float) -> str:
     )
     cached_key, text = _second
     if key != cached_key:
-        text = time.strftime(time_format, converter(created))
+        text = time.strftime(_DEFAULT_TIME_FORMAT, converter(created))
         _second = (key, text)
-    msec_format = formatter.default_msec_format
-    return msec_format % (text, msecs) if msec_format else text
+    return text
 
 
 class _Stamp:
@@ -496,46 +520,72 @@ class _Stamp:
 def _write_success(
     target: _Target, job: Job, worker_id: str, pool_id: str, duration_ms: float
 ) -> None:
-    """Write the success line as ``StreamHandler.emit`` would: the formatted line
-    and the terminator in one write, then a flush, under the handler's lock; an
+    """Format the success line as the installed formatter would, and give it
+    to the handler, which writes it as ``StreamHandler.emit`` would (queued
+    until the end of this event-loop iteration: see :mod:`.line_handler`). An
     error goes to ``handleError`` with the record logging would have made."""
     handler, formatter = target
     assert _record_time is not None  # _installed is None without it
     created, msecs = _record_time()
     levelname = logging.getLevelName(_INFO)
     try:
-        message = _SUCCESS % (
-            job.id,
-            job.task_identifier,
-            duration_ms,
-            job.attempts,
-            job.max_attempts,
-        )
         if type(formatter) is JsonFormatter:
+            message = _SUCCESS % (
+                job.id,
+                job.task_identifier,
+                duration_ms,
+                job.attempts,
+                job.max_attempts,
+            )
             fields = _scope(job, worker_id, pool_id, duration_ms)  # none in _NOT_FIELDS
             line = _json_line(created, levelname, outcome_logger.name, message, fields)
+        elif (second := _second_text(formatter, created)) is not None and (
+            formatter.default_msec_format == _DEFAULT_MSEC_FORMAT
+        ):
+            line = _TEXT_SUCCESS_MSECS % (
+                second,
+                msecs,
+                levelname,
+                job.id,
+                job.task_identifier,
+                duration_ms,
+                job.attempts,
+                job.max_attempts,
+            )
         else:
-            asctime = _asctime(formatter, created, msecs)
-            line = TEXT_FORMAT % {"asctime": asctime, "levelname": levelname, "message": message}
-        with handler.lock:  # type: ignore[union-attr]  # an RLock (_fast_target)
-            handler.stream.write(line + handler.terminator)
-            # StreamHandler.flush, whose lock this thread holds already:
-            stream = handler.stream
-            if stream and hasattr(stream, "flush"):
-                stream.flush()
+            line = _TEXT_SUCCESS % (
+                _asctime(formatter, created, msecs),
+                levelname,
+                job.id,
+                job.task_identifier,
+                duration_ms,
+                job.attempts,
+                job.max_attempts,
+            )
     except RecursionError:  # as StreamHandler.emit does
         raise
     except Exception:
-        record = outcome_logger.makeRecord(
-            outcome_logger.name,
-            _INFO,
-            __file__,
-            0,
-            _SUCCESS,
-            (job.id, job.task_identifier, duration_ms, job.attempts, job.max_attempts),
-            None,
-            "job_succeeded",
-            _scope(job, worker_id, pool_id, duration_ms),
-        )
-        record.created, record.msecs = created, msecs
-        handler.handleError(record)
+        handler.flush()  # the lines before it came first
+        handler.handleError(_success_record((job, worker_id, pool_id, duration_ms, created, msecs)))
+        return
+    handler.write_line(
+        line + handler.terminator, (job, worker_id, pool_id, duration_ms, created, msecs)
+    )
+
+
+def _success_record(details: tuple[Job, str, str, float, float, float]) -> logging.LogRecord:
+    """The record ``logging`` would have made for a success line (for ``handleError``)."""
+    job, worker_id, pool_id, duration_ms, created, msecs = details
+    record = outcome_logger.makeRecord(
+        outcome_logger.name,
+        _INFO,
+        __file__,
+        0,
+        _SUCCESS,
+        (job.id, job.task_identifier, duration_ms, job.attempts, job.max_attempts),
+        None,
+        "job_succeeded",
+        _scope(job, worker_id, pool_id, duration_ms),
+    )
+    record.created, record.msecs = created, msecs
+    return record
