@@ -41,6 +41,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from node_worker import install, node_runtime
 from pg_server import PgServer, start_server
 
+REPO = Path(__file__).resolve().parent.parent
+
 PY_TASKS = {
     "noop.py": "async def task(payload, helpers):\n    return None\n",
     "latency.py": (
@@ -395,6 +397,18 @@ def _system(
     return System(name, command, workdir, **kw)
 
 
+def precompile(*roots: Path) -> None:
+    """Write the bytecode of the worker's package (under each root), as pip does
+    when it installs a wheel. An editable install run with
+    ``PYTHONDONTWRITEBYTECODE`` set (as on the team's machines) would otherwise
+    compile the whole package from source at every start of a worker: about a
+    third of its start-up CPU, which no installed copy pays."""
+    for root in roots:
+        subprocess.run(
+            [sys.executable, "-m", "compileall", "-q", str(root / "worker_cli")], check=True
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -449,6 +463,7 @@ def main() -> None:
 
     scratch = Path(tempfile.mkdtemp(prefix="gw-bench-"))
     py_cli = str(Path(sys.executable).parent / "graphile-worker")
+    precompile(REPO, *([Path(args.compare_with).resolve()] if args.compare_with else []))
     systems = []
     if "async" in kinds:
         systems.append(_system("python", [py_cli], scratch / "python", PY_TASKS))

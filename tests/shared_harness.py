@@ -25,6 +25,8 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "tests"))
+from benchmark import precompile  # noqa: E402
 
 #: Plain ``def`` versions of the harness's two Python tasks.
 DEF_TASKS = {
@@ -67,6 +69,7 @@ def main() -> None:
     if not python.exists():
         sys.exit(f"run {args.bench_dir / 'setup.sh'} first ({python} is missing)")
     cli = Path(sys.executable).with_name("graphile-worker")
+    precompile(REPO)
     scratch = Path(tempfile.mkdtemp(prefix="gw-harness-"))
     def_tasks = scratch / "def_tasks"
     def_tasks.mkdir()
