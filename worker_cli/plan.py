@@ -20,8 +20,10 @@ several operations are sequences with logic between the steps (a job
 statement, then the lookup of its names; the migrator's loop of revisions, each
 in a transaction, with "another migrator got there first" caught and skipped),
 and a generator keeps that logic in one place with ordinary ``try``/``for``.
-A plan costs a generator and a few ``yield``s per call, nothing per round trip:
-the statements sent are exactly those the code sent before plans existed.
+A plan costs a generator and a few ``yield``s per call, and no round trip:
+each operation is one statement, sent as the code sent it before plans
+existed (the worker's ``helpers.add_job`` still makes two: the job, then its
+names).
 
 Plans use the small typed helpers below (``rows = yield from query(...)``)
 rather than yielding operations themselves, so mypy knows what each step gives.
