@@ -25,6 +25,7 @@ from .job_spec import JobKeyMode, JobSpec, TaskSpec
 from .migrate import LATEST_REVISION, MigrationReport
 from .options import WorkerOptions
 from .runner import Runner, run, run_migrations, run_once
+from .sync_worker_utils import SyncWorkerUtils, make_sync_worker_utils, quick_add_job_sync
 from .tasks import Task, TaskLoadError
 from .unique import UniqueJobResult, UniqueRule, UniqueRuleError
 from .worker_utils import CleanupTask, WorkerUtils, make_worker_utils, quick_add_job
@@ -49,6 +50,7 @@ __all__ = [
     "ParsedCronItem",
     "Runner",
     "SchemaNotInstalledError",
+    "SyncWorkerUtils",
     "Task",
     "TaskLoadError",
     "TaskSpec",
@@ -59,10 +61,12 @@ __all__ = [
     "WorkerOptions",
     "WorkerUtils",
     "__version__",
+    "make_sync_worker_utils",
     "make_worker_utils",
     "parse_cron_items",
     "parse_crontab",
     "quick_add_job",
+    "quick_add_job_sync",
     "run",
     "run_migrations",
     "run_once",

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Literal, LiteralString, TypeAlias
-
-import psycopg
+from typing import Literal, LiteralString, TypeAlias
 
 from . import statements
+from .plan import Plan, query
 
 __all__ = ["CLEANUP_STATEMENTS", "CleanupTask", "check_cleanup_tasks", "delete_unique_locks"]
 
@@ -39,16 +38,17 @@ def check_cleanup_tasks(tasks: Sequence[str]) -> None:
         )
 
 
-async def delete_unique_locks(conn: psycopg.AsyncConnection[Any], schema: str) -> int:
+def delete_unique_locks(schema: str) -> Plan[int]:
     """Delete the uniqueness locks that can never block again, a few hundred per
-    transaction (``conn`` is in autocommit mode) until none is left; return how
-    many. Locks busy with a concurrent add are left for the next run."""
-    query = statements.compose(statements.gc_unique_locks, schema)
+    statement until none is left; return how many. In autocommit mode each
+    batch is its own transaction (WorkerUtils runs it so on its own
+    connections); inside the caller's transaction they all join it. Locks busy
+    with a concurrent add are left for the next run."""
+    statement = statements.compose(statements.gc_unique_locks, schema)
     total = 0
     while True:
-        cur = await conn.execute(query, {"max_rows": GC_UNIQUE_BATCH})
-        row = await cur.fetchone()
-        deleted = int(row[0]) if row else 0
+        rows = yield from query(statement, {"max_rows": GC_UNIQUE_BATCH})
+        deleted = int(rows[0][0]) if rows else 0
         total += deleted
         if deleted < GC_UNIQUE_BATCH:
             return total

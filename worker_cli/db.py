@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,17 +19,32 @@ __all__ = [
     "WORKER_CONNECTION_DEFAULTS",
     "WorkerConnections",
     "check_connection",
+    "check_connection_sync",
     "connect",
+    "connect_sync",
     "worker_conninfo",
 ]
 
 
 async def connect(conninfo: str, *, autocommit: bool = False) -> psycopg.AsyncConnection[Any]:
     """Open one connection; failures raise DatabaseConnectionError with libpq's reason."""
-    try:
+    with _connect_errors():
         return await psycopg.AsyncConnection.connect(
             worker_conninfo(conninfo), autocommit=autocommit
         )
+
+
+def connect_sync(conninfo: str, *, autocommit: bool = False) -> psycopg.Connection[Any]:
+    """:func:`connect`, blocking (for the sync WorkerUtils)."""
+    with _connect_errors():
+        return psycopg.Connection.connect(worker_conninfo(conninfo), autocommit=autocommit)
+
+
+@contextmanager
+def _connect_errors() -> Iterator[None]:
+    """Connection failures become DatabaseConnectionError with libpq's reason."""
+    try:
+        yield
     except psycopg.OperationalError as exc:
         reason = one_line(exc)
         raise DatabaseConnectionError(f"could not connect to the database: {reason}") from None
@@ -40,6 +57,11 @@ async def check_connection(conninfo: str) -> None:
     pool timeout much later."""
     conn = await connect(conninfo)
     await conn.close()
+
+
+def check_connection_sync(conninfo: str) -> None:
+    """:func:`check_connection`, blocking."""
+    connect_sync(conninfo).close()
 
 
 #: Settings of every connection a worker opens, unless the connection string

@@ -4,20 +4,27 @@
 connection for their block and record it in a context variable; every call
 through :func:`pool_connection` on the same pool, in the same asyncio task (or
 a task spawned from it), gets that connection instead of a second one, and so
-joins any transaction open on it.
+joins any transaction open on it. :func:`sync_holding_connection` and
+:func:`sync_pool_connection` do the same for a ``psycopg_pool.ConnectionPool``
+(:meth:`SyncWorkerUtils.holding_connection`), per thread.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from contextvars import ContextVar
 from typing import Any
 
 import psycopg
-from psycopg_pool import AsyncConnectionPool
+from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
-__all__ = ["holding_connection", "pool_connection"]
+__all__ = [
+    "holding_connection",
+    "pool_connection",
+    "sync_holding_connection",
+    "sync_pool_connection",
+]
 
 
 class _Held:
@@ -28,7 +35,11 @@ class _Held:
 
     __slots__ = ("active", "conn", "pool")
 
-    def __init__(self, pool: AsyncConnectionPool[Any], conn: psycopg.AsyncConnection[Any]) -> None:
+    def __init__(
+        self,
+        pool: AsyncConnectionPool[Any] | ConnectionPool[Any],
+        conn: psycopg.AsyncConnection[Any] | psycopg.Connection[Any],
+    ) -> None:
         self.pool = pool
         self.conn = conn
         self.active = True
@@ -47,6 +58,7 @@ async def pool_connection(
     one could wait forever: tasks holding connections can exhaust the pool."""
     held = _held_connection.get(None)
     if held is not None and held.active and held.pool is pool:
+        assert isinstance(held.conn, psycopg.AsyncConnection)
         yield held.conn
         return
     async with pool.connection() as conn:
@@ -60,6 +72,33 @@ async def holding_connection(
     """A connection for the block, which :func:`pool_connection` on this pool
     gives to the calls inside it (so they also join any transaction open on it)."""
     async with pool_connection(pool) as conn:
+        held = _Held(pool, conn)
+        token = _held_connection.set(held)
+        try:
+            yield conn
+        finally:
+            held.active = False
+            _held_connection.reset(token)
+
+
+@contextmanager
+def sync_pool_connection(pool: ConnectionPool[Any]) -> Iterator[psycopg.Connection[Any]]:
+    """:func:`pool_connection` for a sync pool: inside
+    :func:`sync_holding_connection` on the same pool (the same thread), the
+    connection held there."""
+    held = _held_connection.get(None)
+    if held is not None and held.active and held.pool is pool:
+        assert isinstance(held.conn, psycopg.Connection)
+        yield held.conn
+        return
+    with pool.connection() as conn:
+        yield conn
+
+
+@contextmanager
+def sync_holding_connection(pool: ConnectionPool[Any]) -> Iterator[psycopg.Connection[Any]]:
+    """:func:`holding_connection` for a sync pool."""
+    with sync_pool_connection(pool) as conn:
         held = _Held(pool, conn)
         token = _held_connection.set(held)
         try:

@@ -1,138 +1,160 @@
-"""Sending the statements that add, change or return jobs, and decoding their rows.
+"""Plans for the statements that add, change or return jobs, and the decoding of their rows.
 
 The job functions return ``_private_jobs`` rows; the ``job_names`` statement then looks
 up their task identifiers and queue names (a task or queue the function
 created is invisible to the statement that called it), and
 :func:`~worker_cli.job.decode_jobs` builds the jobs.
+
+These are plans (:mod:`worker_cli.plan`): they say what to send and what the
+rows mean, and the sync and async drivers send them, so both WorkerUtils
+facades send exactly these statements. Errors meaning the schema is missing
+become :class:`~worker_cli.errors.SchemaNotInstalledError`.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from contextlib import nullcontext
 from typing import Any, LiteralString
 
-import psycopg
 from psycopg import errors as pg_errors
 
 from . import statements
 from .errors import JobSpecError
-from .job import Job, decode_jobs, read_payloads_raw, task_and_queue_ids
+from .job import Job, decode_jobs, task_and_queue_ids
 from .job_spec import JobSpec, encode_payload
+from .plan import Plan, Row, execute, fetch, query, send, transaction
 from .schema import schema_required
 from .unique import JOB_COLUMNS_FROM, UniqueJobResult, UniqueRuleError, results_from_rows
 
-__all__ = ["JobQueries", "encode_specs", "spec_record"]
+__all__ = [
+    "encode_specs",
+    "execute_statement",
+    "insert_jobs",
+    "jobs",
+    "spec_record",
+    "unique_results",
+]
 
 #: Specs per statement when add_jobs pipelines a large batch (see
-#: JobQueries.insert_jobs); measured with tests/benchmark.py --extras.
+#: insert_jobs); measured with tests/benchmark.py --extras.
 ADD_JOBS_CHUNK = 5000
 
 
-class JobQueries:
-    """The statements about jobs, sent on ``conn`` for ``schema``; errors meaning
-    the schema is missing become :class:`~worker_cli.errors.SchemaNotInstalledError`."""
+def execute_statement(
+    schema: str, statement: LiteralString, params: Mapping[str, Any]
+) -> Plan[None]:
+    """Run one statement that returns nothing we read."""
+    with schema_required(schema):
+        yield from execute(statements.compose(statement, schema), params)
 
-    def __init__(self, conn: psycopg.AsyncConnection[Any], schema: str) -> None:
-        self.conn = conn
-        self.schema = schema
 
-    async def execute(self, statement: LiteralString, params: Mapping[str, Any]) -> None:
-        """Run one statement that returns nothing we read."""
-        with schema_required(self.schema):
-            await self.conn.execute(statements.compose(statement, self.schema), params)
+def jobs(schema: str, statement: LiteralString, params: Mapping[str, Any]) -> Plan[list[Job]]:
+    """The jobs returned by one statement (its rows: statements.JOB_COLUMNS)."""
+    with schema_required(schema):
+        rows = yield from query(statements.compose(statement, schema), params, raw_payloads=True)
+        return (yield from _jobs(schema, rows))
 
-    async def jobs(self, statement: LiteralString, params: Mapping[str, Any]) -> list[Job]:
-        """The jobs returned by one statement (its rows: statements.JOB_COLUMNS)."""
-        with schema_required(self.schema):
-            return await self._jobs(await self._rows(statement, params))
 
-    async def unique_results(
-        self, statement: LiteralString, params: Mapping[str, Any]
-    ) -> list[UniqueJobResult]:
-        """The results of ``add_unique_job(s)``, in the order of their rows."""
-        with schema_required(self.schema):
-            try:
-                rows = await self._rows(statement, params)
-                if not rows:
-                    return []
-                tasks, queues = await self._names(rows, first=JOB_COLUMNS_FROM)
-            except pg_errors.InvalidParameterValue as exc:
-                # The SQL function's own check of a rule (Python checks first).
-                field, _, reason = (exc.diag.message_primary or "").partition(": ")
-                raise UniqueRuleError(field, reason) from exc
-        return results_from_rows(rows, tasks, queues)
+def unique_results(
+    schema: str, statement: LiteralString, params: Mapping[str, Any]
+) -> Plan[list[UniqueJobResult]]:
+    """The results of ``add_unique_job(s)``, in the order of their rows."""
+    with schema_required(schema):
+        try:
+            rows = yield from query(
+                statements.compose(statement, schema), params, raw_payloads=True
+            )
+            if not rows:
+                return []
+            tasks, queues = yield from _names(schema, rows, first=JOB_COLUMNS_FROM)
+        except pg_errors.InvalidParameterValue as exc:
+            # The SQL function's own check of a rule (Python checks first).
+            field, _, reason = (exc.diag.message_primary or "").partition(": ")
+            raise UniqueRuleError(field, reason) from exc
+    return results_from_rows(rows, tasks, queues)
 
-    async def insert_jobs(
-        self, specs: Sequence[JobSpec | Mapping[str, Any]], job_key_preserve_run_at: bool
-    ) -> list[Job]:
-        """``add_jobs``: one statement per chunk of specs, in one transaction.
 
-        A large batch goes out in a pipeline: the database inserts one chunk
-        while the next is checked and encoded. A bad spec in a later chunk
-        rolls back the earlier ones, so the call stays all-or-nothing.
-        """
-        conn = self.conn
-        statement = statements.compose(statements.add_jobs, self.schema)
-        keys: dict[str, int] = {}
-        size = ADD_JOBS_CHUNK
-        with schema_required(self.schema):
-            async with (
-                conn.transaction(),
-                conn.pipeline() if len(specs) > size else nullcontext(),
-            ):
-                cursors = []
-                for start in range(0, len(specs), size):
-                    records = [
-                        spec_record(raw, index, keys)
-                        for index, raw in enumerate(specs[start : start + size], start)
-                    ]
-                    cur = _raw_payload_cursor(conn)
-                    await cur.execute(
-                        statement,
-                        {
-                            "specs": encode_specs(records, start),
-                            "job_key_preserve_run_at": job_key_preserve_run_at,
-                        },
-                    )
-                    cursors.append(cur)
-                return await self._jobs([row for cur in cursors for row in await cur.fetchall()])
+def insert_jobs(
+    schema: str, specs: Sequence[JobSpec | Mapping[str, Any]], job_key_preserve_run_at: bool
+) -> Plan[list[Job]]:
+    """``add_jobs``: one statement per chunk of specs, in one transaction.
 
-    async def _rows(self, statement: LiteralString, params: Mapping[str, Any]) -> list[Any]:
-        cur = _raw_payload_cursor(self.conn)
-        await cur.execute(statements.compose(statement, self.schema), params)
-        return await cur.fetchall()
-
-    async def _jobs(self, rows: Sequence[Sequence[Any]]) -> list[Job]:
-        """Jobs from rows of statements.JOB_COLUMNS read by a :func:`_raw_payload_cursor`."""
-        if not rows:
-            return []
-        tasks, queues = await self._names(rows)
-        return decode_jobs(rows, tasks, queues)
-
-    async def _names(
-        self, rows: Sequence[Sequence[Any]], *, first: int = 0
-    ) -> tuple[dict[int, str], dict[int, str]]:
-        """The task identifiers and queue names of job rows (see
-        :func:`~worker_cli.job.task_and_queue_ids`), by id."""
-        task_ids, queue_ids = task_and_queue_ids(rows, first=first)
-        names = await self.conn.execute(
-            statements.compose(statements.job_names, self.schema),
-            {"task_ids": task_ids, "queue_ids": queue_ids},
+    The first chunk is checked before anything is sent, so a bad spec in a
+    batch of one chunk (the usual case) costs no round trip. A large batch
+    goes out in a pipeline: the database inserts one chunk while the next is
+    checked and encoded. A bad spec in a later chunk rolls back the earlier
+    ones, so the call stays all-or-nothing.
+    """
+    keys: dict[str, int] = {}
+    first = _chunk_params(specs, 0, keys, job_key_preserve_run_at)
+    with schema_required(schema):
+        return (
+            yield from transaction(
+                _insert_chunks(schema, specs, first, keys, job_key_preserve_run_at),
+                pipeline=len(specs) > ADD_JOBS_CHUNK,
+            )
         )
-        tasks: dict[int, str] = {}
-        queues: dict[int, str] = {}
-        async for kind, id_, name in names:
-            (tasks if kind == "task" else queues)[id_] = name
-        return tasks, queues
 
 
-def _raw_payload_cursor(conn: psycopg.AsyncConnection[Any]) -> psycopg.AsyncCursor[Any]:
-    """A cursor whose rows hold payloads as text, for :func:`~worker_cli.job.decode_jobs`."""
-    cur = conn.cursor()
-    read_payloads_raw(cur)
-    return cur
+def _insert_chunks(
+    schema: str,
+    specs: Sequence[JobSpec | Mapping[str, Any]],
+    first: dict[str, Any],
+    keys: dict[str, int],
+    job_key_preserve_run_at: bool,
+) -> Plan[list[Job]]:
+    statement = statements.compose(statements.add_jobs, schema)
+    sent = [(yield from send(statement, first, raw_payloads=True))]
+    for start in range(ADD_JOBS_CHUNK, len(specs), ADD_JOBS_CHUNK):
+        params = _chunk_params(specs, start, keys, job_key_preserve_run_at)
+        sent.append((yield from send(statement, params, raw_payloads=True)))
+    rows: list[Row] = []
+    for each in sent:
+        rows.extend((yield from fetch(each)))
+    return (yield from _jobs(schema, rows))
+
+
+def _chunk_params(
+    specs: Sequence[JobSpec | Mapping[str, Any]],
+    start: int,
+    keys: dict[str, int],
+    job_key_preserve_run_at: bool,
+) -> dict[str, Any]:
+    """The parameters of ``add_jobs`` for the chunk of specs from ``start``, checked."""
+    records = [
+        spec_record(raw, index, keys)
+        for index, raw in enumerate(specs[start : start + ADD_JOBS_CHUNK], start)
+    ]
+    return {
+        "specs": encode_specs(records, start),
+        "job_key_preserve_run_at": job_key_preserve_run_at,
+    }
+
+
+def _jobs(schema: str, rows: Sequence[Row]) -> Plan[list[Job]]:
+    """Jobs from rows of statements.JOB_COLUMNS read with raw payloads."""
+    if not rows:
+        return []
+    tasks, queues = yield from _names(schema, rows)
+    return decode_jobs(rows, tasks, queues)
+
+
+def _names(
+    schema: str, rows: Sequence[Row], *, first: int = 0
+) -> Plan[tuple[dict[int, str], dict[int, str]]]:
+    """The task identifiers and queue names of job rows (see
+    :func:`~worker_cli.job.task_and_queue_ids`), by id."""
+    task_ids, queue_ids = task_and_queue_ids(rows, first=first)
+    names = yield from query(
+        statements.compose(statements.job_names, schema),
+        {"task_ids": task_ids, "queue_ids": queue_ids},
+    )
+    tasks: dict[int, str] = {}
+    queues: dict[int, str] = {}
+    for kind, id_, name in names:
+        (tasks if kind == "task" else queues)[id_] = name
+    return tasks, queues
 
 
 def spec_record(

@@ -4,12 +4,18 @@ The schema is shared with graphile-worker (Node) 0.16-0.18. Revisions are
 recorded in ``migrations`` exactly as Node records them (ids 1..20, the same
 breaking flags); Python-only objects are recorded in ``_private_py_migrations``.
 
-Each revision runs in its own transaction: it inserts its ``migrations`` row
+Each revision runs in its own transaction (a savepoint, when the caller's
+connection is in a transaction: see :meth:`WorkerUtils.migrate
+<worker_cli.worker_utils.WorkerUtils.migrate>`): it inserts its ``migrations`` row
 first, runs its SQL, reapplies the public functions and sends
 ``NOTIFY "worker:migrate"``. Python migrators take a transaction-level
 advisory lock and re-read the state under it, so any number of them can start
 on one database at once; a racing Node migrator is detected by the unique
 violation on ``migrations`` and treated as "someone else did it".
+
+The migrator is a plan (:mod:`worker_cli.plan`): :func:`migrate` runs it on an
+``AsyncConnection`` (the worker's start-up), and the sync WorkerUtils runs the
+same plan on a ``Connection``.
 """
 
 from __future__ import annotations
@@ -29,7 +35,9 @@ from psycopg import errors as pg_errors
 from psycopg import sql
 
 from . import statements
+from .drivers import run_plan_async
 from .errors import IncompatibleSchemaError, MigrationError, UnsupportedPostgresError
+from .plan import Plan, execute, protected, query, server_version, transaction
 
 __all__ = [
     "BREAKING_REVISIONS",
@@ -37,6 +45,7 @@ __all__ = [
     "MigrationFiles",
     "MigrationReport",
     "migrate",
+    "migration_plan",
 ]
 
 logger = logging.getLogger("graphile_worker.migrate")
@@ -132,14 +141,20 @@ async def migrate(
     files: MigrationFiles | None = None,
 ) -> MigrationReport:
     """Bring ``schema`` to revision 20 on ``conn`` (which must be in autocommit mode)."""
-    check_server_version(conn.info.server_version)
+    return await run_plan_async(conn, migration_plan(schema, files))
+
+
+def migration_plan(schema: str, files: MigrationFiles | None = None) -> Plan[MigrationReport]:
+    """Bring ``schema`` to revision 20: each revision in its own transaction on a
+    connection in autocommit mode, or in a savepoint of the transaction open on it."""
+    check_server_version((yield from server_version()))
     files = files or MigrationFiles()
     previous: int | None = None
     applied: list[int] = []
     for _attempt in range(5):
-        state = await _read_state(conn, schema)
+        state = yield from protected(_read_state(schema))
         if state is None:
-            if await _install_base(conn, schema, files):
+            if (yield from _install_base(schema, files)):
                 applied.extend(range(1, BASE_REVISION + 1))
             continue  # read the state again, whoever installed it
         latest, latest_breaking = state
@@ -147,9 +162,9 @@ async def migrate(
             previous = latest
         _check_compatible(latest, latest_breaking)
         for number in range(latest + 1, LATEST_REVISION + 1):
-            if await _apply_revision(conn, schema, files, number):
+            if (yield from _apply_revision(schema, files, number)):
                 applied.append(number)
-        applied_py = await _apply_py_migrations(conn, schema, files)
+        applied_py = yield from _apply_py_migrations(schema, files)
         return MigrationReport(
             previous_revision=previous,
             applied=tuple(applied),
@@ -194,129 +209,138 @@ def _check_compatible(latest: int, latest_breaking: int | None) -> None:
         )
 
 
-async def _read_state(
-    conn: psycopg.AsyncConnection[Any], schema: str
-) -> tuple[int, int | None] | None:
-    """(latest revision, latest breaking revision), or None if nothing is installed."""
+def _read_state(schema: str) -> Plan[tuple[int, int | None] | None]:
+    """(latest revision, latest breaking revision), or None if nothing is installed.
+    (Run :func:`~worker_cli.plan.protected`: the error caught here must not
+    abort a transaction open on the caller's connection.)"""
     try:
-        cur = await conn.execute(statements.compose(statements.migration_state, schema))
+        rows = yield from query(statements.compose(statements.migration_state, schema))
     except (pg_errors.UndefinedTable, pg_errors.InvalidSchemaName):
         return None
     except pg_errors.UndefinedColumn:
         # A migrations table without "breaking": graphile-worker older than 0.11.
         return (0, None)
-    row = await cur.fetchone()
-    assert row is not None
-    latest, latest_breaking = row
+    latest, latest_breaking = rows[0]
     if latest is None:
         return None
     return (int(latest), latest_breaking)
 
 
-async def _lock(conn: psycopg.AsyncConnection[Any], schema: str) -> None:
-    await conn.execute(
+def _lock(schema: str) -> Plan[None]:
+    yield from query(
         statements.compose(statements.migration_lock, schema),
         {"namespace": _LOCK_NAMESPACE, "schema": schema},
     )
 
 
-async def _exists(conn: psycopg.AsyncConnection[Any], query: sql.Composed, **params: Any) -> bool:
+def _exists(statement: sql.Composed, **params: Any) -> Plan[bool]:
     """The answer of a ``select exists (...)`` statement."""
-    cur = await conn.execute(query, params)
-    row = await cur.fetchone()
-    return bool(row and row[0])
+    rows = yield from query(statement, params)
+    return bool(rows and rows[0][0])
 
 
-async def _notify_migrated(
-    conn: psycopg.AsyncConnection[Any], schema: str, numbers: Iterable[int]
-) -> None:
+def _script(text: str, schema: str) -> Plan[None]:
+    """Run a migration script (several statements, no parameters)."""
+    yield from execute(compose_script(text, schema))
+
+
+def _notify_migrated(schema: str, numbers: Iterable[int]) -> Plan[None]:
     for number in numbers:
         payload = json.dumps(
             {"migrationNumber": number, "breaking": number in BREAKING_REVISIONS},
             separators=(",", ":"),
         )
-        await conn.execute(
+        yield from query(
             statements.compose(statements.notify_migrated, schema), {"payload": payload}
         )
 
 
-async def _install_base(
-    conn: psycopg.AsyncConnection[Any], schema: str, files: MigrationFiles
-) -> bool:
+def _install_base(schema: str, files: MigrationFiles) -> Plan[bool]:
     """Build revisions 1-16 on an empty schema; False if someone else already had."""
-    numbers = list(range(1, BASE_REVISION + 1))
     try:
-        async with conn.transaction():
-            await _lock(conn, schema)
-            await conn.execute(compose_script(files.read("bootstrap.sql"), schema))
-            if await _exists(conn, statements.compose(statements.migrations_recorded, schema)):
-                return False
-            await conn.execute(
-                statements.compose(statements.record_base_migrations, schema),
-                {"breaking": sorted(BREAKING_REVISIONS), "ids": numbers},
-            )
-            await conn.execute(compose_script(files.read("base.sql"), schema))
-            await conn.execute(compose_script(files.read("functions.sql"), schema))
-            await _notify_migrated(conn, schema, numbers)
+        installed = yield from transaction(_base_steps(schema, files))
     except _CLASH_ERRORS:
         logger.debug("another migrator installed schema %s first", schema)
+        return False
+    if not installed:
         return False
     logger.info("installed graphile-worker schema %s (revisions 1-%d)", schema, BASE_REVISION)
     return True
 
 
-async def _apply_revision(
-    conn: psycopg.AsyncConnection[Any], schema: str, files: MigrationFiles, number: int
-) -> bool:
-    """Apply one revision; False if another migrator already had."""
-    try:
-        async with conn.transaction():
-            await _lock(conn, schema)
-            if await _exists(
-                conn, statements.compose(statements.migration_recorded, schema), id=number
-            ):
-                return False
-            # The row goes in first, so a racing Node migrator waits on it.
-            await conn.execute(
-                statements.compose(statements.record_migration, schema),
-                {"id": number, "breaking": number in BREAKING_REVISIONS},
-            )
-            await conn.execute(compose_script(files.revision(number), schema))
-            await conn.execute(compose_script(files.read("functions.sql"), schema))
-            await _notify_migrated(conn, schema, [number])
-    except _CLASH_ERRORS:
-        logger.debug("another migrator applied revision %d first", number)
+def _base_steps(schema: str, files: MigrationFiles) -> Plan[bool]:
+    numbers = list(range(1, BASE_REVISION + 1))
+    yield from _lock(schema)
+    yield from _script(files.read("bootstrap.sql"), schema)
+    if (yield from _exists(statements.compose(statements.migrations_recorded, schema))):
         return False
-    logger.info("applied graphile-worker schema revision %d to %s", number, schema)
+    yield from execute(
+        statements.compose(statements.record_base_migrations, schema),
+        {"breaking": sorted(BREAKING_REVISIONS), "ids": numbers},
+    )
+    yield from _script(files.read("base.sql"), schema)
+    yield from _script(files.read("functions.sql"), schema)
+    yield from _notify_migrated(schema, numbers)
     return True
 
 
-async def _apply_py_migrations(
-    conn: psycopg.AsyncConnection[Any], schema: str, files: MigrationFiles
-) -> list[int]:
+def _apply_revision(schema: str, files: MigrationFiles, number: int) -> Plan[bool]:
+    """Apply one revision; False if another migrator already had."""
+    try:
+        applied = yield from transaction(_revision_steps(schema, files, number))
+    except _CLASH_ERRORS:
+        logger.debug("another migrator applied revision %d first", number)
+        return False
+    if applied:
+        logger.info("applied graphile-worker schema revision %d to %s", number, schema)
+    return applied
+
+
+def _revision_steps(schema: str, files: MigrationFiles, number: int) -> Plan[bool]:
+    yield from _lock(schema)
+    if (yield from _exists(statements.compose(statements.migration_recorded, schema), id=number)):
+        return False
+    # The row goes in first, so a racing Node migrator waits on it.
+    yield from execute(
+        statements.compose(statements.record_migration, schema),
+        {"id": number, "breaking": number in BREAKING_REVISIONS},
+    )
+    yield from _script(files.revision(number), schema)
+    yield from _script(files.read("functions.sql"), schema)
+    yield from _notify_migrated(schema, [number])
+    return True
+
+
+def _apply_py_migrations(schema: str, files: MigrationFiles) -> Plan[list[int]]:
     """Apply the Python-only migrations not yet recorded in ``_private_py_migrations``."""
     numbers = files.py_revisions()
     if not numbers:
         return []
-    try:
-        cur = await conn.execute(statements.compose(statements.py_migrations_recorded, schema))
-        done = {int(row[0]) for row in await cur.fetchall()}
-    except pg_errors.UndefinedTable:
-        done = set()
+    done = yield from protected(_py_migrations_done(schema))
     applied: list[int] = []
     # Every number not recorded yet, in order (a lower number added later still applies).
     for number in (n for n in numbers if n not in done):
-        async with conn.transaction():
-            await _lock(conn, schema)
-            await conn.execute(compose_script(files.read("py/record.sql"), schema))
-            if await _exists(
-                conn, statements.compose(statements.py_migration_recorded, schema), id=number
-            ):
-                continue
-            await conn.execute(
-                statements.compose(statements.record_py_migration, schema), {"id": number}
-            )
-            await conn.execute(compose_script(files.read(f"py/{number:06d}.sql"), schema))
-        applied.append(number)
-        logger.info("applied Python-only migration %d to %s", number, schema)
+        if (yield from transaction(_py_migration_steps(schema, files, number))):
+            applied.append(number)
+            logger.info("applied Python-only migration %d to %s", number, schema)
     return applied
+
+
+def _py_migrations_done(schema: str) -> Plan[set[int]]:
+    try:
+        rows = yield from query(statements.compose(statements.py_migrations_recorded, schema))
+    except pg_errors.UndefinedTable:
+        return set()
+    return {int(row[0]) for row in rows}
+
+
+def _py_migration_steps(schema: str, files: MigrationFiles, number: int) -> Plan[bool]:
+    yield from _lock(schema)
+    yield from _script(files.read("py/record.sql"), schema)
+    if (
+        yield from _exists(statements.compose(statements.py_migration_recorded, schema), id=number)
+    ):
+        return False
+    yield from execute(statements.compose(statements.record_py_migration, schema), {"id": number})
+    yield from _script(files.read(f"py/{number:06d}.sql"), schema)
+    return True

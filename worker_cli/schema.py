@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager, contextmanager
-from typing import Any
+from collections.abc import Iterator
+from contextlib import contextmanager
 
-import psycopg
 from psycopg import errors as pg_errors
 
 from . import statements
 from .errors import SchemaNotInstalledError
+from .plan import Plan, query
 
-__all__ = ["autocommit", "schema_required", "unique_installed"]
+__all__ = ["schema_required", "unique_installed"]
 
 # What PostgreSQL says when the schema, or one of its objects, is not there.
 _SCHEMA_MISSING = (
@@ -32,29 +31,13 @@ def schema_required(schema: str) -> Iterator[None]:
         raise SchemaNotInstalledError(
             f"the graphile-worker schema {schema!r} is not installed in this database "
             f"({exc.diag.message_primary}); run `graphile-worker --schema-only` or "
-            "`await utils.migrate()` first"
+            "`utils.migrate()` first"
         ) from exc
 
 
-async def unique_installed(conn: psycopg.AsyncConnection[Any], schema: str) -> bool:
+def unique_installed(schema: str) -> Plan[bool]:
     """Whether ``schema`` has the unique-jobs table (Python migration 1)."""
-    cur = await conn.execute(
+    rows = yield from query(
         statements.compose(statements.unique_tables_installed, schema), {"schema": schema}
     )
-    row = await cur.fetchone()
-    return bool(row and row[0])
-
-
-@asynccontextmanager
-async def autocommit(conn: psycopg.AsyncConnection[Any]) -> AsyncIterator[None]:
-    """The block runs ``conn`` in autocommit mode; its previous mode is restored
-    after, so a pooled connection goes back as it came (the worker's pool is
-    in autocommit, an application's may not be)."""
-    previous = conn.autocommit
-    if not previous:
-        await conn.set_autocommit(True)
-    try:
-        yield
-    finally:
-        if conn.autocommit != previous and not conn.closed and not conn.broken:
-            await conn.set_autocommit(previous)
+    return bool(rows and rows[0][0])

@@ -5,36 +5,41 @@
     async with make_worker_utils(connection_string=URL) as utils:
         job = await utils.add_job("send_email", {"to": "a@b.c"}, queue_name="mail")
 
-This module is the facade: the SQL is in :mod:`worker_cli.statements`, the
-statements returning jobs are sent by :mod:`worker_cli.job_queries`, the held
-connection is :mod:`worker_cli.held_connection`'s, and :mod:`worker_cli.cleanup`
-and :mod:`worker_cli.schema` hold cleanup and schema probing.
+This module is the asyncio facade; :mod:`worker_cli.sync_worker_utils` is its
+blocking twin, method for method. Neither holds any logic of its own: each
+method asks :class:`~worker_cli.utils_plans.UtilsPlans` for a plan (the
+checked arguments, the statements and the decoding of their rows, written
+once for both) and runs it with its driver (:mod:`worker_cli.drivers`) on a
+connection of its pool, or on the caller's connection (``connection=``),
+whose transaction it joins. Only the choice of connection and the waiting
+differ between the twins.
 """
 
 from __future__ import annotations
 
-import json
+import asyncio
 import logging
 from collections.abc import AsyncIterator, Mapping, Sequence
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
 from datetime import datetime
-from typing import Any, LiteralString, overload
+from typing import Any, TypeVar, overload
 
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from . import statements
-from .cleanup import CLEANUP_STATEMENTS, CleanupTask, check_cleanup_tasks, delete_unique_locks
+from .cleanup import CleanupTask
 from .config import load_dotenv_file, resolve_connection_string, resolve_schema
-from .db import check_connection
-from .errors import GraphileWorkerError, JobSpecError
+from .db import check_connection, connect
+from .drivers import autocommit_mode_async, run_plan_async
+from .errors import ConfigurationError, GraphileWorkerError
+from .given_connection import check_given_connection, check_given_pool
 from .held_connection import holding_connection, pool_connection
 from .job import Job
-from .job_queries import JobQueries, encode_specs, spec_record
-from .job_spec import JobKeyMode, JobSpec, TaskSpec, encode_payload, validate_identifier
-from .migrate import MigrationReport, migrate
-from .schema import autocommit, unique_installed
-from .unique import UniqueJobResult, UniqueRule, UniqueSpec, check_keys_payload, rules_for_specs
+from .job_spec import JobKeyMode, JobSpec, TaskSpec
+from .migrate import MigrationReport
+from .plan import Plan
+from .unique import UniqueJobResult, UniqueSpec
+from .utils_plans import UtilsPlans
 
 __all__ = [
     "CleanupTask",
@@ -46,25 +51,52 @@ __all__ = [
 
 logger = logging.getLogger("graphile_worker")
 
+T = TypeVar("T")
+
 
 class WorkerUtils:
-    """Job administration over a connection pool; see :func:`make_worker_utils`."""
+    """Job administration over a connection pool, or over the caller's
+    connection (``connection``); see :func:`make_worker_utils`."""
 
-    def __init__(self, pool: AsyncConnectionPool[Any], schema: str) -> None:
-        self.pool = pool
+    def __init__(
+        self,
+        pool: AsyncConnectionPool[Any] | None,
+        schema: str,
+        *,
+        connection: psycopg.AsyncConnection[Any] | None = None,
+    ) -> None:
+        if (pool is None) == (connection is None):
+            raise TypeError("WorkerUtils needs a pool or a connection (one of them)")
+        self._pool = pool
         self.schema = schema
-        # Whether the unique-jobs table exists (None: not checked yet).
-        self._unique_tables: bool | None = None
+        self._given = connection
+        # One plan at a time on a given connection: a plan's savepoint must
+        # not interleave with another's statements.
+        self._given_lock = asyncio.Lock()
+        self._plans = UtilsPlans(schema)
+
+    @property
+    def pool(self) -> AsyncConnectionPool[Any]:
+        """The pool the utilities take connections from (none with ``connection=``)."""
+        if self._pool is None:
+            raise ConfigurationError("these WorkerUtils use the connection given, not a pool")
+        return self._pool
 
     def connection(self) -> AbstractAsyncContextManager[psycopg.AsyncConnection[Any]]:
         """A connection from the pool; inside :meth:`holding_connection` on the same
         pool (the same asyncio task), the connection held there. Taking a second
-        one could wait forever: tasks holding connections can exhaust the pool."""
+        one could wait forever: tasks holding connections can exhaust the pool.
+        With ``connection=``, that connection."""
+        if self._given is not None:
+            return nullcontext(self._given)
         return pool_connection(self.pool)
 
     def holding_connection(self) -> AbstractAsyncContextManager[psycopg.AsyncConnection[Any]]:
         """A connection for the block, which this pool's methods called inside it
-        use too (so they also join any transaction open on it)."""
+        use too (so they also join any transaction open on it). With
+        ``connection=``, that connection."""
+        if self._given is not None:
+            return nullcontext(self._given)
         return holding_connection(self.pool)
 
     @overload
@@ -119,8 +151,7 @@ class WorkerUtils:
         is added only if no "same" job blocks it, and the result is a
         :class:`UniqueJobResult` whose ``conflict`` tells which happened.
         """
-        validate_identifier(identifier)
-        spec = TaskSpec(
+        options = TaskSpec(
             queue_name=queue_name,
             run_at=run_at,
             max_attempts=max_attempts,
@@ -129,26 +160,7 @@ class WorkerUtils:
             priority=priority,
             flags=flags,
         )
-        spec.validate()
-        params = {
-            "identifier": identifier,
-            "payload": encode_payload(payload),
-            "queue_name": queue_name,
-            "run_at": run_at,
-            "max_attempts": max_attempts,
-            "job_key": job_key,
-            "priority": priority,
-            "flags": list(flags) if flags is not None else None,
-            "job_key_mode": job_key_mode or "replace",
-        }
-        if unique is None:
-            rows = await self._fetch(statements.add_job, params)
-            return rows[0]
-        rule = UniqueRule.coerce(unique).to_json()
-        check_keys_payload(rule, payload)
-        params["unique_rule"] = json.dumps(rule)
-        results = await self._fetch_unique(statements.add_unique_job, params)
-        return results[0]
+        return await self._run(self._plans.add_job(identifier, payload, options, unique))
 
     @overload
     async def add_jobs(
@@ -185,51 +197,24 @@ class WorkerUtils:
         with the existing jobs and the earlier specs, and the results are
         :class:`UniqueJobResult` in the order of ``specs``.
         """
-        if unique is None:
-            if not specs:
-                return []
-            async with self.connection() as conn:
-                return await JobQueries(conn, self.schema).insert_jobs(
-                    specs, job_key_preserve_run_at
-                )
-        records = [spec_record(raw, index) for index, raw in enumerate(specs)]
-        rules = rules_for_specs(unique, [record["payload"] for record in records])
-        if not records:
-            return []
-        return await self._fetch_unique(
-            statements.add_unique_jobs,
-            {
-                "specs": encode_specs(records),
-                "unique_rules": json.dumps(rules),
-                "job_key_preserve_run_at": job_key_preserve_run_at,
-            },
+        plan = self._plans.add_jobs(
+            specs, job_key_preserve_run_at=job_key_preserve_run_at, unique=unique
         )
+        return await self._run(plan)
 
     async def remove_job(self, job_key: str) -> Job | None:
         """Delete the pending job with this key; a running one is kept from retrying."""
-        if not isinstance(job_key, str) or not job_key:
-            raise JobSpecError("job_key", "must be a non-empty string")
-        # A job an administrator removed no longer blocks its duplicates.
-        statement = (
-            statements.remove_job_releasing_unique_lock
-            if await self._unique_installed()
-            else statements.remove_job
-        )
-        rows = await self._fetch(statement, {"job_key": job_key})
-        return rows[0] if rows else None
+        return await self._run(self._plans.remove_job(job_key))
 
     async def complete_jobs(self, job_ids: Sequence[int]) -> list[Job]:
         """Mark jobs as done (delete them); locked jobs are skipped unless stale."""
-        return await self._fetch(statements.complete_jobs, {"job_ids": list(job_ids)})
+        return await self._run(self._plans.complete_jobs(job_ids))
 
     async def permanently_fail_jobs(
         self, job_ids: Sequence[int], reason: str | None = None
     ) -> list[Job]:
         """Fail jobs for good, keeping them with ``reason`` as their last error."""
-        return await self._fetch(
-            statements.permanently_fail_jobs,
-            {"job_ids": list(job_ids), "error_message": reason},
-        )
+        return await self._run(self._plans.permanently_fail_jobs(job_ids, reason))
 
     async def reschedule_jobs(
         self,
@@ -241,23 +226,14 @@ class WorkerUtils:
         max_attempts: int | None = None,
     ) -> list[Job]:
         """Change the given fields of jobs; fields left as None are kept."""
-        TaskSpec(run_at=run_at, priority=priority, max_attempts=max_attempts).validate()
-        if attempts is not None and (isinstance(attempts, bool) or not 0 <= attempts <= 32767):
-            raise JobSpecError("attempts", f"is {attempts}; it must be between 0 and 32767")
-        return await self._fetch(
-            statements.reschedule_jobs,
-            {
-                "job_ids": list(job_ids),
-                "run_at": run_at,
-                "priority": priority,
-                "attempts": attempts,
-                "max_attempts": max_attempts,
-            },
+        plan = self._plans.reschedule_jobs(
+            job_ids, run_at=run_at, priority=priority, attempts=attempts, max_attempts=max_attempts
         )
+        return await self._run(plan)
 
     async def force_unlock_workers(self, worker_ids: Sequence[str]) -> None:
         """Release every job and queue locked by these worker pools (crashed ones)."""
-        await self._execute(statements.force_unlock_workers, {"worker_ids": list(worker_ids)})
+        await self._run(self._plans.force_unlock_workers(worker_ids))
 
     async def cleanup(
         self,
@@ -267,17 +243,8 @@ class WorkerUtils:
     ) -> None:
         """Delete unused queues, unused task identifiers, permanently failed jobs
         and/or expired uniqueness locks (``GC_UNIQUE_LOCKS``)."""
-        check_cleanup_tasks(tasks)
-        for name, statement in CLEANUP_STATEMENTS.items():
-            if name not in tasks:
-                continue
-            if name == "GC_UNIQUE_LOCKS":
-                await self.gc_unique_locks()
-                continue
-            if name == "DELETE_PERMAFAILED_JOBS" and await self._unique_installed():
-                # A deleted job would otherwise look like a success to its lock.
-                statement = statements.delete_permafailed_jobs_releasing_unique_locks
-            await self._execute(statement, {"keep": list(task_identifiers_to_keep)})
+        plan = self._plans.cleanup(tasks, task_identifiers_to_keep=task_identifiers_to_keep)
+        await self._run(plan, autocommit=True)
 
     async def gc_unique_locks(self) -> int:
         """Delete the uniqueness locks that can never block again; return how many.
@@ -285,41 +252,31 @@ class WorkerUtils:
         The worker calls this from its periodic sweep; ``--cleanup
         GC_UNIQUE_LOCKS`` runs it once. A few hundred locks per transaction,
         until none is left (locks busy with a concurrent add are left for the
-        next run). Nothing to do, and no error, on a schema without them.
+        next run); with ``connection=`` in a transaction, all in that
+        transaction. Nothing to do, and no error, on a schema without them.
         """
-        if not await self._unique_installed():
-            return 0
-        async with self.pool.connection() as conn, autocommit(conn):
-            return await delete_unique_locks(conn, self.schema)
+        return await self._run(self._plans.gc_unique_locks(), autocommit=True)
 
     async def migrate(self) -> MigrationReport:
-        """Install or upgrade the schema (see :func:`worker_cli.migrate.migrate`)."""
-        async with self.pool.connection() as conn, autocommit(conn):
-            try:
-                return await migrate(conn, self.schema)
-            finally:
-                self._unique_tables = None
+        """Install or upgrade the schema (see :func:`worker_cli.migrate.migrate`).
 
-    async def _fetch(self, statement: LiteralString, params: Mapping[str, Any]) -> list[Job]:
-        async with self.connection() as conn:
-            return await JobQueries(conn, self.schema).jobs(statement, params)
+        Each revision is a transaction of its own; with ``connection=`` in a
+        transaction, a savepoint of it: the schema is there once the caller
+        commits, and gone if it rolls back.
+        """
+        return await self._run(self._plans.migrate(), autocommit=True)
 
-    async def _fetch_unique(
-        self, statement: LiteralString, params: Mapping[str, Any]
-    ) -> list[UniqueJobResult]:
-        async with self.connection() as conn:
-            return await JobQueries(conn, self.schema).unique_results(statement, params)
-
-    async def _execute(self, statement: LiteralString, params: Mapping[str, Any]) -> None:
-        async with self.connection() as conn:
-            await JobQueries(conn, self.schema).execute(statement, params)
-
-    async def _unique_installed(self) -> bool:
-        """Whether this schema has the unique-jobs table (checked once)."""
-        if self._unique_tables is None:
-            async with self.pool.connection() as conn:
-                self._unique_tables = await unique_installed(conn, self.schema)
-        return self._unique_tables
+    async def _run(self, plan: Plan[T], *, autocommit: bool = False) -> T:
+        """Run ``plan`` on the caller's connection, or on one of the pool's (in
+        autocommit mode if asked: a migration, batched deletes)."""
+        if self._given is not None:
+            async with self._given_lock:
+                return await run_plan_async(self._given, plan, joined=True)
+        if autocommit:
+            async with self.pool.connection() as conn, autocommit_mode_async(conn):
+                return await run_plan_async(conn, plan)
+        async with pool_connection(self.pool) as conn:
+            return await run_plan_async(conn, plan)
 
 
 @asynccontextmanager
@@ -328,12 +285,28 @@ async def make_worker_utils(
     *,
     schema: str | None = None,
     pool: AsyncConnectionPool[Any] | None = None,
+    connection: psycopg.AsyncConnection[Any] | None = None,
     max_pool_size: int = 10,
     no_prepared_statements: bool = False,
 ) -> AsyncIterator[WorkerUtils]:
-    """Open WorkerUtils on a new pool (closed on exit) or on ``pool`` (left open)."""
+    """Open WorkerUtils on a new pool (closed on exit), on ``pool`` (left open),
+    or on ``connection``: that psycopg ``AsyncConnection`` as it is, joining
+    its open transaction; it is never committed, rolled back, closed or
+    switched to another autocommit mode (see the README, "Your connection,
+    your transaction")."""
     schema_name = resolve_schema(schema)
+    if connection is not None:
+        check_given_connection(
+            connection,
+            factory="make_worker_utils",
+            expected=psycopg.AsyncConnection,
+            pool=pool,
+            connection_string=connection_string,
+        )
+        yield WorkerUtils(None, schema_name, connection=connection)
+        return
     if pool is not None:
+        check_given_pool(pool, factory="make_worker_utils", expected=AsyncConnectionPool)
         yield WorkerUtils(pool, schema_name)
         return
     load_dotenv_file()
@@ -389,7 +362,10 @@ async def quick_add_job(
     **options: Any,
 ) -> Job | UniqueJobResult:
     """Add one job with a short-lived connection; options as for ``add_job``."""
-    async with make_worker_utils(connection_string, schema=schema, max_pool_size=1) as utils:
+    load_dotenv_file()
+    conninfo = resolve_connection_string(connection_string)
+    async with await connect(conninfo, autocommit=True) as conn:
+        utils = WorkerUtils(None, resolve_schema(schema), connection=conn)
         if unique is None:
             job: Job = await utils.add_job(identifier, payload, **options)
             return job
