@@ -39,7 +39,7 @@
       .then(function (html) {
         var fresh = new DOMParser().parseFromString(html, "text/html").getElementById("content");
         var current = document.getElementById("content");
-        if (fresh && current && !busy()) {
+        if (fresh && current && !busy() && !paused) {
           current.replaceWith(document.importNode(fresh, true));
         }
         document.body.classList.remove("stale");
