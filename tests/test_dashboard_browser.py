@@ -48,8 +48,12 @@ def add_job(db: str, task: str, payload: str = "{}", **options: Any) -> int:
     )
 
 
-def update_job(db: str, job_id: int, assignments: str) -> None:
-    rows(db, f"update graphile_worker._private_jobs set {assignments} where id = %s", (job_id,))
+def update_job(db: str, job_id: int, assignments: str, *params: Any) -> None:
+    rows(
+        db,
+        f"update graphile_worker._private_jobs set {assignments} where id = %s",
+        (*params, job_id),
+    )
 
 
 def job_row(db: str, job_id: int) -> dict[str, Any] | None:
@@ -68,7 +72,7 @@ def test_pages_links_and_values_shown_as_text(db: str, browser: WebDriver) -> No
     waiting = add_job(db, "hello", HTML_PAYLOAD)
     add_job(db, "mail", queue_name="q1", run_at="2099-01-01T00:00:00Z")
     failed = add_job(db, "hello")
-    update_job(db, failed, "attempts = 25, last_error = %s" % _literal(HTML_ERROR))
+    update_job(db, failed, "attempts = 25, last_error = %s", HTML_ERROR)
     locked = add_job(db, "mail", queue_name="q1")
     update_job(db, locked, "locked_at = now(), locked_by = 'pool-gone', attempts = 1")
     with serve_cli(db) as url:
@@ -128,10 +132,6 @@ def test_pages_links_and_values_shown_as_text(db: str, browser: WebDriver) -> No
         wait_for(browser, "#state-cards")
         assert browser.execute_script("return window.pwned") is None  # type: ignore[no-untyped-call]
         assert console_errors(browser) == []
-
-
-def _literal(text: str) -> str:
-    return "'" + text.replace("'", "''") + "'"
 
 
 def confirm(browser: WebDriver, url: str, job_id: int, action: str) -> None:
