@@ -391,7 +391,7 @@ def dashboard(ctx: click.Context, /, connection: str | None, schema: str, **opti
     try:
         from .dashboard.serve import serve
     except ImportError as exc:
-        if exc.name not in ("starlette", "uvicorn", "jinja2"):
+        if (exc.name or "").partition(".")[0] not in ("starlette", "uvicorn", "jinja2"):
             raise
         raise click.ClickException(
             "the dashboard needs its extra: pip install 'graphile-worker[dashboard]'"
