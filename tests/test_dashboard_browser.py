@@ -4,6 +4,7 @@ confirmed, changes the database as the admin functions do."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,6 +15,8 @@ from dashboard_helpers import (
     chromium,
     click,
     console_errors,
+    http,
+    serve_app,
     serve_cli,
     wait_for,
     wait_for_text,
@@ -340,3 +343,53 @@ def test_read_only_hides_and_refuses_the_actions(db: str, browser: WebDriver) ->
         browser.get(f"{url}/jobs/{job_id}/delete")
         assert "read-only" in wait_for_text(browser, "#error-reason", "read-only").text
     assert job_row(db, job_id) is not None
+
+
+def readme_fastapi_example() -> str:
+    """The README's example of mounting the dashboard in a FastAPI app."""
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+    [example] = [
+        block
+        for block in re.findall(r"```python\n(.*?)```", readme, re.DOTALL)
+        if "app.mount(" in block
+    ]
+    return str(example)
+
+
+def test_mounted_under_a_prefix_behind_the_apps_own_auth(
+    db: str, browser: WebDriver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The README's FastAPI example, as written: the app's own check in front,
+    links, stylesheet and actions under the prefix, and the page refreshing
+    itself."""
+    job_id = add_job(db, "hello")
+    monkeypatch.setenv("DATABASE_URL", db)
+    namespace: dict[str, Any] = {}
+    exec(compile(readme_fastapi_example(), "README.md", "exec"), namespace)
+    with serve_app(namespace["app"]) as url:
+        base = url + "/admin/queue"
+        assert http(base + "/").status == 403  # the application's own check
+        browser.get(base + "/")
+        browser.add_cookie({"name": "session", "value": "staff"})
+        assert "403" in " ".join(console_errors(browser))  # read (and cleared) here
+        browser.get(base + "/")
+        assert wait_for(browser, "#count-total").text == "1"
+        topbar = browser.find_element(By.CSS_SELECTOR, ".topbar")
+        assert topbar.value_of_css_property("background-color") == "rgba(17, 24, 39, 1)"
+
+        add_job(db, "hello")  # shows up without a reload
+        wait_for_text(browser, "#count-total", "2")
+        browser.find_element(By.ID, "refresh-toggle").click()
+        wait_for_text(browser, "#refresh-toggle", "off")
+
+        click(browser, "#nav-jobs")
+        assert browser.current_url == base + "/jobs"
+        click(browser, f"#jobs-table a[href='/admin/queue/jobs/{job_id}']")
+        assert browser.current_url == f"{base}/jobs/{job_id}"
+        click(browser, "#action-delete")
+        click(browser, "#confirm-button")
+        assert "deleted" in wait_for(browser, "#notice").text
+        assert browser.current_url.startswith(base + "/jobs?")
+        assert job_row(db, job_id) is None
+        assert http(base + "/healthz", headers={"Cookie": "session=staff"}).body == "ok\n"
+        assert console_errors(browser) == []
