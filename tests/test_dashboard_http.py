@@ -11,7 +11,7 @@ from dashboard_helpers import Reply, http, serve_app, serve_cli
 from dbhelpers import rows, run_cli, value
 
 from worker_cli.dashboard import create_app
-from worker_cli.dashboard.security import CONTENT_SECURITY_POLICY
+from worker_cli.dashboard.security import CONTENT_SECURITY_POLICY, Csrf
 
 pytestmark = pytest.mark.db
 
@@ -152,3 +152,20 @@ def test_without_the_schema(empty_db: str) -> None:
         page = http(url + "/")
         assert page.status == 503
         assert "is not installed in this database" in page.body
+
+
+def test_read_only_refuses_even_a_valid_post(db: str) -> None:
+    """The same POST, with a valid token, is refused read-only and done otherwise."""
+    job_id = add_job(db)
+    secret, nonce = b"s" * 32, "a-browser"
+    fields = {"csrf_token": Csrf(secret).token(nonce)}
+    cookie = f"{Csrf.COOKIE}={nonce}"
+    with serve_app(create_app(db, read_only=True, csrf_secret=secret)) as url:
+        reply = post(f"{url}/jobs/{job_id}/delete", fields, Cookie=cookie)
+        assert reply.status == 403 and "read-only" in reply.body
+        unlock = post(f"{url}/pools/unlock", {**fields, "pool": "pool-x"}, Cookie=cookie)
+        assert unlock.status == 403
+    assert exists(db, job_id)
+    with serve_app(create_app(db, csrf_secret=secret)) as url:
+        assert post(f"{url}/jobs/{job_id}/delete", fields, Cookie=cookie).status == 303
+    assert not exists(db, job_id)
