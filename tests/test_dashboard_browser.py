@@ -78,6 +78,12 @@ def test_pages_links_and_values_shown_as_text(db: str, browser: WebDriver) -> No
     update_job(db, failed, "attempts = 25, last_error = %s", HTML_ERROR)
     locked = add_job(db, "mail", queue_name="q1")
     update_job(db, locked, "locked_at = now(), locked_by = 'pool-gone', attempts = 1")
+    rows(
+        db,
+        "insert into graphile_worker._private_known_crontabs values "
+        "('nightly', now() - interval '2 days', now() - interval '3 hours'), "
+        "('<i>new</i>', now(), null)",
+    )
     with serve_cli(db) as url:
         browser.get(url + "/")
         cards = {
@@ -130,7 +136,16 @@ def test_pages_links_and_values_shown_as_text(db: str, browser: WebDriver) -> No
         click(browser, "#nav-pools")
         assert "pool-gone" in wait_for(browser, "#dead-pools").text
         click(browser, "#nav-crontab")
-        wait_for(browser, "#no-crontab")
+        crontab = [
+            [cell.text for cell in row.find_elements(By.TAG_NAME, "td")]
+            for row in wait_for(browser, "#crontab-table").find_elements(
+                By.CSS_SELECTOR, "tbody tr"
+            )
+        ]
+        assert [(row[0], row[2] == "never", row[3]) for row in crontab] == [
+            ("<i>new</i>", True, ""),
+            ("nightly", False, "3h 00m"),
+        ]
         click(browser, "#nav-overview")
         wait_for(browser, "#state-cards")
         assert browser.execute_script("return window.pwned") is None  # type: ignore[no-untyped-call]

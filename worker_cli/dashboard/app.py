@@ -30,7 +30,7 @@ from ..config import resolve_connection_string, resolve_schema
 from ..db import worker_conninfo
 from ..retry import one_line
 from ..worker_utils import WorkerUtils
-from . import actions, pages
+from . import actions, pages, queries
 from .formatting import FILTERS
 from .reads import Reader
 from .security import BasicAuth, Csrf, Receive, Scope, SecurityHeaders, Send
@@ -158,7 +158,7 @@ class Dashboard:
         """None if the database answers and the schema can be shown, else why not."""
         try:
             async with self.reading() as reader:
-                await reader.row("select 1 as ok")
+                await reader.row(queries.healthz)
         except (psycopg.Error, PoolTimeout, SchemaProblem) as exc:
             return one_line(exc)
         return None
