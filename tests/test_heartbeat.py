@@ -27,6 +27,7 @@ from fault_helpers import (
 )
 from node_worker import NodeWorker
 
+import worker_cli
 from worker_cli import Helpers, run
 from worker_cli.options import WorkerOptions
 from worker_cli.tasks import make_task_list
@@ -456,3 +457,49 @@ async def test_a_released_job_keeps_its_place_in_its_named_queue(db: str, releas
         pool.stop()
         await running
     assert order == ids
+
+
+async def test_each_beat_reports_the_pools_counters(db: str) -> None:
+    """A pool's row carries its concurrency, tasks, version and jobs done, and
+    the previous beat's counter and time (the dashboard's rate)."""
+    done = asyncio.Event()
+    ran: list[int] = []
+
+    async def t(payload: Any, helpers: Helpers) -> None:
+        ran.append(helpers.job.id)
+        if len(ran) == 5:
+            done.set()
+
+    async def other(payload: Any, helpers: Helpers) -> None:
+        pass
+
+    runner = await run(
+        db,
+        task_list={"t": t, "other": other},
+        concurrency=2,
+        no_handle_signals=True,
+        heartbeat_interval=0.1,
+        heartbeat_timeout=10,
+    )
+    try:
+        for _ in range(5):
+            await runner.add_job("t")
+        await asyncio.wait_for(done.wait(), 15)
+        query = (
+            "select concurrency, task_identifiers, version, jobs_done, jobs_done_before, "
+            "beat_before < beat_at as ordered from graphile_worker._private_py_heartbeats "
+            "where pool_id = %s"
+        )
+
+        def reported() -> bool:
+            [row] = rows(db, query, (runner.pool.id,))
+            return bool(row["jobs_done"] == 5 and row["jobs_done_before"] == 5)
+
+        await asyncio.to_thread(wait_until, reported, 15, "two beats reporting 5 jobs done")
+        [row] = rows(db, query, (runner.pool.id,))
+    finally:
+        await runner.stop()
+    assert row["concurrency"] == 2
+    assert row["task_identifiers"] == ["other", "t"]
+    assert row["version"] == worker_cli.__version__
+    assert row["ordered"] is True

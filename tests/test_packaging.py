@@ -44,6 +44,14 @@ def test_wheel_ships_migrations_and_installed_copy_migrates(tmp_path: Path, empt
     }
     assert expected <= set(names)
     assert "worker_cli/py.typed" in names
+    # The dashboard's templates, stylesheet, script and icon ship with it.
+    dashboard = ROOT / "worker_cli" / "dashboard"
+    assets = {
+        f"worker_cli/dashboard/{p.relative_to(dashboard)}"
+        for p in dashboard.rglob("*")
+        if p.suffix in {".html", ".css", ".js", ".svg"}
+    }
+    assert len(assets) >= 10 and assets <= set(names), assets - set(names)
 
     target = tmp_path / "site"
     install = subprocess.run(

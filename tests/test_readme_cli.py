@@ -33,6 +33,8 @@ Row = tuple[frozenset[str], frozenset[str]]  # (flags, environment variables)
 def section(heading: str) -> str:
     """The README text under ``heading`` up to the next heading of any level."""
     lines = README.splitlines()
+    if heading not in lines and heading.startswith("### "):
+        heading = heading[1:]  # a command with a section of its own (## Dashboard)
     start = lines.index(heading) + 1
     end = next(
         (i for i in range(start, len(lines)) if lines[i].startswith("#")),

@@ -350,6 +350,59 @@ def status(ctx: click.Context, connection: str | None, schema: str, as_json: boo
     click.echo(format_json(figures) if as_json else format_text(figures))
 
 
+def _basic_auth(_ctx: click.Context, _param: click.Parameter, value: str | None) -> Any:
+    if not value:
+        return None
+    from .dashboard.security import BasicAuth
+
+    try:
+        return BasicAuth.parse(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+@command.command(context_settings=CONTEXT_SETTINGS)
+@connection_option
+@schema_option
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", type=click.IntRange(1, 65535), default=8080, show_default=True)
+@click.option("--read-only", is_flag=True, help="Show the queue; hide and refuse the actions.")
+@click.option(
+    "--auth",
+    metavar="USER:PASSWORD",
+    envvar="GRAPHILE_WORKER_DASHBOARD_AUTH",
+    show_envvar=True,
+    callback=_basic_auth,
+    help="Ask for these HTTP Basic credentials (required on a non-loopback --host). "
+    "Prefer the variable: a flag is visible to every user in the process list.",
+)
+@click.option(
+    "--refresh",
+    type=click.FloatRange(min=0),
+    default=5.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="Pages refresh themselves this often (0: never).",
+)
+@click.pass_context
+def dashboard(ctx: click.Context, /, connection: str | None, schema: str, **options: Any) -> None:
+    """Serve the web dashboard: the queue by task, state and named queue, jobs,
+    worker pools, crontab, and (unless --read-only) actions on jobs."""
+    try:
+        from .dashboard.serve import serve
+    except ImportError as exc:
+        if (exc.name or "").partition(".")[0] not in ("starlette", "uvicorn", "jinja2"):
+            raise
+        raise click.ClickException(
+            "the dashboard needs its extra: pip install 'graphile-worker[dashboard]'"
+        ) from None
+    connection, schema = _shared(ctx, connection, schema)
+    try:
+        serve(connection, schema=schema, **options)
+    except GraphileWorkerError as exc:
+        raise _failure(exc) from None
+
+
 def _json_payload(_ctx: click.Context, _param: click.Parameter, value: str | None) -> Any:
     if value is None:
         return None

@@ -476,22 +476,34 @@ gc_unique_locks = "select {schema}.py_gc_unique_locks(%(max_rows)s)"
 
 # --- Heartbeats (migrations/py/000002.sql; worker_cli/worker/heartbeat.py) ------------
 
-# Record that this pool is alive. Returns whether the pool had to register (its
+# Record that this pool is alive, with what it reports (migrations/py/000004.sql:
+# null where the pool reports nothing; the previous beat's counter and time are
+# kept, for the dashboard's rate). Returns whether the pool had to register (its
 # first beat, or another pool declared it dead meanwhile and released its
 # jobs), and the database's time of the beat.
 heartbeat_beat = """
   with beat as (
     update {schema}._private_py_heartbeats as h
-    set beat_at = now(), timeout = %(timeout)s::interval
+    set beat_at = now(),
+        timeout = %(timeout)s::interval,
+        concurrency = %(concurrency)s,
+        task_identifiers = %(task_identifiers)s::text[],
+        version = %(version)s,
+        jobs_done_before = h.jobs_done,
+        beat_before = h.beat_at,
+        jobs_done = %(jobs_done)s
     where h.pool_id = %(pool_id)s
     returning h.pool_id
   ),
   registered as (
-    insert into {schema}._private_py_heartbeats (pool_id, timeout, hostname, pid)
-    select %(pool_id)s, %(timeout)s::interval, %(hostname)s, %(pid)s
+    insert into {schema}._private_py_heartbeats as h (
+      pool_id, timeout, hostname, pid, concurrency, task_identifiers, version, jobs_done
+    )
+    select %(pool_id)s, %(timeout)s::interval, %(hostname)s, %(pid)s, %(concurrency)s,
+      %(task_identifiers)s::text[], %(version)s, %(jobs_done)s
     where not exists (select 1 from beat)
     on conflict (pool_id) do nothing
-    returning pool_id
+    returning h.pool_id
   )
   select exists (select 1 from registered), now()
 """

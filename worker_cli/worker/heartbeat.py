@@ -31,6 +31,11 @@ pool that crashes, or stops without writing back every result, leaves its row
 behind, which is what lets the others find its jobs.
 
 All times are the database's (``now()``): a skewed worker clock changes nothing.
+
+Each beat also records what the pool reports (:class:`PoolReport`: its
+concurrency, tasks, version and jobs done so far), for the dashboard's Worker
+pools page; the previous beat's counter and time stay beside it, so a rate
+needs no second sample.
 """
 
 from __future__ import annotations
@@ -41,19 +46,34 @@ import logging
 import os
 import socket
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
 
 from .. import statements
+from .._version import __version__
 from ..db import WorkerConnections
 from ..retry import DEFAULT, one_line
 
-__all__ = ["Heartbeat"]
+__all__ = ["Heartbeat", "PoolReport"]
 
 logger = logging.getLogger("graphile_worker")
+
+
+@dataclass(frozen=True)
+class PoolReport:
+    """What a pool tells in each heartbeat (migrations/py/000004.sql).
+
+    ``jobs_done`` is called from the heartbeat's thread at every beat: it must
+    only read a counter (the pool's jobs run to an outcome so far).
+    """
+
+    concurrency: int
+    task_identifiers: Sequence[str]
+    jobs_done: Callable[[], int]
 
 
 class Heartbeat:
@@ -71,6 +91,7 @@ class Heartbeat:
         interval: float,
         timeout: float,
         on_released: Callable[[], None],
+        report: PoolReport | None = None,
     ) -> None:
         self.pool_id = pool_id = connections.pool_id
         self.interval = interval
@@ -88,11 +109,16 @@ class Heartbeat:
         #: beat of its current uninterrupted run of beats (see the module doc).
         self._last_beat: datetime | None = None
         self._watching_since: datetime | None = None
-        self._params = {
+        self._report = report
+        self._params: dict[str, Any] = {
             "pool_id": pool_id,
             "timeout": timedelta(seconds=timeout),
             "hostname": socket.gethostname(),
             "pid": os.getpid(),
+            "version": __version__,
+            "concurrency": report.concurrency if report else None,
+            "task_identifiers": sorted(report.task_identifiers) if report else None,
+            "jobs_done": None,
         }
 
     async def start(self) -> None:
@@ -184,6 +210,8 @@ class Heartbeat:
 
     def _beat(self) -> None:
         conn = self._connection()
+        if self._report is not None:
+            self._params["jobs_done"] = self._report.jobs_done()
         row = conn.execute(
             statements.compose(statements.heartbeat_beat, self._schema), self._params
         ).fetchone()

@@ -35,7 +35,7 @@ from ..tasks import Task
 from ..worker_utils import WorkerUtils
 from .completer import Completer
 from .fetcher import Fetcher, FetchSettings
-from .heartbeat import Heartbeat
+from .heartbeat import Heartbeat, PoolReport
 from .listener import Listener
 from .local_queue import LocalQueue
 from .maintenance import Poller, Sweeper
@@ -177,6 +177,11 @@ class WorkerPool:
                 interval=options.heartbeat_interval,
                 timeout=options.heartbeat_timeout,
                 on_released=self.nudge,
+                report=PoolReport(
+                    concurrency=options.concurrency,
+                    task_identifiers=list(self.tasks),
+                    jobs_done=lambda: self.jobs_done,
+                ),
             )
         self.events.emit("pool:create", pool=self)
         started = False

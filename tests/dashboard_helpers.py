@@ -1,0 +1,210 @@
+"""Serving the dashboard in tests and driving it with a real browser.
+
+The browser is Debian's headless Chromium with its chromedriver, driven by
+Selenium. Every wait waits for an event: the server is up when /healthz
+answers 200 (polled, with a deadline), a page has loaded when the element a
+test looks for is there (Selenium's explicit waits).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+import uvicorn
+from dbhelpers import cli_path
+from selenium import webdriver
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
+from selenium.webdriver.remote.webdriver import WebDriver
+from selenium.webdriver.remote.webelement import WebElement
+from selenium.webdriver.support import expected_conditions
+from selenium.webdriver.support.ui import WebDriverWait
+
+CHROMIUM = os.environ.get("GRAPHILE_WORKER_CHROMIUM", "/usr/bin/chromium")
+CHROMEDRIVER = os.environ.get("GRAPHILE_WORKER_CHROMEDRIVER", "/usr/bin/chromedriver")
+#: Chromium's flags: headless, and nothing that reaches the network on its own
+#: (a closed network refuses those connections, and they would slow it down).
+CHROMIUM_FLAGS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-dev-shm-usage",
+    "--window-size=1400,1000",
+)
+WAIT = 20.0
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class Reply:
+    status: int
+    headers: Any
+    body: str
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+_opener = urllib.request.build_opener(_NoRedirect)
+
+
+def http(url: str, *, data: bytes | None = None, headers: dict[str, str] | None = None) -> Reply:
+    """One request, redirects not followed, 4xx/5xx returned rather than raised."""
+    request = urllib.request.Request(url, data=data, headers=headers or {})
+    if data is not None:
+        request.add_header("Content-Type", "application/x-www-form-urlencoded")
+    try:
+        with _opener.open(request, timeout=WAIT) as response:
+            return Reply(response.status, response.headers, response.read().decode())
+    except urllib.error.HTTPError as error:
+        return Reply(error.code, error.headers, error.read().decode())
+
+
+def wait_healthy(url: str, process: subprocess.Popen[str] | None = None) -> None:
+    """Until ``url``/healthz answers 200 (the server is up and sees the schema)."""
+    deadline = time.monotonic() + WAIT
+    while True:
+        if process is not None and process.poll() is not None:
+            raise AssertionError(f"the dashboard exited: {process.communicate()}")
+        try:
+            if http(url + "/healthz").status == 200:
+                return
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{url}/healthz did not answer 200 within {WAIT}s")
+        time.sleep(0.05)
+
+
+@contextmanager
+def serve_cli(db: str, *args: str, env: dict[str, str] | None = None) -> Iterator[str]:
+    """``graphile-worker dashboard`` on a free port; yields its base URL."""
+    port = free_port()
+    process = subprocess.Popen(
+        [cli_path(), "dashboard", "-c", db, "--port", str(port), "--refresh", "0", *args],
+        env={**os.environ, **(env or {})},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(url, process)
+        yield url
+    finally:
+        process.terminate()
+        try:
+            process.communicate(timeout=WAIT)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.communicate()
+
+
+@contextmanager
+def serve_app(app: Any) -> Iterator[str]:
+    """An ASGI app under uvicorn in a thread of this process; yields its base URL."""
+    port = free_port()
+    server = uvicorn.Server(
+        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + WAIT
+        while not server.started:
+            assert thread.is_alive(), "uvicorn stopped"
+            assert time.monotonic() < deadline, "uvicorn did not start"
+            time.sleep(0.02)
+        yield url
+    finally:
+        server.should_exit = True
+        thread.join(WAIT)
+
+
+def require_browser() -> None:
+    """Skip (fail under CI) when Chromium or its driver is missing."""
+    missing = [path for path in (CHROMIUM, CHROMEDRIVER) if not shutil.which(path)]
+    if missing:
+        reason = (
+            f"{' and '.join(missing)} not found: install Debian's chromium and chromium-driver "
+            "(apt-get install chromium chromium-driver; .ci/run does)"
+        )
+        if os.environ.get("CI"):
+            pytest.fail(reason)
+        pytest.skip(reason)
+
+
+@contextmanager
+def chromium() -> Iterator[WebDriver]:
+    require_browser()
+    profile = tempfile.mkdtemp(prefix="dashboard-chromium-")
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in (*CHROMIUM_FLAGS, f"--user-data-dir={profile}"):
+        options.add_argument(flag)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+        shutil.rmtree(profile, ignore_errors=True)
+
+
+def wait_for(driver: WebDriver, css: str) -> WebElement:
+    """The element, once the page shows it."""
+    return WebDriverWait(driver, WAIT).until(
+        expected_conditions.presence_of_element_located((By.CSS_SELECTOR, css))
+    )
+
+
+def wait_for_text(driver: WebDriver, css: str, text: str) -> WebElement:
+    WebDriverWait(driver, WAIT).until(
+        expected_conditions.text_to_be_present_in_element((By.CSS_SELECTOR, css), text)
+    )
+    return driver.find_element(By.CSS_SELECTOR, css)
+
+
+def click(driver: WebDriver, css: str) -> None:
+    """Click an element and wait for the page it leads to replacing this one."""
+    old = driver.find_element(By.TAG_NAME, "html")
+    WebDriverWait(driver, WAIT).until(
+        expected_conditions.element_to_be_clickable((By.CSS_SELECTOR, css))
+    ).click()
+    WebDriverWait(driver, WAIT).until(expected_conditions.staleness_of(old))
+    wait_for(driver, "#content")
+
+
+def console_errors(driver: WebDriver) -> list[str]:
+    """The browser's console errors (a Content-Security-Policy violation is one)."""
+    return [
+        entry["message"]
+        for entry in driver.get_log("browser")  # type: ignore[no-untyped-call]
+        if entry["level"] == "SEVERE" and "favicon.ico" not in entry["message"]
+    ]

@@ -1,0 +1,410 @@
+"""The dashboard in a real browser (headless Chromium): every page loads and
+links where it says, values from the database show as text, and each action,
+confirmed, changes the database as the admin functions do."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from dashboard_helpers import (
+    chromium,
+    click,
+    console_errors,
+    http,
+    serve_app,
+    serve_cli,
+    wait_for,
+    wait_for_text,
+)
+from dbhelpers import cli_path, rows, value
+from fault_helpers import wait_until
+from selenium.webdriver.common.by import By
+from selenium.webdriver.remote.webdriver import WebDriver
+from selenium.webdriver.support.ui import Select
+
+pytestmark = [pytest.mark.db, pytest.mark.slow]
+
+HTML_PAYLOAD = '{"html": "<script>window.pwned = 1</script><b id=\\"bold\\">bold</b>"}'
+HTML_ERROR = '<img src=x id=evil onerror="window.pwned = 2"> went wrong'
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[WebDriver]:
+    with chromium() as driver:
+        yield driver
+
+
+def add_job(db: str, task: str, payload: str = "{}", **options: Any) -> int:
+    """add_job with named arguments (queue_name, run_at, max_attempts, ...)."""
+    names = "".join(f", {name} => %({name})s" for name in options)
+    return int(
+        value(
+            db,
+            f"select id from graphile_worker.add_job(%(task)s, %(payload)s::json{names})",
+            {"task": task, "payload": payload, **options},
+        )
+    )
+
+
+def update_job(db: str, job_id: int, assignments: str, *params: Any) -> None:
+    rows(
+        db,
+        f"update graphile_worker._private_jobs set {assignments} where id = %s",
+        (*params, job_id),
+    )
+
+
+def job_row(db: str, job_id: int) -> dict[str, Any] | None:
+    found = rows(db, "select * from graphile_worker._private_jobs where id = %s", (job_id,))
+    return found[0] if found else None
+
+
+def row_ids(browser: WebDriver) -> list[int]:
+    return [
+        int(row.get_attribute("data-job") or 0)
+        for row in browser.find_elements(By.CSS_SELECTOR, "#jobs-table tbody tr")
+    ]
+
+
+def test_pages_links_and_values_shown_as_text(db: str, browser: WebDriver) -> None:
+    waiting = add_job(db, "hello", HTML_PAYLOAD)
+    add_job(db, "mail", queue_name="q1", run_at="2099-01-01T00:00:00Z")
+    failed = add_job(db, "hello")
+    update_job(db, failed, "attempts = 25, last_error = %s", HTML_ERROR)
+    locked = add_job(db, "mail", queue_name="q1")
+    update_job(db, locked, "locked_at = now(), locked_by = 'pool-gone', attempts = 1")
+    rows(
+        db,
+        "insert into graphile_worker._private_known_crontabs values "
+        "('nightly', now() - interval '2 days', now() - interval '3 hours'), "
+        "('<i>new</i>', now(), null)",
+    )
+    with serve_cli(db) as url:
+        browser.get(url + "/")
+        cards = {
+            state: wait_for(browser, f"#count-{state}").text
+            for state in ("total", "waiting", "scheduled", "locked", "permanently_failed")
+        }
+        assert cards == {
+            "total": "4",
+            "waiting": "1",
+            "scheduled": "1",
+            "locked": "1",
+            "permanently_failed": "1",
+        }
+        assert f"#{waiting}" in browser.find_element(By.ID, "oldest-waiting").text
+        # The error is text: no <img> was made of it, and no script ran.
+        assert HTML_ERROR in browser.find_element(By.ID, "failures-table").text
+        assert browser.find_elements(By.ID, "evil") == []
+        assert "q1" in browser.find_element(By.ID, "queues-table").text
+
+        click(browser, "#nav-jobs")
+        assert browser.current_url == url + "/jobs"
+        assert row_ids(browser) == [locked, failed, 2, waiting]
+
+        browser.get(url + "/")
+        click(browser, "#tasks-table a.task")  # hello: the first task by name
+        assert browser.current_url == url + "/jobs?task=hello"
+        assert row_ids(browser) == [failed, waiting]
+
+        Select(browser.find_element(By.ID, "filter-task")).select_by_value("")
+        Select(browser.find_element(By.ID, "filter-state")).select_by_value("locked")
+        click(browser, "#filter-submit")
+        assert row_ids(browser) == [locked]
+        assert "pool-gone" not in browser.find_element(By.ID, "jobs-table").text  # not a column
+
+        browser.get(url + "/jobs")
+        click(browser, f"#jobs-table a[href$='/jobs/{waiting}']")
+        payload = wait_for(browser, "#job-payload")
+        assert (
+            '"html": "<script>window.pwned = 1</script><b id=\\"bold\\">bold</b>"' in payload.text
+        )
+        assert browser.find_elements(By.ID, "bold") == []
+        assert browser.execute_script("return window.pwned") is None  # type: ignore[no-untyped-call]
+        click(browser, "#job-task")
+        assert browser.current_url == url + "/jobs?task=hello"
+
+        browser.get(f"{url}/jobs/{failed}")
+        assert HTML_ERROR in wait_for(browser, "#job-last-error").text
+        assert browser.find_elements(By.ID, "evil") == []
+
+        click(browser, "#nav-pools")
+        assert "pool-gone" in wait_for(browser, "#dead-pools").text
+        click(browser, "#nav-crontab")
+        crontab = [
+            [cell.text for cell in row.find_elements(By.TAG_NAME, "td")]
+            for row in wait_for(browser, "#crontab-table").find_elements(
+                By.CSS_SELECTOR, "tbody tr"
+            )
+        ]
+        assert [(row[0], row[2] == "never", row[3]) for row in crontab] == [
+            ("<i>new</i>", True, ""),
+            ("nightly", False, "3h 00m"),
+        ]
+        click(browser, "#nav-overview")
+        wait_for(browser, "#state-cards")
+        assert browser.execute_script("return window.pwned") is None  # type: ignore[no-untyped-call]
+        assert console_errors(browser) == []
+
+
+def confirm(browser: WebDriver, url: str, job_id: int, action: str) -> None:
+    """Open the job's page, click the action, and land on its confirmation."""
+    browser.get(f"{url}/jobs/{job_id}")
+    click(browser, f"#action-{action}")
+    wait_for(browser, "#confirm-form")
+
+
+def test_each_action_confirmed_changes_the_database(db: str, browser: WebDriver) -> None:
+    failed = add_job(db, "hello", max_attempts=3)
+    update_job(db, failed, "attempts = 3, last_error = 'boom'")
+    later = add_job(db, "hello", run_at="2099-01-01T00:00:00Z")
+    doomed = add_job(db, "hello", run_at="2099-01-01T00:00:00Z")
+    gone = add_job(db, "hello", run_at="2099-01-01T00:00:00Z")
+    running = add_job(db, "hello")
+    update_job(db, running, "locked_at = now(), locked_by = 'pool-busy', attempts = 1")
+    with serve_cli(db) as url:
+        # Run now: due now; a job without attempts left gets one more.
+        confirm(browser, url, failed, "run-now")
+        click(browser, "#confirm-button")
+        assert "will run now" in wait_for(browser, "#notice").text
+        job = job_row(db, failed)
+        assert job is not None and job["max_attempts"] == 4 and job["attempts"] == 3
+        assert value(
+            db, "select run_at <= now() from graphile_worker._private_jobs where id = %s", (failed,)
+        )
+
+        # Reschedule: the run_at (UTC) and priority given.
+        confirm(browser, url, later, "reschedule")
+        field = browser.find_element(By.ID, "reschedule-run-at")
+        browser.execute_script("arguments[0].value = '2030-01-02T03:04:05'", field)  # type: ignore[no-untyped-call]
+        browser.find_element(By.ID, "reschedule-priority").send_keys("5")
+        click(browser, "#confirm-button")
+        assert "rescheduled" in wait_for(browser, "#notice").text
+        job = job_row(db, later)
+        assert job is not None and job["priority"] == 5
+        assert job["run_at"].isoformat() == "2030-01-02T03:04:05+00:00"
+
+        # Permanently fail, with a reason (shown as text afterwards).
+        confirm(browser, url, doomed, "fail")
+        reason = browser.find_element(By.ID, "fail-reason")
+        reason.clear()
+        reason.send_keys("not needed <b>any more</b>")
+        click(browser, "#confirm-button")
+        assert "permanently failed" in wait_for(browser, "#notice").text
+        job = job_row(db, doomed)
+        assert job is not None and job["attempts"] == job["max_attempts"]
+        assert job["last_error"] == "not needed <b>any more</b>"
+        assert "<b>any more</b>" in browser.find_element(By.ID, "job-last-error").text
+
+        # Delete (complete): the row is gone; back on the list.
+        confirm(browser, url, gone, "delete")
+        click(browser, "#confirm-button")
+        assert "deleted" in wait_for(browser, "#notice").text
+        assert browser.current_url.startswith(url + "/jobs?")
+        assert job_row(db, gone) is None
+
+        # A locked job is left alone, as complete_jobs leaves it.
+        confirm(browser, url, running, "delete")
+        click(browser, "#confirm-button")
+        assert "locked" in wait_for(browser, "#notice").text
+        assert job_row(db, running) is not None
+
+        # Cancel changes nothing.
+        confirm(browser, url, later, "delete")
+        click(browser, "#cancel")
+        assert browser.current_url == f"{url}/jobs/{later}"
+        assert job_row(db, later) is not None
+        assert console_errors(browser) == []
+
+
+def test_unlocking_a_dead_pools_jobs_but_not_a_live_ones(db: str, browser: WebDriver) -> None:
+    dead = add_job(db, "hello", queue_name="serial")
+    update_job(db, dead, "locked_at = now(), locked_by = 'pool-dead', attempts = 1")
+    rows(
+        db,
+        "update graphile_worker._private_job_queues set locked_at = now(), locked_by = 'pool-dead'",
+    )
+    live = add_job(db, "hello")
+    update_job(db, live, "locked_at = now(), locked_by = 'pool-live', attempts = 1")
+    rows(
+        db,
+        "insert into graphile_worker._private_py_heartbeats (pool_id, timeout) "
+        "values ('pool-live', interval '1 hour')",
+    )
+    with serve_cli(db) as url:
+        browser.get(url + "/pools")
+        row = wait_for(browser, "#dead-pools tr[data-pool='pool-dead']")
+        assert "1" in row.text  # one job, one queue
+        assert "pool-live" in browser.find_element(By.ID, "live-pools").text
+        click(browser, "#dead-pools tr[data-pool='pool-dead'] a.button")
+        click(browser, "#confirm-button")
+        assert "Released" in wait_for(browser, "#notice").text
+        job = job_row(db, dead)
+        assert job is not None and job["locked_by"] is None
+        assert (
+            value(
+                db,
+                "select count(*) from graphile_worker._private_job_queues "
+                "where locked_by is not null",
+            )
+            == 0
+        )
+
+        browser.get(url + "/pools/unlock?pool=pool-live")
+        wait_for(browser, "#confirm-form")
+        click(browser, "#confirm-button")
+        assert "live heartbeat" in wait_for(browser, "#notice").text
+        job = job_row(db, live)
+        assert job is not None and job["locked_by"] == "pool-live"
+
+
+def test_keyset_pages_and_searching_past_the_window(db: str, browser: WebDriver) -> None:
+    rare = add_job(db, "rare")
+    rows(
+        db,
+        "select graphile_worker.add_jobs(array(select ('bulk', '{}', null, null, null, null, "
+        "null, null)::graphile_worker.job_spec from generate_series(1, 10100)))",
+    )
+    newest = int(value(db, "select max(id) from graphile_worker._private_jobs"))
+    with serve_cli(db) as url:
+        browser.get(url + "/jobs")
+        wait_for(browser, "#jobs-table")
+        assert row_ids(browser) == list(range(newest, newest - 50, -1))
+        click(browser, "#older-page")
+        assert row_ids(browser) == list(range(newest - 50, newest - 100, -1))
+        click(browser, "#newest-page")
+        assert row_ids(browser)[0] == newest
+
+        # A rare task: the newest 10,000 jobs hold none of it; searching on finds it.
+        browser.get(url + "/jobs?task=rare")
+        wait_for(browser, "#no-jobs")
+        assert "10,000 jobs searched" in browser.find_element(By.ID, "no-jobs").text
+        click(browser, "#older-page")
+        assert row_ids(browser) == [rare]
+        assert browser.find_elements(By.ID, "older-page") == []
+
+
+def test_worker_pools_from_heartbeats(db: str, browser: WebDriver, tmp_path: Path) -> None:
+    """A live pool reports its counters; an older version's row reports none;
+    a pool without a heartbeat that holds a job shows among the others."""
+    (tmp_path / "tasks").mkdir()
+    (tmp_path / "tasks" / "hello.py").write_text("async def task(payload, helpers):\n    pass\n")
+    for _ in range(3):
+        add_job(db, "hello")
+    rows(
+        db,
+        "insert into graphile_worker._private_py_heartbeats (pool_id, timeout, hostname, pid) "
+        "values ('pool-older', interval '1 hour', 'old-host', 42)",
+    )
+    node = add_job(db, "node_task")
+    update_job(db, node, "locked_at = now(), locked_by = 'worker-node', attempts = 1")
+    worker = subprocess.Popen(
+        [
+            cli_path(),
+            "-c",
+            db,
+            "--tasks",
+            str(tmp_path / "tasks"),
+            "-j",
+            "2",
+            "--heartbeat-interval",
+            "0.2",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_until(
+            lambda: (
+                value(db, "select max(jobs_done) from graphile_worker._private_py_heartbeats") == 3
+            ),
+            30,
+            "the worker's heartbeat reporting 3 jobs done",
+        )
+        pool_id = value(
+            db, "select pool_id from graphile_worker._private_py_heartbeats where jobs_done = 3"
+        )
+        with serve_cli(db) as url:
+            browser.get(url + "/pools")
+            live = wait_for(browser, f"#live-pools tr[data-pool='{pool_id}']")
+            cells = [cell.text for cell in live.find_elements(By.TAG_NAME, "td")]
+            assert cells[3] == "hello" and cells[4] == "2" and cells[5] == "3", cells
+            older = browser.find_element(By.CSS_SELECTOR, "#live-pools tr[data-pool='pool-older']")
+            assert "not reported" in older.text and "old-host" in older.text
+            other = browser.find_element(By.CSS_SELECTOR, "#dead-pools tr[data-pool='worker-node']")
+            assert "none" in other.text
+    finally:
+        worker.terminate()
+        worker.wait(30)
+
+
+def test_read_only_hides_and_refuses_the_actions(db: str, browser: WebDriver) -> None:
+    job_id = add_job(db, "hello")
+    dead = add_job(db, "hello")
+    update_job(db, dead, "locked_at = now(), locked_by = 'pool-dead', attempts = 1")
+    with serve_cli(db, "--read-only") as url:
+        browser.get(f"{url}/jobs/{job_id}")
+        wait_for(browser, "#read-only")
+        wait_for(browser, "#job-details")
+        assert browser.find_elements(By.ID, "job-actions") == []
+        browser.get(url + "/pools")
+        wait_for(browser, "#dead-pools")
+        assert browser.find_elements(By.CSS_SELECTOR, "#dead-pools a.button") == []
+        browser.get(f"{url}/jobs/{job_id}/delete")
+        assert "read-only" in wait_for_text(browser, "#error-reason", "read-only").text
+    assert job_row(db, job_id) is not None
+
+
+def readme_fastapi_example() -> str:
+    """The README's example of mounting the dashboard in a FastAPI app."""
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+    [example] = [
+        block
+        for block in re.findall(r"```python\n(.*?)```", readme, re.DOTALL)
+        if "app.mount(" in block
+    ]
+    return str(example)
+
+
+def test_mounted_under_a_prefix_behind_the_apps_own_auth(
+    db: str, browser: WebDriver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The README's FastAPI example, as written: the app's own check in front,
+    links, stylesheet and actions under the prefix, and the page refreshing
+    itself."""
+    job_id = add_job(db, "hello")
+    monkeypatch.setenv("DATABASE_URL", db)
+    namespace: dict[str, Any] = {}
+    exec(compile(readme_fastapi_example(), "README.md", "exec"), namespace)
+    with serve_app(namespace["app"]) as url:
+        base = url + "/admin/queue"
+        assert http(base + "/").status == 403  # the application's own check
+        browser.get(base + "/")
+        browser.add_cookie({"name": "session", "value": "staff"})
+        assert "403" in " ".join(console_errors(browser))  # read (and cleared) here
+        browser.get(base + "/")
+        assert wait_for(browser, "#count-total").text == "1"
+        topbar = browser.find_element(By.CSS_SELECTOR, ".topbar")
+        assert topbar.value_of_css_property("background-color") == "rgba(17, 24, 39, 1)"
+
+        add_job(db, "hello")  # shows up without a reload
+        wait_for_text(browser, "#count-total", "2")
+        browser.find_element(By.ID, "refresh-toggle").click()
+        wait_for_text(browser, "#refresh-toggle", "off")
+
+        click(browser, "#nav-jobs")
+        assert browser.current_url == base + "/jobs"
+        click(browser, f"#jobs-table a[href='/admin/queue/jobs/{job_id}']")
+        assert browser.current_url == f"{base}/jobs/{job_id}"
+        click(browser, "#action-delete")
+        click(browser, "#confirm-button")
+        assert "deleted" in wait_for(browser, "#notice").text
+        assert browser.current_url.startswith(base + "/jobs?")
+        assert job_row(db, job_id) is None
+        assert http(base + "/healthz", headers={"Cookie": "session=staff"}).body == "ok\n"
+        assert console_errors(browser) == []

@@ -1,0 +1,171 @@
+"""The dashboard's defences, over plain HTTP: authentication, CSRF, security
+headers on every response, loopback only without a password, /healthz."""
+
+from __future__ import annotations
+
+import re
+from urllib.parse import urlencode
+
+import pytest
+from dashboard_helpers import Reply, http, serve_app, serve_cli
+from dbhelpers import rows, run_cli, value
+
+from worker_cli.dashboard import create_app
+from worker_cli.dashboard.security import CONTENT_SECURITY_POLICY, Csrf
+
+pytestmark = pytest.mark.db
+
+
+def add_job(db: str, task: str = "hello") -> int:
+    return int(value(db, "select id from graphile_worker.add_job(%s)", (task,)))
+
+
+def exists(db: str, job_id: int) -> bool:
+    return bool(
+        value(db, "select count(*) from graphile_worker._private_jobs where id = %s", (job_id,))
+    )
+
+
+def form_of(reply: Reply) -> tuple[str, str]:
+    """The CSRF cookie a page set, and the token its form carries."""
+    cookie = reply.headers["set-cookie"].split(";")[0]
+    match = re.search(r'name="csrf_token" value="([0-9a-f]+)"', reply.body)
+    assert match, reply.body
+    return cookie, match.group(1)
+
+
+def post(url: str, fields: dict[str, str], **headers: str) -> Reply:
+    return http(url, data=urlencode(fields).encode(), headers=headers)
+
+
+def test_a_post_without_its_token_is_refused_and_changes_nothing(db: str) -> None:
+    job_id = add_job(db)
+    with serve_cli(db) as url:
+        action = f"{url}/jobs/{job_id}/delete"
+        cookie, token = form_of(http(action))
+        other_cookie, _ = form_of(http(action))
+        refused = [
+            post(action, {}, Cookie=cookie),  # no token
+            post(action, {"csrf_token": token}),  # no cookie
+            post(action, {"csrf_token": "0" * 64}, Cookie=cookie),  # a wrong token
+            post(action, {"csrf_token": token}, Cookie=other_cookie),  # another browser's
+            post(action, {"csrf_token": token}, Cookie=cookie, **{"Sec-Fetch-Site": "cross-site"}),
+            http(action, data=b"{}", headers={"Cookie": cookie, "Content-Type": "text/plain"}),
+        ]
+        assert [reply.status for reply in refused] == [403] * len(refused)
+        assert "security token" in refused[0].body
+        assert exists(db, job_id)
+
+        done = post(action, {"csrf_token": token}, Cookie=cookie)
+        assert done.status == 303
+        assert done.headers["location"] == f"/jobs?notice=delete&job={job_id}"
+        assert not exists(db, job_id)
+
+
+def test_authentication_from_the_environment(db: str) -> None:
+    env = {"GRAPHILE_WORKER_DASHBOARD_AUTH": "admin:s3cret:with-colon"}
+    with serve_cli(db, env=env) as url:
+        anonymous = http(url + "/")
+        assert anonymous.status == 401
+        assert anonymous.headers["www-authenticate"].startswith('Basic realm="graphile-worker')
+        assert anonymous.headers["content-security-policy"] == CONTENT_SECURITY_POLICY
+        wrong = http(url + "/", headers={"Authorization": "Basic YWRtaW46bm9wZQ=="})
+        assert wrong.status == 401
+        assert http(url + "/static/dashboard.css").status == 401
+        good = "Basic " + __import__("base64").b64encode(b"admin:s3cret:with-colon").decode()
+        assert http(url + "/", headers={"Authorization": good}).status == 200
+        assert http(url + "/healthz").status == 200  # no credentials needed, nothing shown
+
+
+def test_only_loopback_without_authentication(db: str) -> None:
+    refused = run_cli("dashboard", "-c", db, "--host", "0.0.0.0", "--port", "1")
+    assert refused.returncode == 1
+    assert refused.stderr.strip().splitlines() == [
+        "Error: refusing to serve the dashboard on '0.0.0.0' without authentication: anyone "
+        "who can reach it could see and change the queue; set --auth USER:PASSWORD (or "
+        "GRAPHILE_WORKER_DASHBOARD_AUTH), or listen on 127.0.0.1"
+    ]
+    bad = run_cli("dashboard", "-c", db, "--auth", "nopassword")
+    assert bad.returncode == 2
+    assert "Invalid value for '--auth'" in bad.stderr
+    assert "expected USER:PASSWORD, with a non-empty user and password" in bad.stderr
+    assert "nopassword" not in bad.stderr  # never echo what may be a password
+
+
+def test_security_headers_on_every_response(db: str) -> None:
+    job_id = add_job(db)
+    with serve_cli(db) as url:
+        for path in (
+            "/",
+            "/jobs",
+            f"/jobs/{job_id}",
+            "/jobs/999999",
+            "/pools",
+            "/crontab",
+            "/nowhere",
+            "/static/dashboard.css",
+            "/static/dashboard.js",
+            "/healthz",
+        ):
+            reply = http(url + path)
+            assert reply.headers["content-security-policy"] == CONTENT_SECURITY_POLICY, path
+            assert reply.headers["x-frame-options"] == "DENY", path
+            assert reply.headers["x-content-type-options"] == "nosniff", path
+        assert "script-src 'self'" in CONTENT_SECURITY_POLICY
+        assert "unsafe-inline" not in CONTENT_SECURITY_POLICY
+        page = http(url + "/").body
+        assert (
+            "<script>" not in page
+            and " style=" not in page
+            and "http" not in page.split("<body", 1)[0].replace("http-equiv", "")
+        )
+
+
+def test_values_are_escaped_in_the_html(db: str) -> None:
+    job_id = int(
+        value(
+            db,
+            "select id from graphile_worker.add_job('t', %s::json)",
+            ('{"x": "<script>alert(1)</script>"}',),
+        )
+    )
+    rows(
+        db,
+        "update graphile_worker._private_jobs set attempts = 25, last_error = %s where id = %s",
+        ("<img src=x onerror=alert(2)>", job_id),
+    )
+    with serve_cli(db) as url:
+        for path in ("/", "/jobs", f"/jobs/{job_id}"):
+            body = http(url + path).body
+            assert "<img src=x" not in body and "<script>alert" not in body, path
+            assert "&lt;img src=x onerror=alert(2)&gt;" in body, path
+        assert "&lt;script&gt;alert(1)&lt;/script&gt;" in http(f"{url}/jobs/{job_id}").body
+
+
+def test_without_the_schema(empty_db: str) -> None:
+    refused = run_cli("dashboard", "-c", empty_db)
+    assert refused.returncode == 1
+    assert "is not installed in this database" in refused.stderr
+    with serve_app(create_app(empty_db)) as url:
+        assert http(url + "/healthz").status == 503
+        assert http(url + "/healthz").body == "unavailable\n"
+        page = http(url + "/")
+        assert page.status == 503
+        assert "is not installed in this database" in page.body
+
+
+def test_read_only_refuses_even_a_valid_post(db: str) -> None:
+    """The same POST, with a valid token, is refused read-only and done otherwise."""
+    job_id = add_job(db)
+    secret, nonce = b"s" * 32, "a-browser"
+    fields = {"csrf_token": Csrf(secret).token(nonce)}
+    cookie = f"{Csrf.COOKIE}={nonce}"
+    with serve_app(create_app(db, read_only=True, csrf_secret=secret)) as url:
+        reply = post(f"{url}/jobs/{job_id}/delete", fields, Cookie=cookie)
+        assert reply.status == 403 and "read-only" in reply.body
+        unlock = post(f"{url}/pools/unlock", {**fields, "pool": "pool-x"}, Cookie=cookie)
+        assert unlock.status == 403
+    assert exists(db, job_id)
+    with serve_app(create_app(db, csrf_secret=secret)) as url:
+        assert post(f"{url}/jobs/{job_id}/delete", fields, Cookie=cookie).status == 303
+    assert not exists(db, job_id)

@@ -1,0 +1,193 @@
+"""Every dashboard statement stays bounded on a large queue: EXPLAINed on
+200,000 jobs (and 20,000 named queues), none scans ``_private_jobs``
+sequentially, and each reads the index its comment in
+``worker_cli/dashboard/queries.py`` names."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any, LiteralString
+
+import psycopg
+import pytest
+from psycopg.types.json import Jsonb
+
+from worker_cli.dashboard import queries
+from worker_cli.dashboard.census import sample_percent
+from worker_cli.statements import compose
+
+pytestmark = pytest.mark.db
+
+JOBS, QUEUES, TASKS = 200_000, 20_000, 20
+
+
+@pytest.fixture(scope="module")
+def big_queue(pg: Any, migrated_template: str) -> Iterator[str]:
+    """A database with 200,000 jobs in every state, analyzed."""
+    with pg.database(template=migrated_template) as url:
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(
+                "insert into graphile_worker._private_tasks (identifier) "
+                "select 'task_' || n from generate_series(1, %s) as n",
+                (TASKS,),
+            )
+            conn.execute(
+                "insert into graphile_worker._private_job_queues (queue_name) "
+                "select 'queue_' || n from generate_series(1, %s) as n",
+                (QUEUES,),
+            )
+            # Every tenth job in a named queue; three priorities; run_at from
+            # three hours ago to three hours ahead; every 97th failed for
+            # good, every 89th locked, every 13th retrying.
+            conn.execute(
+                """
+                insert into graphile_worker._private_jobs (
+                  task_id, job_queue_id, payload, priority, run_at, attempts, max_attempts,
+                  last_error, locked_at, locked_by)
+                select t.id,
+                  case when n %% 10 = 0 then 1 + n %% %(queues)s end,
+                  %(payload)s::json,
+                  n %% 3,
+                  now() + ((n %% 7) - 3) * interval '1 hour',
+                  case when n %% 97 = 0 then 25 when n %% 13 = 0 then 2 else 0 end,
+                  25,
+                  case when n %% 97 = 0 or n %% 13 = 0 then 'boom ' || n end,
+                  case when n %% 89 = 0 then now() end,
+                  case when n %% 89 = 0 then 'pool-' || n %% 4 end
+                from generate_series(1, %(jobs)s) as n
+                join graphile_worker._private_tasks as t
+                  on t.identifier = 'task_' || (1 + n %% %(tasks)s)
+                """,
+                {"jobs": JOBS, "queues": QUEUES, "tasks": TASKS, "payload": Jsonb({"n": 1})},
+            )
+            conn.execute(
+                "insert into graphile_worker._private_py_heartbeats (pool_id, timeout) "
+                "values ('pool-1', interval '5 minutes')"
+            )
+            conn.execute(
+                "insert into graphile_worker._private_known_crontabs (identifier, known_since) "
+                "values ('nightly', now())"
+            )
+            conn.execute("analyze")
+        yield url
+
+
+def plan_nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    yield plan
+    for child in plan.get("Plans", []):
+        yield from plan_nodes(child)
+
+
+def explain(url: str, statement: LiteralString, **params: Any) -> list[dict[str, Any]]:
+    with psycopg.connect(url) as conn:
+        query = psycopg.sql.SQL("explain (format json) ") + compose(statement, "graphile_worker")
+        [(result,)] = conn.execute(query, params).fetchall()
+    return list(plan_nodes(result[0]["Plan"]))
+
+
+def scans(nodes: list[dict[str, Any]], relation: str) -> list[str]:
+    """How each scan of ``relation`` reads it: its node type and index, if any."""
+    return [
+        f"{node['Node Type']} {node.get('Index Name', '')}".strip()
+        for node in nodes
+        if node.get("Relation Name") == relation
+    ]
+
+
+CASES: list[tuple[str, LiteralString, dict[str, Any], dict[str, set[str]]]] = [
+    (
+        "oldest waiting",
+        queries.oldest_waiting,
+        {},
+        {"_private_jobs": {"jobs_main_index"}},
+    ),
+    (
+        "latest failures",
+        queries.latest_failures,
+        {"window": queries.WINDOW, "limit": 10},
+        {"_private_jobs": {"jobs_pkey1"}},
+    ),
+    (
+        "jobs, no filter",
+        queries.jobs_page,
+        {
+            "before": 2**63 - 1,
+            "window": queries.WINDOW,
+            "limit": 51,
+            "task": None,
+            "queue": None,
+            "state": None,
+        },
+        {"_private_jobs": {"jobs_pkey1"}},
+    ),
+    (
+        "jobs, every filter, from a cursor",
+        queries.jobs_page,
+        {
+            "before": 150_000,
+            "window": queries.WINDOW,
+            "limit": 51,
+            "task": "task_3",
+            "queue": "queue_30",
+            "state": "retrying",
+        },
+        {"_private_jobs": {"jobs_pkey1"}, "_private_job_queues": {"job_queues_queue_name_key"}},
+    ),
+    ("a job", queries.job, {"id": 12345}, {"_private_jobs": {"jobs_pkey1"}}),
+    (
+        "named queues",
+        queries.queues,
+        {"limit": 51},
+        {"_private_job_queues": {"job_queues_queue_name_key"}},
+    ),
+    (
+        "queue holders",
+        queries.queue_holders,
+        {"window": queries.WINDOW},
+        {"_private_job_queues": {"job_queues_pkey1"}},
+    ),
+    ("pool alive", queries.pool_alive, {"pool_id": "pool-1"}, {}),
+    ("heartbeats", queries.heartbeats, {"limit": 500}, {}),
+    ("crontab", queries.crontab, {"limit": 500}, {}),
+    ("tasks", queries.task_identifiers, {"limit": 500}, {}),
+]
+
+
+@pytest.mark.parametrize(
+    ("statement", "params", "indexes"),
+    [case[1:] for case in CASES],
+    ids=[case[0] for case in CASES],
+)
+def test_no_statement_scans_the_jobs_sequentially(
+    big_queue: str, statement: LiteralString, params: dict[str, Any], indexes: dict[str, set[str]]
+) -> None:
+    nodes = explain(big_queue, statement, **params)
+    job_scans = scans(nodes, "_private_jobs")
+    assert not [scan for scan in job_scans if scan.startswith("Seq Scan")], job_scans
+    for relation, wanted in indexes.items():
+        used = {scan.split(" ")[-1] for scan in scans(nodes, relation)}
+        assert wanted <= used, f"{relation}: {scans(nodes, relation)}"
+
+
+@pytest.mark.parametrize("percent", [100.0, 1.0])
+def test_the_counts_read_a_sample_of_the_jobs(big_queue: str, percent: float) -> None:
+    nodes = explain(big_queue, queries.census, percent=percent)
+    assert scans(nodes, "_private_jobs") == ["Sample Scan"]
+
+
+def test_the_sample_is_bounded_on_a_large_table(big_queue: str) -> None:
+    """200,000 jobs are over the sample's 2,000 pages: the counts are sampled,
+    and the pages actually read stay near the bound."""
+    with psycopg.connect(big_queue) as conn:
+        [(pages,)] = conn.execute(
+            compose(queries.jobs_pages, "graphile_worker"), {"schema": "graphile_worker"}
+        ).fetchall()
+        percent = sample_percent(pages)
+        assert percent < 100
+        query = psycopg.sql.SQL("explain (analyze, buffers, format json) ") + compose(
+            queries.census, "graphile_worker"
+        )
+        [(result,)] = conn.execute(query, {"percent": percent}).fetchall()
+    [sample] = [n for n in plan_nodes(result[0]["Plan"]) if n["Node Type"] == "Sample Scan"]
+    read = sample["Shared Hit Blocks"] + sample["Shared Read Blocks"]
+    assert read < 2_000 * 1.25, (pages, percent, read)

@@ -1,0 +1,118 @@
+"""The dashboard's pieces that need no database: counts as shown, the sample's
+size, credentials, CSRF tokens, loopback addresses, and the command without
+its extra."""
+
+from __future__ import annotations
+
+import base64
+import subprocess
+import sys
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from worker_cli.dashboard.census import SAMPLE_PAGES, Count, sample_percent
+from worker_cli.dashboard.formatting import pretty_json, relative
+from worker_cli.dashboard.security import BasicAuth, Csrf, is_loopback, route_path
+from worker_cli.dashboard.serve import refuse_unprotected
+from worker_cli.errors import ConfigurationError
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.mark.parametrize(
+    ("count", "shown"),
+    [
+        (Count(1234), "1,234"),
+        (Count(50, at_least=True), "50+"),
+        (Count(2_345_678, exact=False), "~2.3M"),
+        (Count(23_456_789, exact=False), "~23M"),
+        (Count(45_210, exact=False), "~45k"),
+        (Count(447, exact=False), "~450"),
+        (Count(7.4, exact=False), "~7"),
+        (Count(0.2, exact=False), "~0"),
+        (Count(1_500_000_000, exact=False), "~1.5G"),
+    ],
+)
+def test_counts_say_whether_they_are_estimates(count: Count, shown: str) -> None:
+    assert str(count) == shown
+
+
+def test_the_sample_reads_every_page_of_a_small_table_and_a_bounded_share_of_a_large_one() -> None:
+    assert sample_percent(0) == sample_percent(SAMPLE_PAGES) == 100.0
+    assert sample_percent(SAMPLE_PAGES * 10) == pytest.approx(10.0)
+    assert sample_percent(SAMPLE_PAGES * 1000) * SAMPLE_PAGES * 1000 / 100 == pytest.approx(
+        SAMPLE_PAGES
+    )
+
+
+def header(credentials: bytes) -> str:
+    return "Basic " + base64.b64encode(credentials).decode()
+
+
+def test_basic_auth() -> None:
+    auth = BasicAuth.parse("admin:pa:ss")
+    assert auth == BasicAuth("admin", "pa:ss")
+    assert "pa:ss" not in repr(auth)
+    assert auth.accepts(header(b"admin:pa:ss"))
+    assert auth.accepts("basic " + base64.b64encode(b"admin:pa:ss").decode())
+    for wrong in (None, "", header(b"admin:pa"), header(b"Admin:pa:ss"), "Bearer x", "Basic !!"):
+        assert not auth.accepts(wrong)
+    for bad in ("admin", ":pw", "admin:", ""):
+        with pytest.raises(ValueError, match="expected USER:PASSWORD"):
+            BasicAuth.parse(bad)
+
+
+def test_csrf_tokens_belong_to_their_nonce_and_secret() -> None:
+    csrf = Csrf(b"k" * 32)
+    nonce = Csrf.new_nonce()
+    token = csrf.token(nonce)
+    assert csrf.valid(nonce, token)
+    assert not csrf.valid(Csrf.new_nonce(), token)
+    assert not csrf.valid(nonce, None) and not csrf.valid(None, token)
+    assert not Csrf(b"x" * 32).valid(nonce, token)  # another server's secret
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "127.0.0.2", "::1", "[::1]", "localhost"])
+def test_loopback_needs_no_password(host: str) -> None:
+    assert is_loopback(host)
+    refuse_unprotected(host, None)
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "10.1.2.3", "192.168.0.1", "nowhere.invalid"])
+def test_any_other_address_needs_a_password(host: str) -> None:
+    assert not is_loopback(host)
+    with pytest.raises(ConfigurationError, match="without authentication"):
+        refuse_unprotected(host, None)
+    refuse_unprotected(host, BasicAuth("a", "b"))
+
+
+def test_route_path_strips_the_mount_prefix() -> None:
+    assert route_path({"path": "/admin/queue/healthz", "root_path": "/admin/queue"}) == "/healthz"
+    assert route_path({"path": "/admin/queue", "root_path": "/admin/queue"}) == "/"
+    assert route_path({"path": "/healthz", "root_path": ""}) == "/healthz"
+
+
+def test_formatting() -> None:
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    assert relative(now - timedelta(seconds=75), now) == "1m 15s ago"
+    assert relative(now + timedelta(hours=2), now) == "in 2h 00m"
+    assert pretty_json('{"a": [1, "<b>"]}') == '{\n  "a": [\n    1,\n    "<b>"\n  ]\n}'
+
+
+def test_the_command_without_its_extra_names_it() -> None:
+    """Starlette missing (as without the extra): one line naming the extra."""
+    script = (
+        "import sys; sys.modules['starlette'] = None; "
+        "sys.argv = ['graphile-worker', 'dashboard', '-c', 'postgres://nowhere/x']; "
+        "from worker_cli.cli import main; main()"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines() == [
+        "Error: the dashboard needs its extra: pip install 'graphile-worker[dashboard]'"
+    ]
+    import_worker = "import sys; sys.modules['starlette'] = None; import worker_cli, worker_cli.cli"
+    assert subprocess.run([sys.executable, "-c", import_worker], timeout=60).returncode == 0

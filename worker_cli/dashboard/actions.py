@@ -1,0 +1,252 @@
+"""The actions: run now, reschedule, permanently fail, delete (complete), and
+unlock a dead pool's jobs.
+
+Each is two steps: a GET shows what will happen and asks to confirm (it
+changes nothing), and the confirmation is a POST carrying the CSRF token.
+Each goes through the same admin functions as the SQL API
+(:class:`worker_cli.WorkerUtils`: ``reschedule_jobs``,
+``permanently_fail_jobs``, ``complete_jobs``, ``force_unlock_workers``), so a
+locked job is left alone exactly as those functions leave it. ``--read-only``
+hides the actions and refuses them (403). A POST redirects (303) to the page
+it came from with a notice saying what happened, or that nothing changed.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qs
+
+from starlette.requests import Request
+from starlette.responses import RedirectResponse, Response
+from starlette.routing import Route
+
+from .security import Csrf
+
+if TYPE_CHECKING:
+    from .app import Dashboard
+
+__all__ = ["ACTIONS", "routes"]
+
+logger = logging.getLogger("graphile_worker.dashboard")
+
+#: The job actions: path segment -> button label.
+ACTIONS = {
+    "run-now": "Run now",
+    "reschedule": "Reschedule",
+    "fail": "Permanently fail",
+    "delete": "Delete",
+}
+
+DEFAULT_FAIL_REASON = "permanently failed from the dashboard"
+
+#: The largest form body accepted (the forms hold a few short fields).
+MAX_FORM = 16 * 1024
+
+SMALLINT = 32767
+
+
+class BadInput(ValueError):
+    """A form field the action cannot use; the message names it."""
+
+
+def routes(dashboard: Dashboard) -> list[Route]:
+    actions = _Actions(dashboard)
+    return [
+        Route("/jobs/{job_id:int}/{action}", actions.confirm_job, methods=["GET"]),
+        Route("/jobs/{job_id:int}/{action}", actions.job_action, methods=["POST"]),
+        Route("/pools/unlock", actions.confirm_unlock, methods=["GET"]),
+        Route("/pools/unlock", actions.unlock, methods=["POST"]),
+    ]
+
+
+async def read_form(request: Request) -> dict[str, str] | None:
+    """An urlencoded form's fields (the last value of each), or None if the
+    body is not one or is too long."""
+    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if kind != "application/x-www-form-urlencoded":
+        return None
+    body = b""
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > MAX_FORM:
+            return None
+    try:
+        fields = parse_qs(body.decode(), keep_blank_values=True, max_num_fields=20)
+    except (UnicodeDecodeError, ValueError):
+        return None
+    return {name: values[-1] for name, values in fields.items()}
+
+
+def parse_run_at(text: str) -> datetime:
+    """``2026-12-01T09:00`` (UTC, as the form says) or with an offset."""
+    try:
+        moment = datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise BadInput(f"run at: not a date and time: {text!r}") from None
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+
+
+def parse_int(text: str, name: str, low: int, high: int = SMALLINT) -> int | None:
+    """An optional whole number between ``low`` and ``high``."""
+    if not text.strip():
+        return None
+    try:
+        value = int(text.strip())
+    except ValueError:
+        raise BadInput(f"{name}: not a whole number: {text!r}") from None
+    if not low <= value <= high:
+        raise BadInput(f"{name}: must be between {low} and {high}, not {value}")
+    return value
+
+
+class _Actions:
+    def __init__(self, dashboard: Dashboard) -> None:
+        self.dashboard = dashboard
+
+    def _refused(self, request: Request, reason: str) -> Response:
+        return self.dashboard.render(
+            request, "error.html", status=403, title="Refused", reason=reason
+        )
+
+    async def _checked_form(self, request: Request) -> dict[str, str] | Response:
+        """The POST's form, or the response refusing it (read-only, CSRF)."""
+        if self.dashboard.read_only:
+            return self._refused(request, "the dashboard is read-only: actions are turned off")
+        if request.headers.get("sec-fetch-site") == "cross-site":
+            return self._refused(request, "a form posted from another site is refused")
+        form = await read_form(request)
+        if form is None:
+            return self._refused(request, "the request is not one of the dashboard's forms")
+        if not self.dashboard.csrf.valid(request.cookies.get(Csrf.COOKIE), form.get(Csrf.FIELD)):
+            return self._refused(
+                request,
+                "the form's security token is missing or does not match: reload the page "
+                "and try again",
+            )
+        return form
+
+    # --- jobs -------------------------------------------------------------------
+
+    async def confirm_job(self, request: Request, *, error: str | None = None) -> Response:
+        job_id, action = request.path_params["job_id"], request.path_params["action"]
+        if action not in ACTIONS:
+            return self.dashboard.render(
+                request, "error.html", status=404, title="Not found", reason="no such action"
+            )
+        if self.dashboard.read_only:
+            return self._refused(request, "the dashboard is read-only: actions are turned off")
+        async with self.dashboard.reading() as reader:
+            job = await reader.job(job_id)
+            now = await reader.now()
+        if job is None:
+            return self._redirect(request, f"/jobs/{job_id}", notice="gone", job=job_id)
+        return self.dashboard.render(
+            request,
+            "confirm_job.html",
+            status=400 if error else 200,
+            title=f"{ACTIONS[action]}: job {job_id}",
+            page="jobs",
+            job=job,
+            action=action,
+            label=ACTIONS[action],
+            error=error,
+            now=now,
+            default_reason=DEFAULT_FAIL_REASON,
+        )
+
+    async def job_action(self, request: Request) -> Response:
+        job_id, action = request.path_params["job_id"], request.path_params["action"]
+        if action not in ACTIONS:
+            return self.dashboard.render(
+                request, "error.html", status=404, title="Not found", reason="no such action"
+            )
+        form = await self._checked_form(request)
+        if isinstance(form, Response):
+            return form
+        try:
+            changed = await self._apply(job_id, action, form)
+        except BadInput as exc:
+            return await self.confirm_job(request, error=str(exc))
+        if changed:
+            logger.info("Dashboard: %s job %d", action, job_id)
+            if action == "delete":
+                return self._redirect(request, "/jobs", notice=action, job=job_id)
+            return self._redirect(request, f"/jobs/{job_id}", notice=action, job=job_id)
+        async with self.dashboard.reading() as reader:
+            job = await reader.job(job_id)
+        why = "gone" if job is None else "locked"
+        return self._redirect(
+            request, "/jobs" if job is None else f"/jobs/{job_id}", notice=why, job=job_id
+        )
+
+    async def _apply(self, job_id: int, action: str, form: dict[str, str]) -> bool:
+        """Run the action through WorkerUtils; whether it changed the job."""
+        utils = await self.dashboard.utils()
+        if action == "delete":
+            return bool(await utils.complete_jobs([job_id]))
+        if action == "fail":
+            reason = form.get("reason", "").strip() or DEFAULT_FAIL_REASON
+            return bool(await utils.permanently_fail_jobs([job_id], reason))
+        if action == "reschedule":
+            run_at = parse_run_at(form.get("run_at", ""))
+            priority = parse_int(form.get("priority", ""), "priority", -SMALLINT - 1)
+            max_attempts = parse_int(form.get("max_attempts", ""), "max attempts", 1)
+            return bool(
+                await utils.reschedule_jobs(
+                    [job_id], run_at=run_at, priority=priority, max_attempts=max_attempts
+                )
+            )
+        # run-now: due now, by the database's clock; a job without attempts
+        # left gets one more (its attempts so far are kept).
+        async with self.dashboard.reading() as reader:
+            job = await reader.job(job_id)
+            now = await reader.now()
+        if job is None:
+            return False
+        more: dict[str, Any] = {}
+        if job["attempts"] >= job["max_attempts"]:
+            more["max_attempts"] = min(job["attempts"] + 1, SMALLINT)
+        return bool(await utils.reschedule_jobs([job_id], run_at=now, **more))
+
+    def _redirect(self, request: Request, path: str, **query: Any) -> Response:
+        return RedirectResponse(self.dashboard.url(request, path, query), status_code=303)
+
+    # --- pools ------------------------------------------------------------------
+
+    async def confirm_unlock(self, request: Request) -> Response:
+        pool_id = request.query_params.get("pool", "")
+        if self.dashboard.read_only:
+            return self._refused(request, "the dashboard is read-only: actions are turned off")
+        if not pool_id:
+            return self.dashboard.render(
+                request, "error.html", status=400, title="No pool", reason="no pool named"
+            )
+        async with self.dashboard.reading() as reader:
+            beat = await reader.pool_alive(pool_id)
+        return self.dashboard.render(
+            request,
+            "confirm_unlock.html",
+            title=f"Unlock the jobs of {pool_id}",
+            page="pools",
+            pool_id=pool_id,
+            beat=beat,
+        )
+
+    async def unlock(self, request: Request) -> Response:
+        form = await self._checked_form(request)
+        if isinstance(form, Response):
+            return form
+        pool_id = form.get("pool", "")
+        if not pool_id:
+            return self.dashboard.render(
+                request, "error.html", status=400, title="No pool", reason="no pool named"
+            )
+        async with self.dashboard.reading() as reader:
+            beat = await reader.pool_alive(pool_id)
+        if beat is not None and beat["alive"]:
+            return self._redirect(request, "/pools", notice="alive", pool=pool_id)
+        await (await self.dashboard.utils()).force_unlock_workers([pool_id])
+        logger.info("Dashboard: unlocked the jobs of pool %s", pool_id)
+        return self._redirect(request, "/pools", notice="unlock", pool=pool_id)

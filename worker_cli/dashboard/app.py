@@ -1,0 +1,252 @@
+"""The dashboard as an ASGI application: standalone under uvicorn
+(``graphile-worker dashboard``), or mounted in a FastAPI or Starlette
+application under a path prefix.
+
+Mounted apps get no lifespan events from Starlette, so the dashboard opens
+its connection pool on its first request, and closes it on a lifespan
+shutdown when it runs standalone, or when the application calls
+:meth:`Dashboard.close` (see the README's example).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode
+
+import jinja2
+import psycopg
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, Response
+from starlette.routing import Mount
+from starlette.staticfiles import StaticFiles
+
+from ..config import resolve_connection_string, resolve_schema
+from ..db import worker_conninfo
+from ..retry import one_line
+from ..worker_utils import WorkerUtils
+from . import actions, pages, queries
+from .formatting import FILTERS
+from .reads import Reader
+from .security import BasicAuth, Csrf, Receive, Scope, SecurityHeaders, Send
+
+__all__ = ["Dashboard", "SchemaProblem", "create_app"]
+
+PACKAGE = Path(__file__).resolve().parent
+
+
+class SchemaProblem(Exception):
+    """The database has no schema the dashboard can show (not installed, or
+    older than this version)."""
+
+
+class Dashboard:
+    """The dashboard: an ASGI application (see :func:`create_app`)."""
+
+    def __init__(
+        self,
+        connection_string: str | None = None,
+        *,
+        schema: str | None = None,
+        read_only: bool = False,
+        auth: BasicAuth | str | None = None,
+        refresh: float = 5.0,
+        csrf_secret: bytes | None = None,
+        max_connections: int = 4,
+    ) -> None:
+        self.conninfo = resolve_connection_string(connection_string)
+        self.schema = resolve_schema(schema)
+        self.read_only = read_only
+        self.refresh = refresh
+        self.csrf = Csrf(csrf_secret)
+        self.max_connections = max_connections
+        if isinstance(auth, str):
+            auth = BasicAuth.parse(auth)
+        self.auth = auth
+        self._pool: AsyncConnectionPool[Any] | None = None
+        self._pool_lock = asyncio.Lock()
+        self._schema_checked = False
+        self.templates = jinja2.Environment(
+            loader=jinja2.FileSystemLoader(PACKAGE / "templates"),
+            autoescape=True,
+            undefined=jinja2.StrictUndefined,
+        )
+        self.templates.filters.update(FILTERS)
+        inner = Starlette(
+            routes=[
+                *pages.routes(self),
+                *actions.routes(self),
+                Mount("/static", app=StaticFiles(directory=PACKAGE / "static"), name="static"),
+            ],
+            exception_handlers={
+                SchemaProblem: self._unavailable,
+                psycopg.Error: self._unavailable,
+                PoolTimeout: self._unavailable,
+            },
+            lifespan=self._lifespan,
+        )
+        self.templates.globals.update(page="", notice=None)
+        self._app = SecurityHeaders(inner, auth)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self._app(scope, receive, send)
+
+    # --- the database -----------------------------------------------------------
+
+    async def _open_pool(self) -> AsyncConnectionPool[Any]:
+        async with self._pool_lock:
+            if self._pool is None:
+                pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
+                    worker_conninfo(self.conninfo, "graphile-worker dashboard"),
+                    min_size=1,
+                    max_size=self.max_connections,
+                    kwargs={"autocommit": True},
+                    configure=self._configure if self.read_only else None,
+                    open=False,
+                    timeout=10,
+                    name="graphile-worker-dashboard",
+                )
+                await pool.open(wait=False)
+                self._pool = pool
+            return self._pool
+
+    @staticmethod
+    async def _configure(conn: psycopg.AsyncConnection[Any]) -> None:
+        """``--read-only``: the connections themselves refuse to write."""
+        await conn.execute("set default_transaction_read_only = on")
+
+    async def close(self) -> None:
+        """Close the connection pool (opened again on the next request)."""
+        async with self._pool_lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            await pool.close()
+
+    @asynccontextmanager
+    async def _lifespan(self, _app: Starlette) -> AsyncIterator[None]:
+        try:
+            yield
+        finally:
+            await self.close()
+
+    @asynccontextmanager
+    async def reading(self) -> AsyncIterator[Reader]:
+        """A :class:`Reader` in a read-only, repeatable-read transaction (one
+        snapshot for the whole page). Raises SchemaProblem when the schema
+        cannot be shown."""
+        pool = await self._open_pool()
+        async with pool.connection() as conn, conn.transaction():
+            await conn.execute("set transaction isolation level repeatable read, read only")
+            reader = Reader(conn, self.schema)
+            if not self._schema_checked:
+                problem = await reader.schema_problem()
+                if problem is not None:
+                    raise SchemaProblem(problem)
+                self._schema_checked = True
+            yield reader
+
+    async def utils(self) -> WorkerUtils:
+        """The admin functions (WorkerUtils) on the dashboard's pool."""
+        return WorkerUtils(await self._open_pool(), self.schema)
+
+    async def healthy(self) -> str | None:
+        """None if the database answers and the schema can be shown, else why not."""
+        try:
+            async with self.reading() as reader:
+                await reader.row(queries.healthz)
+        except (psycopg.Error, PoolTimeout, SchemaProblem) as exc:
+            return one_line(exc)
+        return None
+
+    # --- responses --------------------------------------------------------------
+
+    def url(self, request: Request, path: str, query: Mapping[str, Any] | None = None) -> str:
+        """A link inside the dashboard, under the prefix it is mounted at."""
+        root: str = request.scope.get("root_path", "")
+        link = root.rstrip("/") + path
+        if query:
+            link += "?" + urlencode({k: v for k, v in query.items() if v not in (None, "")})
+        return link
+
+    def render(
+        self,
+        request: Request,
+        template: str,
+        *,
+        status: int = 200,
+        refresh: bool = False,
+        **context: Any,
+    ) -> Response:
+        """A page; sets the CSRF cookie if the browser has none yet."""
+        nonce = request.cookies.get(Csrf.COOKIE)
+        new_nonce = None
+        if not nonce:
+            nonce = new_nonce = Csrf.new_nonce()
+        html = self.templates.get_template(template).render(
+            request=request,
+            url=lambda path, **query: self.url(request, path, query),
+            csrf_field=Csrf.FIELD,
+            csrf_token=self.csrf.token(nonce),
+            read_only=self.read_only,
+            schema=self.schema,
+            refresh=self.refresh if refresh else 0,
+            **context,
+        )
+        response = HTMLResponse(html, status_code=status)
+        if new_nonce is not None:
+            response.set_cookie(
+                Csrf.COOKIE,
+                new_nonce,
+                path=request.scope.get("root_path", "").rstrip("/") or "/",
+                httponly=True,
+                samesite="strict",
+                secure=request.url.scheme == "https",
+            )
+        return response
+
+    async def _unavailable(self, request: Request, exc: Exception) -> Response:
+        if isinstance(exc, SchemaProblem):
+            reason = str(exc)
+        else:
+            reason = f"the database is unreachable or refused the query: {one_line(exc)}"
+        return self.render(request, "error.html", status=503, title="Unavailable", reason=reason)
+
+
+def create_app(
+    connection_string: str | None = None,
+    *,
+    schema: str | None = None,
+    read_only: bool = False,
+    auth: BasicAuth | str | None = None,
+    refresh: float = 5.0,
+    csrf_secret: bytes | None = None,
+    max_connections: int = 4,
+) -> Dashboard:
+    """The dashboard as an ASGI application.
+
+    ``connection_string`` and ``schema`` default as the worker's do
+    (``DATABASE_URL``, the ``PG*`` variables; ``GRAPHILE_WORKER_SCHEMA``).
+    ``read_only`` hides the actions and refuses them (its connections are
+    read-only too). ``auth`` (``"USER:PASSWORD"`` or a :class:`BasicAuth`)
+    asks every request but ``/healthz`` for HTTP Basic credentials; leave it
+    out when the application mounting the dashboard authenticates in front of
+    it. ``refresh``: seconds between the pages' self-refreshes (0: never).
+    ``csrf_secret``: the key of the forms' tokens; give the same one to every
+    process serving the dashboard behind one load balancer (default: random
+    per process). Mount it with ``app.mount("/queue", dashboard)``; close its
+    connections with ``await dashboard.close()`` when the application stops.
+    """
+    return Dashboard(
+        connection_string,
+        schema=schema,
+        read_only=read_only,
+        auth=auth,
+        refresh=refresh,
+        csrf_secret=csrf_secret,
+        max_connections=max_connections,
+    )

@@ -1,0 +1,111 @@
+"""How values look on the pages: times, ages, rates, states, payloads.
+
+These produce plain text; the templates escape it (Jinja2's autoescaping
+is on for every template), so a value holding HTML is shown as text.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+from ..status import format_age
+
+__all__ = ["FILTERS", "pretty_json"]
+
+#: A payload longer than this (pretty-printed) is cut on the job's page.
+PAYLOAD_SHOWN = 200_000
+
+STATE_LABELS = {
+    "waiting": "waiting",
+    "scheduled": "scheduled",
+    "locked": "locked",
+    "permanently_failed": "permanently failed",
+    "retrying": "retrying",
+}
+
+
+def when(moment: datetime | None) -> str:
+    """``2026-11-21 20:49:25 UTC`` (empty for None)."""
+    if moment is None:
+        return ""
+    return moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def iso(moment: datetime | None) -> str:
+    return "" if moment is None else moment.astimezone(UTC).isoformat()
+
+
+def datetime_input(moment: datetime | None) -> str:
+    """The value of an ``<input type="datetime-local">``, in UTC."""
+    return "" if moment is None else moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S")
+
+
+def relative(moment: datetime | None, now: datetime) -> str:
+    """``3m 12s ago`` or ``in 5m 00s``."""
+    if moment is None:
+        return ""
+    seconds = (now - moment).total_seconds()
+    if abs(seconds) < 1:
+        return "now"
+    if seconds > 0:
+        return f"{format_age(seconds)} ago"
+    return f"in {format_age(-seconds)}"
+
+
+def age(seconds: float | None) -> str:
+    return "" if seconds is None else format_age(seconds)
+
+
+def rate(per_second: float | None) -> str:
+    """``12.5/s`` (or per minute when slow); empty when unknown."""
+    if per_second is None:
+        return ""
+    if per_second >= 1 or per_second == 0:
+        return f"{per_second:,.1f}/s"
+    return f"{per_second * 60:,.1f}/min"
+
+
+def number(value: int | float | None) -> str:
+    return "" if value is None else f"{value:,}"
+
+
+def state_label(state: str | None) -> str:
+    return STATE_LABELS.get(state or "", state or "")
+
+
+def pretty_json(text: str | None) -> str:
+    """A payload (``json`` text) indented for reading, cut after
+    :data:`PAYLOAD_SHOWN` characters."""
+    if text is None:
+        return ""
+    try:
+        pretty = json.dumps(json.loads(text), indent=2, ensure_ascii=False)
+    except ValueError:
+        pretty = text
+    if len(pretty) > PAYLOAD_SHOWN:
+        return pretty[:PAYLOAD_SHOWN] + f"\n... ({len(pretty) - PAYLOAD_SHOWN:,} more characters)"
+    return pretty
+
+
+def flags(value: Any) -> str:
+    if not value:
+        return ""
+    if isinstance(value, dict):
+        return ", ".join(sorted(value))
+    return str(value)
+
+
+FILTERS = {
+    "when": when,
+    "iso": iso,
+    "datetime_input": datetime_input,
+    "relative": relative,
+    "age": age,
+    "rate": rate,
+    "number": number,
+    "state_label": state_label,
+    "pretty_json": pretty_json,
+    "flags": flags,
+}

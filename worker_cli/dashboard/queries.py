@@ -1,0 +1,364 @@
+"""Every SQL statement the dashboard sends, and the index each one reads.
+
+Templates over the schema name, composed with :func:`worker_cli.statements.compose`
+(the name quoted by ``psycopg.sql.Identifier``), as the worker's own statements.
+
+The rule: on a queue of millions of jobs, every statement is bounded (it
+examines at most a fixed number of rows or pages, whatever the table holds)
+and reaches ``_private_jobs`` only through an index or a bounded sample,
+never a sequential scan. ``tests/test_dashboard_queries.py`` EXPLAINs each one
+on 200,000 jobs and checks the index named here. Where no index serves a
+question (locked jobs, failures: ``locked_by``, ``locked_at`` and
+``last_error`` have none, and the dashboard adds none, since every index on
+``_private_jobs`` costs every add and every completion of every worker), the
+statement scans a bounded window of the newest jobs by primary key, or a
+bounded random sample, and the page says so.
+
+The indexes of ``_private_jobs`` used here (migrations/base.sql):
+
+- ``jobs_pkey1`` (``id``): a job's page; the windows of newest jobs;
+- ``jobs_main_index`` (``priority, run_at`` where ``is_available``): the
+  oldest waiting job.
+"""
+
+from __future__ import annotations
+
+from typing import LiteralString
+
+__all__ = [
+    "JOB_STATES",
+    "WINDOW",
+]
+
+#: Rows a window scan examines at most (newest jobs by id; named queues).
+WINDOW = 10_000
+
+#: The states a job can be in, as the state filter and the counts name them
+#: (``graphile-worker status`` uses the same words). ``retrying`` is not a
+#: state of its own: waiting or scheduled jobs that failed before.
+JOB_STATES: tuple[str, ...] = (
+    "waiting",
+    "scheduled",
+    "locked",
+    "permanently_failed",
+    "retrying",
+)
+
+
+def _state(j: LiteralString) -> LiteralString:
+    """The state of the job row ``j``: exactly one of the first four states."""
+    return (
+        "case when "
+        + j
+        + ".locked_at is not null then 'locked' when "
+        + j
+        + ".attempts >= "
+        + j
+        + ".max_attempts then 'permanently_failed' when "
+        + j
+        + ".run_at <= now() then 'waiting' else 'scheduled' end"
+    )
+
+
+def _retrying(j: LiteralString) -> LiteralString:
+    """Whether the job row ``j`` is waiting or scheduled after a failed attempt."""
+    return (
+        "("
+        + j
+        + ".locked_at is null and "
+        + j
+        + ".attempts < "
+        + j
+        + ".max_attempts and "
+        + j
+        + ".attempts > 0)"
+    )
+
+
+# --- The schema ---------------------------------------------------------------
+
+# Whether the queue's tables exist (the schema name is a bound value here, as
+# in worker_cli.statements.status_installed). Catalog lookups only.
+installed = """
+  select to_regclass(format('%%I._private_jobs', %(schema)s::text)) is not null as jobs,
+    to_regclass(format('%%I._private_py_migrations', %(schema)s::text)) is not null
+      as py_migrations
+"""
+
+# The Python-only migrations applied (one row each: a handful).
+py_migrations = """
+  select coalesce(array_agg(id order by id), '{{}}') as ids from {schema}._private_py_migrations
+"""
+
+# The revision of Node's schema (migrations_pkey: a backward scan, one row).
+revision = "select max(id) as revision from {schema}.migrations"
+
+# --- Counts: a bounded sample of the jobs table -----------------------------------
+
+# The jobs table's size now, in pages: pg_relation_size asks the storage, so it
+# is right even when the table has grown since its last ANALYZE (the planner's
+# reltuples would not be). No table access.
+jobs_pages = """
+  select pg_relation_size(format('%%I._private_jobs', %(schema)s::text)::regclass)
+    / current_setting('block_size')::bigint as pages
+"""
+
+# Jobs by task, named queue, state, "retrying" and holder. No index: a sample
+# scan (TABLESAMPLE SYSTEM) reading each page with probability %(percent)s, so
+# about census.SAMPLE_PAGES pages whatever the table's size; at 100 percent it
+# reads every page and the counts are exact (census.py decides). Task and
+# queue names are looked up per group (tasks_pkey, job_queues_pkey1).
+census = (
+    """
+  with sampled as (
+    select j.task_id, j.job_queue_id, """
+    + _state("j")
+    + """ as state, """
+    + _retrying("j")
+    + """ as retrying,
+      case when j.locked_at is not null then j.locked_by end as locked_by,
+      min(j.locked_at) as locked_since,
+      count(*) as jobs
+    from {schema}._private_jobs as j tablesample system (%(percent)s::real)
+    group by 1, 2, 3, 4, 5
+  )
+  select
+    (select t.identifier from {schema}._private_tasks as t where t.id = s.task_id)
+      as task_identifier,
+    (select q.queue_name from {schema}._private_job_queues as q where q.id = s.job_queue_id)
+      as queue_name,
+    s.state, s.retrying, s.locked_by, s.locked_since, s.jobs
+  from sampled as s
+"""
+)
+
+# --- Overview ---------------------------------------------------------------------
+
+# The job that has been due the longest without being taken. jobs_main_index
+# (priority, run_at, available jobs only): its distinct priorities found one
+# index descent each (a loose index scan), then the first entry of each
+# priority, which is that priority's earliest run_at. Bounded by the number of
+# distinct priorities, never by the number of jobs.
+oldest_waiting = """
+  with recursive priorities (priority) as (
+    (
+      select j.priority from {schema}._private_jobs as j
+      where j.is_available = true
+      order by j.priority
+      limit 1
+    )
+    union all
+    select (
+      select j.priority from {schema}._private_jobs as j
+      where j.is_available = true and j.priority > p.priority
+      order by j.priority
+      limit 1
+    )
+    from priorities as p
+    where p.priority is not null
+  )
+  select first.id,
+    (select t.identifier from {schema}._private_tasks as t where t.id = first.task_id)
+      as task_identifier,
+    (select q.queue_name from {schema}._private_job_queues as q
+     where q.id = first.job_queue_id) as queue_name,
+    first.run_at,
+    extract(epoch from now() - first.run_at)::float8 as age
+  from priorities as p
+  cross join lateral (
+    select j.id, j.task_id, j.job_queue_id, j.run_at
+    from {schema}._private_jobs as j
+    where j.is_available = true and j.priority = p.priority and j.run_at <= now()
+    order by j.run_at
+    limit 1
+  ) as first
+  order by first.run_at, first.id
+  limit 1
+"""
+
+# The latest failures: jobs with a last_error that are not running (retrying
+# or permanently failed), newest error first, among the newest %(window)s jobs.
+# jobs_pkey1, backward: nothing indexes last_error or updated_at, so only that
+# window is examined; `examined` tells the page whether it was full.
+latest_failures = (
+    """
+  with newest as materialized (
+    select j.id, j.updated_at, j.last_error is not null and j.locked_at is null as failed
+    from {schema}._private_jobs as j
+    order by j.id desc
+    limit %(window)s
+  ),
+  window_end as (
+    select count(*)::int as examined from newest
+  )
+  select w.examined, r.*
+  from window_end as w
+  left join lateral (
+    select j.id,
+      (select t.identifier from {schema}._private_tasks as t where t.id = j.task_id)
+        as task_identifier,
+      (select q.queue_name from {schema}._private_job_queues as q
+       where q.id = j.job_queue_id) as queue_name,
+      j.attempts, j.max_attempts, left(j.last_error, 500) as last_error, j.updated_at, """
+    + _state("j")
+    + """ as state
+    from newest as n
+    join {schema}._private_jobs as j on j.id = n.id
+    where n.failed
+    order by n.updated_at desc, n.id desc
+    limit %(limit)s
+  ) as r on true
+"""
+)
+
+# The first %(limit)s named queues by name, with their holders
+# (job_queues_queue_name_key).
+queues = """
+  select q.id, q.queue_name, q.locked_by, q.locked_at,
+    extract(epoch from now() - q.locked_at)::float8 as locked_for
+  from {schema}._private_job_queues as q
+  order by q.queue_name
+  limit %(limit)s
+"""
+
+# --- Jobs ---------------------------------------------------------------------
+
+# A page of the job list, newest first, filtered by task, queue and state, by
+# keyset on id (below %(before)s). jobs_pkey1, backward: at most %(window)s
+# jobs below the cursor are examined (`scanned`), whatever the filters, and up
+# to %(limit)s of them that match are returned; `examined` and `lowest` say
+# how far the window went, so the page can offer to search older jobs when a
+# rare filter found fewer. The task and queue names are looked up once
+# (tasks_identifier_key, job_queues_queue_name_key); the shown rows are read
+# back by id (jobs_pkey1).
+jobs_page = (
+    """
+  with scanned as materialized (
+    select j.id, j.task_id, j.job_queue_id, """
+    + _state("j")
+    + """ as state, """
+    + _retrying("j")
+    + """ as retrying
+    from {schema}._private_jobs as j
+    where j.id < %(before)s::bigint
+    order by j.id desc
+    limit %(window)s
+  ),
+  window_end as (
+    select count(*)::int as examined, min(s.id) as lowest from scanned as s
+  )
+  select w.examined, w.lowest, r.*
+  from window_end as w
+  left join lateral (
+    select j.id,
+      (select t.identifier from {schema}._private_tasks as t where t.id = j.task_id)
+        as task_identifier,
+      (select q.queue_name from {schema}._private_job_queues as q
+       where q.id = j.job_queue_id) as queue_name,
+      s.state, s.retrying, j.priority, j.run_at, j.attempts, j.max_attempts,
+      left(j.last_error, 300) as last_error, j.key, j.locked_by, j.created_at
+    from scanned as s
+    join {schema}._private_jobs as j on j.id = s.id
+    where (%(task)s::text is null or s.task_id = (
+        select t.id from {schema}._private_tasks as t where t.identifier = %(task)s::text))
+      and (%(queue)s::text is null or s.job_queue_id = (
+        select q.id from {schema}._private_job_queues as q
+        where q.queue_name = %(queue)s::text))
+      and (%(state)s::text is null or s.state = %(state)s::text
+        or (%(state)s::text = 'retrying' and s.retrying))
+    order by s.id desc
+    limit %(limit)s
+  ) as r on true
+"""
+)
+
+# One job, with its queue's holder and, if a pool holds it, that pool's
+# heartbeat (jobs_pkey1; job_queues_pkey1; the heartbeats' primary key).
+job = (
+    """
+  select j.id,
+    (select t.identifier from {schema}._private_tasks as t where t.id = j.task_id)
+      as task_identifier,
+    q.queue_name, q.locked_by as queue_locked_by, j.payload::text as payload, j.priority,
+    j.run_at, j.attempts, j.max_attempts, j.last_error, j.created_at, j.updated_at, j.key,
+    j.locked_at, j.locked_by, j.revision, j.flags, """
+    + _state("j")
+    + """ as state, """
+    + _retrying("j")
+    + """ as retrying,
+    h.beat_at >= now() - h.timeout as holder_alive, now() as now
+  from {schema}._private_jobs as j
+  left join {schema}._private_job_queues as q on q.id = j.job_queue_id
+  left join {schema}._private_py_heartbeats as h on h.pool_id = j.locked_by
+  where j.id = %(id)s::bigint
+"""
+)
+
+# The task identifiers for the filter (tasks_identifier_key, the first %(limit)s).
+task_identifiers = """
+  select t.identifier from {schema}._private_tasks as t order by t.identifier limit %(limit)s
+"""
+
+now = "select now() as now"
+
+# --- Worker pools -----------------------------------------------------------------
+
+# The pools with a heartbeat row (migrations/py/000002.sql, 000004.sql): one
+# small row per running Python pool, read whole (a sequential scan of that
+# table, not of the jobs), at most %(limit)s. A row whose beat is older than
+# its timeout is a dead pool that no live pool has released yet. The counters
+# are null for pools of older versions; the rate is over the pool's last
+# interval.
+heartbeats = """
+  select h.pool_id, h.hostname, h.pid, h.started_at, h.beat_at,
+    extract(epoch from h.timeout)::float8 as timeout,
+    extract(epoch from now() - h.beat_at)::float8 as silent_for,
+    h.beat_at >= now() - h.timeout as alive,
+    h.concurrency, h.task_identifiers, h.version, h.jobs_done,
+    case when h.beat_before is not null and h.beat_at > h.beat_before
+      and h.jobs_done_before is not null
+      then (h.jobs_done - h.jobs_done_before)
+        / extract(epoch from h.beat_at - h.beat_before)::float8
+    end as rate
+  from {schema}._private_py_heartbeats as h
+  order by h.started_at, h.pool_id
+  limit %(limit)s
+"""
+
+# Holders of named queues among the first %(window)s queues by id
+# (job_queues_pkey1): every queue is one row, so this is every holder unless
+# there are more queues than the window.
+queue_holders = """
+  select q.locked_by, count(*)::bigint as queues, min(q.locked_at) as locked_since
+  from (
+    select q.locked_by, q.locked_at from {schema}._private_job_queues as q
+    order by q.id
+    limit %(window)s
+  ) as q
+  where q.locked_at is not null
+  group by q.locked_by
+"""
+
+# Whether a pool's heartbeat says it is alive (the heartbeats' primary key).
+pool_alive = """
+  select h.beat_at >= now() - h.timeout as alive,
+    extract(epoch from now() - h.beat_at)::float8 as silent_for
+  from {schema}._private_py_heartbeats as h
+  where h.pool_id = %(pool_id)s::text
+"""
+
+# --- Crontab ------------------------------------------------------------------
+
+# The cron items the workers know and when each last ran (known_crontabs_pkey,
+# the first %(limit)s by identifier).
+crontab = """
+  select k.identifier, k.known_since, k.last_execution,
+    extract(epoch from now() - k.last_execution)::float8 as since
+  from {schema}._private_known_crontabs as k
+  order by k.identifier
+  limit %(limit)s
+"""
+
+# --- Health -------------------------------------------------------------------
+
+healthz = "select 1 as ok"

@@ -1,0 +1,245 @@
+"""What each page shows, read from the database (the statements are in
+:mod:`.queries`; every one of them is bounded).
+
+Each function takes a connection inside a read-only, repeatable-read
+transaction (see :meth:`.app.Dashboard.reading`), so one page's figures come
+from one snapshot and one ``now()``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, LiteralString
+
+import psycopg
+from psycopg.rows import dict_row
+
+from ..migrate import MigrationFiles
+from ..statements import compose
+from . import queries
+from .census import Census, Count, sample_percent
+
+__all__ = [
+    "JobFilter",
+    "JobsPage",
+    "LockHolder",
+    "Overview",
+    "PoolsPage",
+    "Reader",
+]
+
+Row = dict[str, Any]
+
+#: Jobs shown on one page of the list; latest failures on the overview;
+#: named queues on the overview; pools, cron items and tasks listed at most.
+PAGE_SIZE = 50
+FAILURES_SHOWN = 10
+QUEUES_SHOWN = 50
+LIST_LIMIT = 500
+
+#: The cursor of the first page: below every id.
+NEWEST = 2**63 - 1
+
+
+@dataclass(frozen=True)
+class JobFilter:
+    """The job list's filters and cursor (from the query string)."""
+
+    task: str | None = None
+    queue: str | None = None
+    state: str | None = None
+    before: int = NEWEST
+
+    def query(self, **changes: Any) -> dict[str, str]:
+        """The query string of this filter (with ``changes``), without empty values."""
+        values = {
+            "task": self.task,
+            "queue": self.queue,
+            "state": self.state,
+            "before": None if self.before == NEWEST else self.before,
+            **changes,
+        }
+        return {name: str(value) for name, value in values.items() if value not in (None, "")}
+
+
+@dataclass
+class JobsPage:
+    """One page of the job list."""
+
+    filter: JobFilter
+    rows: list[Row]
+    #: Jobs the window examined below the cursor, and the lowest id among them.
+    examined: int
+    lowest: int | None
+    #: The cursor of the next page (older jobs), or None at the oldest job.
+    next_before: int | None
+    #: True when the window ran out before the page was full: the next page
+    #: searches older jobs (a rare filter on a long table).
+    window_ran_out: bool
+
+
+@dataclass
+class Overview:
+    now: datetime
+    revision: int | None
+    census: Census
+    oldest_waiting: Row | None
+    queues: list[Row]
+    queues_truncated: bool
+    failures: list[Row]
+    #: Jobs the latest-failures window examined (WINDOW when the table has more).
+    failures_examined: int
+
+
+@dataclass
+class LockHolder:
+    """A worker pool that holds locks, or has a heartbeat row, or both."""
+
+    pool_id: str
+    heartbeat: Row | None = None
+    jobs: Count | None = None
+    queues: int = 0
+    locked_since: datetime | None = None
+
+    @property
+    def alive(self) -> bool:
+        return bool(self.heartbeat and self.heartbeat["alive"])
+
+
+@dataclass
+class PoolsPage:
+    now: datetime
+    census: Census
+    live: list[LockHolder] = field(default_factory=list)
+    #: Pools without a live heartbeat that hold locks (or left a stale row).
+    others: list[LockHolder] = field(default_factory=list)
+
+
+class Reader:
+    """Runs the dashboard's statements on one connection."""
+
+    def __init__(self, conn: psycopg.AsyncConnection[Any], schema: str) -> None:
+        self.conn = conn
+        self.schema = schema
+
+    async def rows(self, statement: LiteralString, **params: Any) -> list[Row]:
+        cur = self.conn.cursor(row_factory=dict_row)
+        await cur.execute(compose(statement, self.schema), params)
+        return await cur.fetchall()
+
+    async def row(self, statement: LiteralString, **params: Any) -> Row | None:
+        found = await self.rows(statement, **params)
+        return found[0] if found else None
+
+    # --- the schema -----------------------------------------------------------
+
+    async def schema_problem(self) -> str | None:
+        """Why the dashboard cannot show this schema, or None."""
+        found = await self.row(queries.installed, schema=self.schema)
+        if not found or not found["jobs"]:
+            return (
+                f"the graphile-worker schema {self.schema!r} is not installed in this database "
+                "(`graphile-worker --schema-only` installs it)"
+            )
+        applied = set()
+        if found["py_migrations"]:
+            applied = set((await self.row(queries.py_migrations) or {}).get("ids") or [])
+        missing = [n for n in MigrationFiles().py_revisions() if n not in applied]
+        if missing:
+            return (
+                f"the schema {self.schema!r} lacks this version's Python migrations "
+                f"({', '.join(map(str, missing))}): start a worker of this version, or run "
+                "`graphile-worker --schema-only`"
+            )
+        return None
+
+    # --- pages ----------------------------------------------------------------
+
+    async def census(self) -> Census:
+        found = await self.row(queries.jobs_pages, schema=self.schema)
+        percent = sample_percent(int(found["pages"]) if found else 0)
+        return Census.from_rows(percent, await self.rows(queries.census, percent=percent))
+
+    async def overview(self) -> Overview:
+        now = await self.row(queries.now)
+        revision = await self.row(queries.revision)
+        census = await self.census()
+        queues = await self.rows(queries.queues, limit=QUEUES_SHOWN + 1)
+        failures = await self.rows(
+            queries.latest_failures, window=queries.WINDOW, limit=FAILURES_SHOWN
+        )
+        assert now is not None
+        return Overview(
+            now=now["now"],
+            revision=revision["revision"] if revision else None,
+            census=census,
+            oldest_waiting=await self.row(queries.oldest_waiting),
+            queues=queues[:QUEUES_SHOWN],
+            queues_truncated=len(queues) > QUEUES_SHOWN,
+            failures=[row for row in failures if row["id"] is not None],
+            failures_examined=failures[0]["examined"] if failures else 0,
+        )
+
+    async def jobs(self, job_filter: JobFilter) -> JobsPage:
+        found = await self.rows(
+            queries.jobs_page,
+            before=job_filter.before,
+            window=queries.WINDOW,
+            limit=PAGE_SIZE + 1,
+            task=job_filter.task,
+            queue=job_filter.queue,
+            state=job_filter.state,
+        )
+        examined, lowest = found[0]["examined"], found[0]["lowest"]
+        rows = [row for row in found if row["id"] is not None]
+        if len(rows) > PAGE_SIZE:
+            rows = rows[:PAGE_SIZE]
+            return JobsPage(job_filter, rows, examined, lowest, rows[-1]["id"], False)
+        if examined == queries.WINDOW:  # jobs below this window remain
+            return JobsPage(job_filter, rows, examined, lowest, lowest, True)
+        return JobsPage(job_filter, rows, examined, lowest, None, False)
+
+    async def job(self, job_id: int) -> Row | None:
+        return await self.row(queries.job, id=job_id)
+
+    async def task_identifiers(self) -> list[str]:
+        return [
+            row["identifier"] for row in await self.rows(queries.task_identifiers, limit=LIST_LIMIT)
+        ]
+
+    async def pools(self) -> PoolsPage:
+        now = await self.row(queries.now)
+        assert now is not None
+        census = await self.census()
+        page = PoolsPage(now=now["now"], census=census)
+        holders: dict[str, LockHolder] = {}
+        for beat in await self.rows(queries.heartbeats, limit=LIST_LIMIT):
+            holders[beat["pool_id"]] = LockHolder(beat["pool_id"], heartbeat=beat)
+        for pool_id, held in census.holders.items():
+            holder = holders.setdefault(pool_id, LockHolder(pool_id))
+            holder.jobs = census.count(held.jobs)
+            holder.locked_since = held.locked_since
+        for row in await self.rows(queries.queue_holders, window=queries.WINDOW):
+            holder = holders.setdefault(row["locked_by"], LockHolder(row["locked_by"]))
+            holder.queues = int(row["queues"])
+            since = row["locked_since"]
+            if holder.locked_since is None or (since and since < holder.locked_since):
+                holder.locked_since = since
+        for holder in holders.values():
+            if holder.jobs is None and (holder.heartbeat is not None or census.exact):
+                holder.jobs = census.count(0)
+            (page.live if holder.alive else page.others).append(holder)
+        page.others.sort(key=lambda h: (h.locked_since is None, h.locked_since, h.pool_id))
+        return page
+
+    async def pool_alive(self, pool_id: str) -> Row | None:
+        return await self.row(queries.pool_alive, pool_id=pool_id)
+
+    async def crontab(self) -> list[Row]:
+        return await self.rows(queries.crontab, limit=LIST_LIMIT)
+
+    async def now(self) -> datetime:
+        found = await self.row(queries.now)
+        assert found is not None
+        return found["now"]  # type: ignore[no-any-return]

@@ -1,0 +1,85 @@
+"""``graphile-worker dashboard``: the dashboard served by uvicorn.
+
+Before it listens, it refuses an address other than loopback without
+authentication, and checks once that the database answers and holds a schema
+it can show, so a wrong URL fails at once with one line rather than as an
+error page later.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import uvicorn
+
+from .. import logs
+from ..config import resolve_connection_string, resolve_schema
+from ..db import connect
+from ..errors import ConfigurationError, GraphileWorkerError
+from .app import create_app
+from .reads import Reader
+from .security import AUTH_ENVVAR, BasicAuth, is_loopback
+
+__all__ = ["check_database", "serve"]
+
+logger = logging.getLogger("graphile_worker.dashboard")
+
+
+def refuse_unprotected(host: str, auth: BasicAuth | None) -> None:
+    """Only loopback may be served without authentication."""
+    if auth is None and not is_loopback(host):
+        raise ConfigurationError(
+            f"refusing to serve the dashboard on {host!r} without authentication: anyone who "
+            f"can reach it could see and change the queue; set --auth USER:PASSWORD (or "
+            f"{AUTH_ENVVAR}), or listen on 127.0.0.1"
+        )
+
+
+async def check_database(connection_string: str, schema: str) -> None:
+    """Connect once and check the schema; GraphileWorkerError saying why not."""
+    conn = await connect(connection_string)
+    try:
+        async with conn.transaction():
+            problem = await Reader(conn, schema).schema_problem()
+    finally:
+        await conn.close()
+    if problem is not None:
+        raise GraphileWorkerError(problem)
+
+
+def serve(
+    connection_string: str | None,
+    *,
+    schema: str | None,
+    host: str,
+    port: int,
+    read_only: bool,
+    auth: BasicAuth | None,
+    refresh: float,
+) -> None:
+    """Serve the dashboard until interrupted (Ctrl-C, SIGTERM)."""
+    refuse_unprotected(host, auth)
+    conninfo = resolve_connection_string(connection_string)
+    schema_name = resolve_schema(schema)
+    asyncio.run(check_database(conninfo, schema_name))
+    logs.configure("text")
+    app = create_app(conninfo, schema=schema_name, read_only=read_only, auth=auth, refresh=refresh)
+    shown = f"[{host}]" if ":" in host else host
+    logger.info(
+        "Dashboard of schema %r on http://%s:%d/%s%s",
+        schema_name,
+        shown,
+        port,
+        " (read-only)" if read_only else "",
+        " (HTTP Basic authentication)" if auth else "",
+    )
+    config = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_config=None,
+        server_header=False,
+        lifespan="on",
+    )
+    uvicorn.Server(config).run()
