@@ -3,6 +3,7 @@ processes that record every run, and the check that no job ran twice at once."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import random
 import signal
@@ -55,6 +56,19 @@ def record_tasks(folder: Path, names: tuple[str, ...] = ("record",)) -> Path:
     for name in names:
         (folder / "tasks" / f"{name}.py").write_text(RECORD_TASK)
     return folder
+
+
+def faketime_env(offset: str) -> dict[str, str]:
+    """Environment that shifts a process's clock by ``offset`` (libfaketime)."""
+    spec = importlib.util.find_spec("libfaketime")
+    assert spec and spec.submodule_search_locations
+    library = Path(spec.submodule_search_locations[0]) / "vendor/libfaketime/src/libfaketime.so.1"
+    return {
+        "LD_PRELOAD": str(library),
+        "FAKETIME": offset,
+        "DONT_FAKE_MONOTONIC": "1",
+        "FAKETIME_NO_CACHE": "1",
+    }
 
 
 def create_runs(db: str) -> None:

@@ -78,7 +78,14 @@ def worker_option(field: str) -> Callable[[F], F]:
     its default is the field's, and its value is passed to the field's name."""
     flag = _FLAGS[field]
     if isinstance(flag.default, bool):
-        return click.option(*flag.names, field, is_flag=True, help=flag.help)
+        return click.option(
+            *flag.names,
+            field,
+            is_flag=True,
+            envvar=flag.envvar,
+            show_envvar=flag.envvar is not None,
+            help=flag.help,
+        )
     kind: click.IntRange | click.FloatRange | None = None
     if flag.low is not None or flag.high is not None:
         kind = (click.IntRange if flag.whole else click.FloatRange)(
@@ -143,6 +150,7 @@ SHARED_OPTIONS = ("connection", "schema")
 )
 @worker_option("heartbeat_interval")
 @worker_option("heartbeat_timeout")
+@worker_option("use_local_time")
 @click.option(
     "--tasks",
     "tasks_dir",

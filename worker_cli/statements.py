@@ -164,6 +164,15 @@ get_jobs = """
   )
 """
 
+# The same on the worker's clock (use_local_time): %(now)s replaces the
+# database's now() (migrations/py/000006.sql).
+get_jobs_at = """
+  select * from {schema}.py_get_jobs(
+    %(task_ids)s::int[], %(forbidden_flags)s::text[], %(limit)s::int, %(pool_id)s::text,
+    %(now)s::timestamptz
+  )
+"""
+
 # The fetch connection's session: job timestamps come in UTC (psycopg loads
 # those several times faster than a named zone's), and the backend's start
 # time, which with its pid names this session in pg_stat_activity (see
@@ -260,17 +269,18 @@ return_jobs = """
 # Free jobs and queues whose lock is older than 4 hours (a crashed worker).
 # run_at is kept, as force_unlock_workers keeps it: a released job of a named
 # queue is still the first of its queue, and runs before the jobs behind it.
+# %(now)s: the worker's clock with use_local_time, else null (the database's).
 release_stale_locks = """
   with jobs as (
     update {schema}._private_jobs as j
     set locked_at = null, locked_by = null
-    where j.locked_at < now() - %(lock_timeout)s::interval
+    where j.locked_at < coalesce(%(now)s::timestamptz, now()) - %(lock_timeout)s::interval
     returning j.id
   ),
   queues as (
     update {schema}._private_job_queues as q
     set locked_at = null, locked_by = null
-    where q.locked_at < now() - %(lock_timeout)s::interval
+    where q.locked_at < coalesce(%(now)s::timestamptz, now()) - %(lock_timeout)s::interval
     returning q.id
   )
   select (select count(*) from jobs) as jobs, (select count(*) from queues) as queues

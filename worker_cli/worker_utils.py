@@ -31,7 +31,15 @@ from .errors import GraphileWorkerError, JobSpecError
 from .held_connection import holding_connection, pool_connection
 from .job import Job
 from .job_queries import JobQueries, encode_specs, spec_record
-from .job_spec import JobKeyMode, JobSpec, TaskSpec, encode_payload, validate_identifier
+from .job_spec import (
+    JobKeyMode,
+    JobSpec,
+    TaskSpec,
+    encode_payload,
+    local_run_at,
+    validate_identifier,
+    with_local_run_at,
+)
 from .migrate import MigrationReport, migrate
 from .schema import autocommit, unique_installed
 from .unique import UniqueJobResult, UniqueRule, UniqueSpec, check_keys_payload, rules_for_specs
@@ -50,9 +58,14 @@ logger = logging.getLogger("graphile_worker")
 class WorkerUtils:
     """Job administration over a connection pool; see :func:`make_worker_utils`."""
 
-    def __init__(self, pool: AsyncConnectionPool[Any], schema: str) -> None:
+    def __init__(
+        self, pool: AsyncConnectionPool[Any], schema: str, *, use_local_time: bool = False
+    ) -> None:
         self.pool = pool
         self.schema = schema
+        #: A job added without ``run_at`` gets this process's time (UTC), not
+        #: the database's now() (graphile-worker's ``useNodeTime``).
+        self.use_local_time = use_local_time
         # Whether the unique-jobs table exists (None: not checked yet).
         self._unique_tables: bool | None = None
 
@@ -134,7 +147,7 @@ class WorkerUtils:
             "identifier": identifier,
             "payload": encode_payload(payload),
             "queue_name": queue_name,
-            "run_at": run_at,
+            "run_at": local_run_at(run_at, self.use_local_time),
             "max_attempts": max_attempts,
             "job_key": job_key,
             "priority": priority,
@@ -185,6 +198,8 @@ class WorkerUtils:
         with the existing jobs and the earlier specs, and the results are
         :class:`UniqueJobResult` in the order of ``specs``.
         """
+        if self.use_local_time:
+            specs = with_local_run_at(specs)
         if unique is None:
             if not specs:
                 return []
@@ -330,11 +345,15 @@ async def make_worker_utils(
     pool: AsyncConnectionPool[Any] | None = None,
     max_pool_size: int = 10,
     no_prepared_statements: bool = False,
+    use_local_time: bool = False,
 ) -> AsyncIterator[WorkerUtils]:
-    """Open WorkerUtils on a new pool (closed on exit) or on ``pool`` (left open)."""
+    """Open WorkerUtils on a new pool (closed on exit) or on ``pool`` (left open).
+
+    ``use_local_time``: jobs added without ``run_at`` get this process's time.
+    """
     schema_name = resolve_schema(schema)
     if pool is not None:
-        yield WorkerUtils(pool, schema_name)
+        yield WorkerUtils(pool, schema_name, use_local_time=use_local_time)
         return
     load_dotenv_file()
     conninfo = resolve_connection_string(connection_string)
@@ -350,7 +369,7 @@ async def make_worker_utils(
     )
     await new_pool.open(wait=True)
     try:
-        yield WorkerUtils(new_pool, schema_name)
+        yield WorkerUtils(new_pool, schema_name, use_local_time=use_local_time)
     finally:
         await new_pool.close()
 
