@@ -148,6 +148,25 @@ def listening(db: str) -> int:
     )
 
 
+def started_worker(db: str, worker: Worker, timeout: float = 30) -> Worker:
+    """``worker`` once its pool runs (its first heartbeat is recorded): before
+    that it has no SIGTERM handler yet, and a SIGTERM would simply kill it."""
+    wait_until(
+        lambda: (
+            worker.proc.poll() is not None
+            or value(
+                db,
+                "select count(*) from graphile_worker._private_py_heartbeats where pid = %s",
+                (worker.pid,),
+            )
+            > 0
+        ),
+        timeout,
+        f"worker {worker.pid} to start",
+    )
+    return worker
+
+
 def sigterm_all(workers: list[Worker], timeout: float = 30) -> list[int]:
     for worker in workers:
         if worker.proc.poll() is None:
@@ -324,8 +343,11 @@ def sigkill_drain(
             120,
             "every job not held by a killed worker to be done",
         )
+        # A replacement may still be starting (the others did its share of the
+        # drain): nothing may signal it before its SIGTERM handler is in place.
+        live = [started_worker(db, p) for p in procs if p not in killed]
         started = time.monotonic()
-        procs += recover(killed_pools, [p for p in procs if p not in killed])
+        procs += recover(killed_pools, live)
         wait_until(
             lambda: value(db, "select count(*) from graphile_worker._private_jobs") == 0,
             recovery_timeout,
