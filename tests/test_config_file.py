@@ -69,7 +69,7 @@ def invoke(*args: str, env: dict[str, str] | None = None) -> Any:
 
 
 def test_every_long_option_is_a_key_except_help_version_and_config() -> None:
-    ctx = click.Context(command)
+    ctx = click.Context(command, **command.context_settings)
     keys = option_keys(command, ctx)
     assert {"help", "version", "config"} <= set(keys)
     for flag in FLAGS:

@@ -55,7 +55,8 @@ def load_config(path: str | Path | None = None) -> dict[str, Any]:
     config = read_config_file(path)
     if config is None:
         return {}
-    ctx = click.Context(command)
+    # With the command's own settings: click keeps the help option (-h) it makes first.
+    ctx = click.Context(command, **command.context_settings)
     params = {param.name: param for param in command.get_params(ctx)}
     flags = {flag.field: flag for flag in FLAGS}
     keywords = inspect.signature(run).parameters
