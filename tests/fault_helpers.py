@@ -3,6 +3,7 @@ processes that record every run, and the check that no job ran twice at once."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import random
 import signal
@@ -55,6 +56,19 @@ def record_tasks(folder: Path, names: tuple[str, ...] = ("record",)) -> Path:
     for name in names:
         (folder / "tasks" / f"{name}.py").write_text(RECORD_TASK)
     return folder
+
+
+def faketime_env(offset: str) -> dict[str, str]:
+    """Environment that shifts a process's clock by ``offset`` (libfaketime)."""
+    spec = importlib.util.find_spec("libfaketime")
+    assert spec and spec.submodule_search_locations
+    library = Path(spec.submodule_search_locations[0]) / "vendor/libfaketime/src/libfaketime.so.1"
+    return {
+        "LD_PRELOAD": str(library),
+        "FAKETIME": offset,
+        "DONT_FAKE_MONOTONIC": "1",
+        "FAKETIME_NO_CACHE": "1",
+    }
 
 
 def create_runs(db: str) -> None:
@@ -132,6 +146,25 @@ def listening(db: str) -> int:
             "and query ilike 'listen%%worker:migrate%%'",
         )
     )
+
+
+def started_worker(db: str, worker: Worker, timeout: float = 30) -> Worker:
+    """``worker`` once its pool runs (its first heartbeat is recorded): before
+    that it has no SIGTERM handler yet, and a SIGTERM would simply kill it."""
+    wait_until(
+        lambda: (
+            worker.proc.poll() is not None
+            or value(
+                db,
+                "select count(*) from graphile_worker._private_py_heartbeats where pid = %s",
+                (worker.pid,),
+            )
+            > 0
+        ),
+        timeout,
+        f"worker {worker.pid} to start",
+    )
+    return worker
 
 
 def sigterm_all(workers: list[Worker], timeout: float = 30) -> list[int]:
@@ -310,8 +343,11 @@ def sigkill_drain(
             120,
             "every job not held by a killed worker to be done",
         )
+        # A replacement may still be starting (the others did its share of the
+        # drain): nothing may signal it before its SIGTERM handler is in place.
+        live = [started_worker(db, p) for p in procs if p not in killed]
         started = time.monotonic()
-        procs += recover(killed_pools, [p for p in procs if p not in killed])
+        procs += recover(killed_pools, live)
         wait_until(
             lambda: value(db, "select count(*) from graphile_worker._private_jobs") == 0,
             recovery_timeout,

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import importlib.util
 import json
 import math
 import signal
@@ -25,6 +24,7 @@ from fault_helpers import (
     RestartablePg,
     Worker,
     create_runs,
+    faketime_env,
     kill_leftover_workers,
     listening,
     record_tasks,
@@ -772,19 +772,6 @@ def test_wrong_password_is_one_line_and_exit_1(private_pg: RestartablePg, tmp_pa
         assert "could not connect to the database" in lines[0]
         assert 'password authentication failed for user "gw_pw"' in lines[0]
         assert "wrong" not in lines[0]  # the password is not echoed
-
-
-def faketime_env(offset: str) -> dict[str, str]:
-    """Environment that shifts a process's clock by ``offset`` (libfaketime)."""
-    spec = importlib.util.find_spec("libfaketime")
-    assert spec and spec.submodule_search_locations
-    library = Path(spec.submodule_search_locations[0]) / "vendor/libfaketime/src/libfaketime.so.1"
-    return {
-        "LD_PRELOAD": str(library),
-        "FAKETIME": offset,
-        "DONT_FAKE_MONOTONIC": "1",
-        "FAKETIME_NO_CACHE": "1",
-    }
 
 
 CLOCK_TASK = """\

@@ -61,6 +61,7 @@ __all__ = [
     "WorkerOptions",
     "WorkerUtils",
     "__version__",
+    "load_config",
     "make_sync_worker_utils",
     "make_worker_utils",
     "parse_cron_items",
@@ -74,6 +75,7 @@ __all__ = [
 
 if TYPE_CHECKING:
     from .crontab import CronItem, CrontabError, ParsedCronItem, parse_cron_items, parse_crontab
+    from .run_config import load_config
 
 _LAZY = {"CronItem", "CrontabError", "ParsedCronItem", "parse_cron_items", "parse_crontab"}
 
@@ -85,4 +87,8 @@ def __getattr__(name: str) -> Any:
         from . import crontab
 
         return getattr(crontab, name)
+    if name == "load_config":  # the command line's options: imported when used
+        from .run_config import load_config
+
+        return load_config
     raise AttributeError(f"module 'worker_cli' has no attribute {name!r}")

@@ -16,6 +16,7 @@ from click.core import ParameterSource
 from . import logs
 from ._version import __version__
 from .config import load_dotenv_file
+from .config_file import config_file_option
 from .errors import GraphileWorkerError, IncompatibleSchemaError
 from .logs import LOG_FORMATS, LogFormat
 from .options import FLAGS, WorkerOptions
@@ -78,7 +79,14 @@ def worker_option(field: str) -> Callable[[F], F]:
     its default is the field's, and its value is passed to the field's name."""
     flag = _FLAGS[field]
     if isinstance(flag.default, bool):
-        return click.option(*flag.names, field, is_flag=True, help=flag.help)
+        return click.option(
+            *flag.names,
+            field,
+            is_flag=True,
+            envvar=flag.envvar,
+            show_envvar=flag.envvar is not None,
+            help=flag.help,
+        )
     kind: click.IntRange | click.FloatRange | None = None
     if flag.low is not None or flag.high is not None:
         kind = (click.IntRange if flag.whole else click.FloatRange)(
@@ -98,7 +106,7 @@ def worker_option(field: str) -> Callable[[F], F]:
 
 
 #: Options the worker and its subcommands share (given before a subcommand,
-#: they apply to it).
+#: they apply to it; -C/--config may come before a subcommand too).
 connection_option = click.option(
     "-c",
     "--connection",
@@ -143,6 +151,7 @@ SHARED_OPTIONS = ("connection", "schema")
 )
 @worker_option("heartbeat_interval")
 @worker_option("heartbeat_timeout")
+@worker_option("use_local_time")
 @click.option(
     "--tasks",
     "tasks_dir",
@@ -178,6 +187,7 @@ SHARED_OPTIONS = ("connection", "schema")
     "and use it; for trying and developing. Needs graphile-worker[embedded].",
 )
 @click.version_option(__version__, "--version", prog_name="graphile-worker")
+@config_file_option
 @click.pass_context
 def command(
     ctx: click.Context,
@@ -302,11 +312,11 @@ def _exit_despite_stuck_task_threads(code: int) -> None:
 
 
 def _check_shared_options_only(ctx: click.Context) -> None:
-    """Before a subcommand, only the shared options (-c, -s) may be given."""
+    """Before a subcommand, only the shared options (-c, -s) and -C may be given."""
     given = [
         param
         for param in ctx.command.params
-        if param.name not in SHARED_OPTIONS
+        if param.name not in (*SHARED_OPTIONS, "config_file")
         and param.name is not None
         and ctx.get_parameter_source(param.name) is ParameterSource.COMMANDLINE
     ]

@@ -8,13 +8,21 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields
-from datetime import datetime
+from dataclasses import dataclass, fields, replace
+from datetime import UTC, datetime
 from typing import Any, Literal, TypeAlias
 
 from .errors import JobSpecError
 
-__all__ = ["JOB_KEY_MODES", "JobKeyMode", "JobSpec", "TaskSpec", "encode_payload"]
+__all__ = [
+    "JOB_KEY_MODES",
+    "JobKeyMode",
+    "JobSpec",
+    "TaskSpec",
+    "encode_payload",
+    "local_run_at",
+    "with_local_run_at",
+]
 
 JobKeyMode: TypeAlias = Literal["replace", "preserve_run_at", "unsafe_dedupe"]
 JOB_KEY_MODES: tuple[str, ...] = ("replace", "preserve_run_at", "unsafe_dedupe")
@@ -112,6 +120,30 @@ class JobSpec(TaskSpec):
 
 
 _SPEC_FIELDS = frozenset(f.name for f in fields(JobSpec))
+
+
+def local_run_at(run_at: datetime | None, use_local_time: bool) -> datetime | None:
+    """``run_at``, or with ``use_local_time`` this process's time (UTC) in
+    place of a missing one; None lets the database use its now()."""
+    if run_at is None and use_local_time:
+        return datetime.now(UTC)
+    return run_at
+
+
+def with_local_run_at(
+    specs: Sequence[JobSpec | Mapping[str, Any]],
+) -> list[JobSpec | Mapping[str, Any]]:
+    """``add_jobs``' specs, those without ``run_at`` given this process's time
+    (one reading for the whole call). Anything else is left for validation."""
+    now = datetime.now(UTC)
+    filled: list[JobSpec | Mapping[str, Any]] = []
+    for spec in specs:
+        if isinstance(spec, JobSpec) and spec.run_at is None:
+            spec = replace(spec, run_at=now)
+        elif isinstance(spec, Mapping) and spec.get("run_at") is None:
+            spec = {**spec, "run_at": now}
+        filled.append(spec)
+    return filled
 
 
 def validate_identifier(identifier: object) -> None:

@@ -74,6 +74,12 @@ class WorkerOptions:
     #: ten missed beats, well above a stall of the process, a database
     #: failover or a short network outage.
     heartbeat_timeout: float = 300.0
+    #: Use this process's clock instead of the database's ``now()`` (graphile-
+    #: worker's ``useNodeTime``): for which jobs are due and the time their
+    #: locks are taken at (the fetch), for the stale-lock sweep, and as the
+    #: ``run_at`` of jobs added through the pool (``helpers.add_job``,
+    #: ``runner.add_job``) without one (``--use-local-time``).
+    use_local_time: bool = False
 
     def __post_init__(self) -> None:
         if self.concurrency < 1:
@@ -212,5 +218,13 @@ FLAGS: tuple[Flag, ...] = (
         help="A pool without a heartbeat for this long is declared dead by the others and "
         "its jobs run again; keep it well above any pause a worker may have (at least "
         "twice the interval).",
+    ),
+    Flag(
+        "use_local_time",
+        ("--use-local-time",),
+        envvar="GRAPHILE_WORKER_USE_LOCAL_TIME",
+        help="Use this machine's clock rather than the database's to decide which jobs are "
+        "due, to time locks, and as the run_at of jobs added without one (graphile-worker's "
+        "useNodeTime). Better: keep both clocks in sync.",
     ),
 )

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import psycopg
 
-from . import statements
+from . import statements, status_statements
 
 if TYPE_CHECKING:
     from .worker import WorkerPool
@@ -98,7 +98,9 @@ class ProgressReporter:
         try:
             async with utils.pool.connection() as conn:
                 cur = await conn.execute(
-                    statements.compose(statements.progress_remaining, self.pool.options.schema),
+                    statements.compose(
+                        status_statements.progress_remaining, self.pool.options.schema
+                    ),
                     {"identifiers": list(self.pool.tasks), "cap": REMAINING_CAP},
                 )
                 row = await cur.fetchone()

@@ -136,6 +136,7 @@ async def run(
     parsed_cron_items: Sequence[ParsedCronItem] | None = None,
     heartbeat_interval: float | None = WorkerOptions.heartbeat_interval,
     heartbeat_timeout: float = WorkerOptions.heartbeat_timeout,
+    use_local_time: bool = WorkerOptions.use_local_time,
 ) -> Runner:
     """Migrate, load the tasks and start a worker pool; returns once it is running.
 
@@ -153,6 +154,9 @@ async def run(
     Heartbeats: every ``heartbeat_interval`` seconds (30; None or 0 turns them
     off) the pool records that it is alive; a pool silent for its
     ``heartbeat_timeout`` (300 s) is declared dead and its jobs are released.
+
+    ``use_local_time``: this process's clock replaces the database's ``now()``
+    where graphile-worker's ``useNodeTime`` replaces it (see WorkerOptions).
     """
     database = resolve_database(connection_string, schema)
     tasks = load_tasks(task_list, task_directory)
@@ -175,6 +179,7 @@ async def run(
         log_success=log_success,
         heartbeat_interval=heartbeat_interval,
         heartbeat_timeout=heartbeat_timeout,
+        use_local_time=use_local_time,
     )
     _warn_if_pool_too_small(options)
     pool = WorkerPool(

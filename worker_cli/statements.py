@@ -164,6 +164,15 @@ get_jobs = """
   )
 """
 
+# The same on the worker's clock (use_local_time): %(now)s replaces the
+# database's now() (migrations/py/000005.sql).
+get_jobs_at = """
+  select * from {schema}.py_get_jobs(
+    %(task_ids)s::int[], %(forbidden_flags)s::text[], %(limit)s::int, %(pool_id)s::text,
+    %(now)s::timestamptz
+  )
+"""
+
 # The fetch connection's session: job timestamps come in UTC (psycopg loads
 # those several times faster than a named zone's), and the backend's start
 # time, which with its pid names this session in pg_stat_activity (see
@@ -260,17 +269,18 @@ return_jobs = """
 # Free jobs and queues whose lock is older than 4 hours (a crashed worker).
 # run_at is kept, as force_unlock_workers keeps it: a released job of a named
 # queue is still the first of its queue, and runs before the jobs behind it.
+# %(now)s: the worker's clock with use_local_time, else null (the database's).
 release_stale_locks = """
   with jobs as (
     update {schema}._private_jobs as j
     set locked_at = null, locked_by = null
-    where j.locked_at < now() - %(lock_timeout)s::interval
+    where j.locked_at < coalesce(%(now)s::timestamptz, now()) - %(lock_timeout)s::interval
     returning j.id
   ),
   queues as (
     update {schema}._private_job_queues as q
     set locked_at = null, locked_by = null
-    where q.locked_at < now() - %(lock_timeout)s::interval
+    where q.locked_at < coalesce(%(now)s::timestamptz, now()) - %(lock_timeout)s::interval
     returning q.id
   )
   select (select count(*) from jobs) as jobs, (select count(*) from queues) as queues
@@ -321,81 +331,6 @@ schedule_cron_jobs = """
   join advanced on advanced.identifier = s.identifier
 """
 
-
-# --- Operations: --once progress, `graphile-worker status` (read-only) ---------
-
-# Due, unlocked jobs of the given tasks, counted up to %(cap)s rows (the
-# --once progress line; the jobs' main index holds exactly the available ones).
-progress_remaining = """
-  select count(*) from (
-    select 1
-    from {schema}._private_jobs as j
-    where j.is_available = true
-      and j.run_at <= now()
-      and j.task_id in (
-        select t.id from {schema}._private_tasks as t
-        where t.identifier = any(%(identifiers)s::text[])
-      )
-    limit %(cap)s
-  ) as due
-"""
-
-# Whether the schema holds graphile-worker's jobs and migrations tables (the
-# schema name is a bound parameter here: a value, not an identifier).
-status_installed = """
-  select to_regclass(format('%%I._private_jobs', %(schema)s::text)) is not null
-    and to_regclass(format('%%I.migrations', %(schema)s::text)) is not null
-"""
-
-status_revision = "select max(id) from {schema}.migrations"
-
-# Every job is in exactly one of: locked (being run, or held by a crashed
-# worker), permanently failed (attempts used up), scheduled (run_at in the
-# future) or waiting (due now). "retrying" counts the waiting and scheduled
-# jobs that have been attempted before. Grouped by task and named queue;
-# status.py adds the groups up. now() is the transaction's start, so all the
-# status statements (run in one read-only repeatable-read transaction) agree.
-status_counts = """
-  select
-    t.identifier,
-    q.queue_name,
-    count(*),
-    count(*) filter (
-      where j.locked_at is null and j.attempts < j.max_attempts and j.run_at <= now()
-    ),
-    count(*) filter (
-      where j.locked_at is null and j.attempts < j.max_attempts and j.run_at > now()
-    ),
-    count(*) filter (where j.locked_at is not null),
-    count(*) filter (where j.locked_at is null and j.attempts >= j.max_attempts),
-    count(*) filter (
-      where j.locked_at is null and j.attempts < j.max_attempts and j.attempts > 0
-    )
-  from {schema}._private_jobs as j
-  join {schema}._private_tasks as t on t.id = j.task_id
-  left join {schema}._private_job_queues as q on q.id = j.job_queue_id
-  group by t.identifier, q.queue_name
-"""
-
-# The job that has been due the longest without being taken.
-status_oldest_waiting = """
-  select j.id, t.identifier, q.queue_name, j.run_at, extract(epoch from now() - j.run_at)
-  from {schema}._private_jobs as j
-  join {schema}._private_tasks as t on t.id = j.task_id
-  left join {schema}._private_job_queues as q on q.id = j.job_queue_id
-  where j.locked_at is null and j.attempts < j.max_attempts and j.run_at <= now()
-  order by j.run_at, j.id
-  limit 1
-"""
-
-# Named queues that are locked (one of their jobs is running), with the holder.
-status_locked_queues = """
-  select q.queue_name, q.locked_by, extract(epoch from now() - q.locked_at)
-  from {schema}._private_job_queues as q
-  where q.locked_at is not null
-"""
-
-status_now = "select now()"
 
 # --- Unique jobs (migrations/py/000001.sql) -------------------------------------
 #

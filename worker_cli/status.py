@@ -16,7 +16,7 @@ from typing import Any
 import psycopg
 from psycopg import IsolationLevel
 
-from . import statements
+from . import statements, status_statements
 from .config import resolve_connection_string, resolve_schema
 from .db import connect
 from .errors import GraphileWorkerError, SchemaNotInstalledError
@@ -85,7 +85,7 @@ async def read_status(connection_string: str | None = None, *, schema: str | Non
             await conn.set_isolation_level(IsolationLevel.REPEATABLE_READ)
             async with conn.transaction():
                 cur = await conn.execute(
-                    statements.compose(statements.status_installed, schema_name),
+                    statements.compose(status_statements.status_installed, schema_name),
                     {"schema": schema_name},
                 )
                 installed = await cur.fetchone()
@@ -99,11 +99,11 @@ async def read_status(connection_string: str | None = None, *, schema: str | Non
                     cursor = await conn.execute(statements.compose(statement, schema_name))
                     return await cursor.fetchall()
 
-                [(now,)] = await fetch(statements.status_now)
-                [(revision,)] = await fetch(statements.status_revision)
-                counts = await fetch(statements.status_counts)
-                oldest = await fetch(statements.status_oldest_waiting)
-                locked_queues = await fetch(statements.status_locked_queues)
+                [(now,)] = await fetch(status_statements.status_now)
+                [(revision,)] = await fetch(status_statements.status_revision)
+                counts = await fetch(status_statements.status_counts)
+                oldest = await fetch(status_statements.status_oldest_waiting)
+                locked_queues = await fetch(status_statements.status_locked_queues)
     except psycopg.Error as exc:
         reason = one_line(exc)
         raise GraphileWorkerError(f"could not read the queue status: {reason}") from None

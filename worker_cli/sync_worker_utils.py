@@ -60,6 +60,7 @@ class SyncWorkerUtils:
         schema: str,
         *,
         connection: psycopg.Connection[Any] | None = None,
+        use_local_time: bool = False,
     ) -> None:
         if (pool is None) == (connection is None):
             raise TypeError("SyncWorkerUtils needs a pool or a connection (one of them)")
@@ -69,7 +70,13 @@ class SyncWorkerUtils:
         # One plan at a time on a given connection (if threads share it): a
         # plan's savepoint must not interleave with another's statements.
         self._given_lock = threading.Lock()
-        self._plans = UtilsPlans(schema)
+        self._plans = UtilsPlans(schema, use_local_time=use_local_time)
+
+    @property
+    def use_local_time(self) -> bool:
+        """Whether a job added without ``run_at`` gets this process's time (UTC)
+        rather than the database's ``now()`` (graphile-worker's ``useNodeTime``)."""
+        return self._plans.use_local_time
 
     @property
     def pool(self) -> ConnectionPool[Any]:
@@ -282,13 +289,15 @@ def make_sync_worker_utils(
     connection: psycopg.Connection[Any] | None = None,
     max_pool_size: int = 10,
     no_prepared_statements: bool = False,
+    use_local_time: bool = False,
 ) -> Iterator[SyncWorkerUtils]:
     """Open SyncWorkerUtils on a new ``psycopg_pool.ConnectionPool`` (closed on
     exit), on ``pool`` (left open), or on ``connection``: that psycopg
     ``Connection`` as it is, joining
     its open transaction; it is never committed, rolled back, closed or
     switched to another autocommit mode (see the README, "Your connection,
-    your transaction")."""
+    your transaction"). ``use_local_time``: jobs added without ``run_at`` get
+    this process's time."""
     schema_name = resolve_schema(schema)
     if connection is not None:
         check_given_connection(
@@ -298,11 +307,13 @@ def make_sync_worker_utils(
             pool=pool,
             connection_string=connection_string,
         )
-        yield SyncWorkerUtils(None, schema_name, connection=connection)
+        yield SyncWorkerUtils(
+            None, schema_name, connection=connection, use_local_time=use_local_time
+        )
         return
     if pool is not None:
         check_given_pool(pool, factory="make_sync_worker_utils", expected=ConnectionPool)
-        yield SyncWorkerUtils(pool, schema_name)
+        yield SyncWorkerUtils(pool, schema_name, use_local_time=use_local_time)
         return
     load_dotenv_file()
     conninfo = resolve_connection_string(connection_string)
@@ -318,7 +329,7 @@ def make_sync_worker_utils(
     )
     new_pool.open(wait=True)
     try:
-        yield SyncWorkerUtils(new_pool, schema_name)
+        yield SyncWorkerUtils(new_pool, schema_name, use_local_time=use_local_time)
     finally:
         new_pool.close()
 

@@ -23,7 +23,14 @@ from .errors import JobSpecError
 from .job import Job
 from .job_queries import encode_specs, execute_statement, insert_jobs, jobs, spec_record
 from .job_queries import unique_results as unique_results_plan
-from .job_spec import JobSpec, TaskSpec, encode_payload, validate_identifier
+from .job_spec import (
+    JobSpec,
+    TaskSpec,
+    encode_payload,
+    local_run_at,
+    validate_identifier,
+    with_local_run_at,
+)
 from .migrate import MigrationReport, migration_plan
 from .plan import Plan
 from .schema import unique_installed
@@ -32,16 +39,19 @@ from .unique import UniqueJobResult, UniqueRule, UniqueSpec, check_keys_payload,
 __all__ = ["UtilsPlans", "add_job_params"]
 
 
-def add_job_params(identifier: str, payload: Any, options: TaskSpec) -> dict[str, Any]:
+def add_job_params(
+    identifier: str, payload: Any, options: TaskSpec, use_local_time: bool = False
+) -> dict[str, Any]:
     """The checked parameters of ``add_job`` (statements.add_job): the one place
-    they are built, for every way of adding one job."""
+    they are built, for every way of adding one job. With ``use_local_time`` a
+    missing ``run_at`` is this process's time (see :func:`local_run_at`)."""
     validate_identifier(identifier)
     options.validate()
     return {
         "identifier": identifier,
         "payload": encode_payload(payload),
         "queue_name": options.queue_name,
-        "run_at": options.run_at,
+        "run_at": local_run_at(options.run_at, use_local_time),
         "max_attempts": options.max_attempts,
         "job_key": options.job_key,
         "priority": options.priority,
@@ -58,8 +68,11 @@ class UtilsPlans:
     the threads of a SyncWorkerUtils: the worst a race does is check twice.
     """
 
-    def __init__(self, schema: str) -> None:
+    def __init__(self, schema: str, *, use_local_time: bool = False) -> None:
         self.schema = schema
+        #: A job added without ``run_at`` gets this process's time (UTC), not
+        #: the database's now() (graphile-worker's ``useNodeTime``).
+        self.use_local_time = use_local_time
         # Whether the unique-jobs table exists (None: not checked yet).
         self._unique_tables: bool | None = None
 
@@ -67,7 +80,7 @@ class UtilsPlans:
         self, identifier: str, payload: Any, options: TaskSpec, unique: UniqueSpec | None
     ) -> Plan[Job | UniqueJobResult]:
         """``add_job``, its keyword arguments but ``unique`` gathered in ``options``."""
-        params = add_job_params(identifier, payload, options)
+        params = add_job_params(identifier, payload, options, self.use_local_time)
         if unique is None:
             return _first(jobs(self.schema, statements.add_job, params))
         rule = UniqueRule.coerce(unique).to_json()
@@ -83,6 +96,8 @@ class UtilsPlans:
         unique: UniqueSpec | Sequence[UniqueSpec | None] | None,
     ) -> Plan[list[Job] | list[UniqueJobResult]]:
         """``add_jobs``."""
+        if self.use_local_time:
+            specs = with_local_run_at(specs)
         if unique is None:
             if not specs:
                 return _nothing([])

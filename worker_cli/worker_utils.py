@@ -64,6 +64,7 @@ class WorkerUtils:
         schema: str,
         *,
         connection: psycopg.AsyncConnection[Any] | None = None,
+        use_local_time: bool = False,
     ) -> None:
         if (pool is None) == (connection is None):
             raise TypeError("WorkerUtils needs a pool or a connection (one of them)")
@@ -73,7 +74,13 @@ class WorkerUtils:
         # One plan at a time on a given connection: a plan's savepoint must
         # not interleave with another's statements.
         self._given_lock = asyncio.Lock()
-        self._plans = UtilsPlans(schema)
+        self._plans = UtilsPlans(schema, use_local_time=use_local_time)
+
+    @property
+    def use_local_time(self) -> bool:
+        """Whether a job added without ``run_at`` gets this process's time (UTC)
+        rather than the database's ``now()`` (graphile-worker's ``useNodeTime``)."""
+        return self._plans.use_local_time
 
     @property
     def pool(self) -> AsyncConnectionPool[Any]:
@@ -288,12 +295,14 @@ async def make_worker_utils(
     connection: psycopg.AsyncConnection[Any] | None = None,
     max_pool_size: int = 10,
     no_prepared_statements: bool = False,
+    use_local_time: bool = False,
 ) -> AsyncIterator[WorkerUtils]:
     """Open WorkerUtils on a new pool (closed on exit), on ``pool`` (left open),
     or on ``connection``: that psycopg ``AsyncConnection`` as it is, joining
     its open transaction; it is never committed, rolled back, closed or
     switched to another autocommit mode (see the README, "Your connection,
-    your transaction")."""
+    your transaction"). ``use_local_time``: jobs added without ``run_at`` get
+    this process's time."""
     schema_name = resolve_schema(schema)
     if connection is not None:
         check_given_connection(
@@ -303,11 +312,11 @@ async def make_worker_utils(
             pool=pool,
             connection_string=connection_string,
         )
-        yield WorkerUtils(None, schema_name, connection=connection)
+        yield WorkerUtils(None, schema_name, connection=connection, use_local_time=use_local_time)
         return
     if pool is not None:
         check_given_pool(pool, factory="make_worker_utils", expected=AsyncConnectionPool)
-        yield WorkerUtils(pool, schema_name)
+        yield WorkerUtils(pool, schema_name, use_local_time=use_local_time)
         return
     load_dotenv_file()
     conninfo = resolve_connection_string(connection_string)
@@ -323,7 +332,7 @@ async def make_worker_utils(
     )
     await new_pool.open(wait=True)
     try:
-        yield WorkerUtils(new_pool, schema_name)
+        yield WorkerUtils(new_pool, schema_name, use_local_time=use_local_time)
     finally:
         await new_pool.close()
 

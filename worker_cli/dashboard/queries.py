@@ -78,7 +78,7 @@ def _retrying(j: LiteralString) -> LiteralString:
 # --- The schema ---------------------------------------------------------------
 
 # Whether the queue's tables exist (the schema name is a bound value here, as
-# in worker_cli.statements.status_installed). Catalog lookups only.
+# in worker_cli.status_statements.status_installed). Catalog lookups only.
 installed = """
   select to_regclass(format('%%I._private_jobs', %(schema)s::text)) is not null as jobs,
     to_regclass(format('%%I._private_py_migrations', %(schema)s::text)) is not null

@@ -26,6 +26,7 @@ import inspect
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
@@ -59,6 +60,8 @@ class FetchSettings:
     local_queue_size: int
     local_queue_horizon: float
     forbidden_flags: ForbiddenFlags = None
+    #: Due and locked by this process's clock, not the database's now().
+    use_local_time: bool = False
 
 
 class Fetcher:
@@ -88,7 +91,10 @@ class Fetcher:
         self._events = events
         #: What handlers of the fetcher's events receive as ``pool``.
         self._owner = owner
-        self._get_jobs = statements.compose(statements.get_jobs, settings.schema)
+        self._get_jobs = statements.compose(
+            statements.get_jobs_at if settings.use_local_time else statements.get_jobs,
+            settings.schema,
+        )
         self._rate = Rate()
         self._wanted = asyncio.Event()
         self._stopped = asyncio.Event()
@@ -227,15 +233,15 @@ class Fetcher:
         try:
             # Binary results: timestamps cost the server and psycopg a fraction
             # of their text form.
-            cur = await conn.cursor(binary=True).execute(
-                self._get_jobs,
-                {
-                    "task_ids": self._task_id_list,
-                    "forbidden_flags": flags,
-                    "limit": limit,
-                    "pool_id": self._connections.pool_id,
-                },
-            )
+            params: dict[str, Any] = {
+                "task_ids": self._task_id_list,
+                "forbidden_flags": flags,
+                "limit": limit,
+                "pool_id": self._connections.pool_id,
+            }
+            if self._settings.use_local_time:
+                params["now"] = datetime.now(UTC)
+            cur = await conn.cursor(binary=True).execute(self._get_jobs, params)
             jobs = jobs_from_rows(await cur.fetchall(), self._task_ids)
         except BaseException as exc:
             if conn.broken or conn.closed or isinstance(exc, asyncio.CancelledError):

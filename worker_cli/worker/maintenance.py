@@ -16,7 +16,7 @@ import asyncio
 import logging
 import random
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import psycopg
 
@@ -75,7 +75,8 @@ class Sweeper:
         """One sweep of stale locks; a failure is logged (the next sweep retries)."""
         try:
             async with self._utils.pool.connection() as conn:
-                cur = await conn.execute(self._release, {"lock_timeout": self._timeout})
+                now = datetime.now(UTC) if self._utils.use_local_time else None
+                cur = await conn.execute(self._release, {"lock_timeout": self._timeout, "now": now})
                 row = await cur.fetchone()
         except psycopg.Error as exc:
             logger.warning("Stale lock sweep failed: %s", exc)

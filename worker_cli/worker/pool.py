@@ -95,6 +95,7 @@ class WorkerPool:
                 options.local_queue_size,
                 options.local_queue_horizon,
                 options.forbidden_flags,
+                options.use_local_time,
             ),
             tasks=list(tasks),
             queue=self._queue,
@@ -197,7 +198,7 @@ class WorkerPool:
             except BaseExceptionGroup as failure:
                 raise failure.exceptions[0] from None  # the first error, as it was raised
             started = True
-            self._utils = WorkerUtils(db, options.schema)
+            self._utils = WorkerUtils(db, options.schema, use_local_time=options.use_local_time)
             await self._run_parts(self._utils)
         finally:
             await self._close(heartbeat, db, started=started)
