@@ -18,7 +18,7 @@ import logging
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from datetime import datetime
-from typing import Any, LiteralString, overload
+from typing import Any, LiteralString, Unpack, overload
 
 import psycopg
 from psycopg_pool import AsyncConnectionPool
@@ -31,8 +31,16 @@ from .errors import GraphileWorkerError, JobSpecError
 from .held_connection import holding_connection, pool_connection
 from .job import Job
 from .job_queries import JobQueries, encode_specs, spec_record
-from .job_spec import JobKeyMode, JobSpec, TaskSpec, encode_payload, validate_identifier
+from .job_spec import (
+    JobKeyMode,
+    JobSpec,
+    TaskOptions,
+    TaskSpec,
+    encode_payload,
+    validate_identifier,
+)
 from .migrate import MigrationReport, migrate
+from .payloads import NamedPayload, job_identity
 from .schema import autocommit, unique_installed
 from .unique import UniqueJobResult, UniqueRule, UniqueSpec, check_keys_payload, rules_for_specs
 
@@ -99,9 +107,20 @@ class WorkerUtils:
         unique: UniqueSpec,
     ) -> UniqueJobResult: ...
 
+    # add_job(SendEmail(...)): the payload's class names its task (IDENTIFIER).
+    @overload
+    async def add_job(
+        self, payload: NamedPayload, /, *, unique: None = None, **options: Unpack[TaskOptions]
+    ) -> Job: ...
+
+    @overload
+    async def add_job(
+        self, payload: NamedPayload, /, *, unique: UniqueSpec, **options: Unpack[TaskOptions]
+    ) -> UniqueJobResult: ...
+
     async def add_job(
         self,
-        identifier: str,
+        identifier: str | NamedPayload,
         payload: Any = None,
         *,
         queue_name: str | None = None,
@@ -118,7 +137,11 @@ class WorkerUtils:
         With ``unique`` (a :class:`UniqueRule` or a dict of its fields) the job
         is added only if no "same" job blocks it, and the result is a
         :class:`UniqueJobResult` whose ``conflict`` tells which happened.
+
+        The payload may be a dataclass instance or a pydantic model; one whose
+        class names its task (``IDENTIFIER``) needs no identifier.
         """
+        identifier, payload = job_identity(identifier, payload)
         validate_identifier(identifier)
         spec = TaskSpec(
             queue_name=queue_name,
