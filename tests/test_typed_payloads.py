@@ -8,6 +8,7 @@ import json
 import logging
 import threading
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, ClassVar, TypedDict
 
@@ -214,6 +215,10 @@ def order(payload: Order, helpers: Helpers) -> None:
     record("order", payload)
 
 
+def now() -> datetime:
+    return datetime.now(UTC)
+
+
 def job_row(db: str, job_id: int) -> dict[str, Any]:
     [row] = rows(
         db,
@@ -277,7 +282,7 @@ async def test_a_payload_that_does_not_fit_fails_for_good_until_rescheduled(
         [no_to.id],
     )
     # Revived, then fixed by replacing the job through its job_key.
-    revived = await utils.reschedule_jobs([no_to.id, bad_qty.id], attempts=0)
+    revived = await utils.reschedule_jobs([no_to.id, bad_qty.id], attempts=0, run_at=now())
     assert sorted(job.id for job in revived) == sorted([no_to.id, bad_qty.id])
     replaced = await utils.add_job("order", Order([Item("c", 2)]), job_key="order-1")
     assert replaced.id == bad_qty.id
@@ -327,7 +332,12 @@ async def test_unique_keys_compare_fields_of_an_instance(utils: WorkerUtils, db:
     rule = UniqueRule(period=600, keys=["to"])
     first = await utils.add_job(SendEmail(to="a@b.c"), unique=rule)
     again = await utils.add_job(SendEmail(to="a@b.c", cc="x"), unique=rule)
-    assert not first.conflict and again.conflict and again.job_id == first.job_id
+    named = await utils.add_job("send_email", SendEmail(to="a@b.c", cc="y"), unique=rule)
+    [batch, other] = await utils.add_jobs(
+        [{"payload": SendEmail(to="a@b.c")}, {"payload": SendEmail(to="z@b.c")}], unique=rule
+    )
+    assert not first.conflict and not other.conflict
+    assert all(r.conflict and r.job_id == first.job_id for r in (again, named, batch))
 
 
 async def test_an_identifier_the_payload_class_contradicts_adds_nothing(
