@@ -18,7 +18,12 @@ import pytest
 from worker_cli import JobSpecError, PayloadError, TaskLoadError, typed_task_list
 from worker_cli.job_queries import spec_record
 from worker_cli.job_spec import encode_payload
-from worker_cli.payload_types import UnsupportedAnnotation, compile_decoder, decode, is_untyped
+from worker_cli.payload_types import (
+    UnsupportedAnnotation,
+    compile_decoder,
+    decode,
+    names_a_payload_class,
+)
 from worker_cli.payloads import job_identity
 from worker_cli.tasks import Task, load_task_directory, make_task_list
 
@@ -227,22 +232,28 @@ def test_unsupported_annotations_are_refused_when_compiled(annotation: Any, mess
 
 
 @pytest.mark.parametrize(
-    "annotation,untyped",
+    "annotation,typed",
     [
-        (Any, True),
-        (object, True),
-        (dict, True),
-        (dict[str, Any], True),
-        (list, True),
-        (list[Any], True),
-        (Order, False),
-        (list[Item], False),
-        (dict[str, int], False),
-        (int, False),
+        (Order, True),
+        (Mail, True),
+        (Model, True),
+        (Color, True),
+        (list[Item], True),
+        (Item | None, True),
+        (dict[str, Annotated[Item, "x"]], True),
+        (Any, False),
+        (object, False),
+        (dict, False),
+        (dict[str, Any], False),
+        (dict[str, bool], False),
+        (list[int], False),
+        (int | None, False),
+        (Literal["a"], False),
+        (datetime, False),
     ],
 )
-def test_what_counts_as_untyped(annotation: Any, untyped: bool) -> None:
-    assert is_untyped(annotation) is untyped
+def test_only_annotations_naming_a_payload_class_are_built(annotation: Any, typed: bool) -> None:
+    assert names_a_payload_class(annotation) is typed
 
 
 # --- Loading typed tasks ---------------------------------------------------------
@@ -266,11 +277,16 @@ def test_untyped_tasks_are_not_wrapped() -> None:
     def with_any(payload: Any, helpers: Any) -> None:
         pass
 
-    tasks = make_task_list({"a": untyped, "b": with_dict, "c": with_any, "d": print})
-    assert tasks["a"].function is untyped
-    assert tasks["b"].function is with_dict
-    assert tasks["c"].function is with_any
-    assert tasks["d"].function is print
+    # A hint of the JSON's shape was never checked, and is not now.
+    def with_shape(payload: dict[str, bool], helpers: Any) -> None:
+        pass
+
+    def with_unknown(payload: datetime, helpers: Any) -> None:
+        pass
+
+    functions = [untyped, with_dict, with_any, with_shape, with_unknown, print]
+    tasks = make_task_list({f.__name__: f for f in functions})
+    assert [tasks[f.__name__].function for f in functions] == functions
 
 
 def test_a_typed_task_keeps_its_kind_and_gets_an_instance() -> None:
@@ -330,9 +346,11 @@ def test_a_task_folder_with_string_annotations(tmp_path: Path) -> None:
             "resolved (NameError: name 'Address' is not defined)",
         ),
         (
-            "import datetime\nasync def task(payload: set[datetime.date], helpers):\n    pass\n",
-            "task file 'mail.py': payload annotation 'set[datetime.date]': set[datetime.date] "
-            "is not supported (supported: dataclasses,",
+            "import datetime\nfrom typing import TypedDict\n"
+            "class Mail(TypedDict):\n    sent: datetime.date\n"
+            "async def task(payload: list[Mail], helpers):\n    pass\n",
+            "task file 'mail.py': payload annotation 'list[Mail]': Mail.sent: "
+            "date is not supported (supported: dataclasses,",
         ),
         (
             "from dataclasses import dataclass\nfrom typing import ClassVar\n"

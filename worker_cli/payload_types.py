@@ -25,18 +25,23 @@ import json
 import sys
 import types
 import typing
-from collections.abc import Callable, Mapping, MutableMapping, MutableSequence, Sequence
+from collections.abc import Callable
 from typing import Annotated, Any, Literal, NotRequired, Required, TypeAlias, Union
 
 from .errors import PayloadError
 
-__all__ = ["Decoder", "UnsupportedAnnotation", "compile_decoder", "decode", "is_untyped"]
+__all__ = [
+    "Decoder",
+    "UnsupportedAnnotation",
+    "compile_decoder",
+    "decode",
+    "names_a_payload_class",
+]
 
 #: Builds a payload value from JSON, raising :class:`_Misfit` when it does not fit.
 Decoder: TypeAlias = Callable[[Any], Any]
 
 _NONE = type(None)
-_PLAIN_CONTAINERS = (dict, list, Mapping, MutableMapping, Sequence, MutableSequence)
 _SUPPORTED = (
     "dataclasses, TypedDicts, pydantic models, list[...], dict[str, ...], unions such as "
     "X | None, Literal, Enum, str, int, float, bool, None and Any"
@@ -71,17 +76,28 @@ def decode(decoder: Decoder, payload: Any) -> Any:
         raise PayloadError(field, misfit.reason) from None
 
 
-def is_untyped(annotation: Any) -> bool:
-    """True for annotations that say no more than "some JSON": ``Any``,
-    ``object``, and ``dict``, ``list``, ``Mapping``, ``Sequence`` without item
-    types (or with ``Any`` ones). A task annotated so gets the JSON as it is."""
-    if annotation is Any or annotation is object:
-        return True
-    origin = typing.get_origin(annotation) or annotation
-    if origin not in _PLAIN_CONTAINERS:
+def names_a_payload_class(annotation: Any) -> bool:
+    """True when ``annotation`` names a dataclass, TypedDict, pydantic model or
+    Enum anywhere (``SendEmail``, ``list[Item]``, ``Order | None``). Only
+    those are built: any other annotation (``Any``, ``dict``, ``dict[str,
+    bool]``, ``list[int]``, ``str``) only says what the JSON looks like, was
+    never checked, and the task gets the JSON as it is."""
+    if isinstance(annotation, type):
+        return (
+            dataclasses.is_dataclass(annotation)
+            or _is_typeddict(annotation)
+            or issubclass(annotation, enum.Enum)
+            or _is_pydantic_model(annotation)
+        )
+    if hasattr(annotation, "__supertype__"):  # NewType
+        return names_a_payload_class(annotation.__supertype__)
+    origin = typing.get_origin(annotation)
+    if origin is Literal:
         return False
     args = typing.get_args(annotation)
-    return all(arg is Any or arg is object or (arg is str and i == 0) for i, arg in enumerate(args))
+    if origin is Annotated:
+        args = args[:1]
+    return any(names_a_payload_class(arg) for arg in args)
 
 
 def compile_decoder(annotation: Any) -> Decoder:
@@ -93,7 +109,18 @@ def type_name(annotation: Any) -> str:
     """How messages name a type: ``SendEmail``, ``int``, ``None``, ``list[Item]``."""
     if annotation is _NONE or annotation is None:
         return "None"
-    if isinstance(annotation, type) and not typing.get_args(annotation):
+    origin = typing.get_origin(annotation)
+    args = typing.get_args(annotation)
+    if origin is Union or origin is types.UnionType:
+        return " | ".join(type_name(arg) for arg in args)
+    if origin is Annotated:
+        return type_name(args[0])
+    if origin is Literal:
+        return f"Literal[{', '.join(repr(arg) for arg in args)}]"
+    if origin is not None and args:
+        name = getattr(origin, "__qualname__", None) or repr(origin).replace("typing.", "")
+        return f"{name}[{', '.join(type_name(arg) for arg in args)}]"
+    if isinstance(annotation, type):
         return annotation.__qualname__
     return repr(annotation).replace("typing.", "")
 
@@ -217,11 +244,17 @@ class _Compiler:
             )
         return _dict_of(self.compile(args[1]) if args else _any)
 
+    def _field(self, cls: type, name: str, hint: Any) -> Decoder:
+        try:
+            return self.compile(hint)
+        except UnsupportedAnnotation as exc:
+            raise UnsupportedAnnotation(f"{cls.__qualname__}.{name}: {exc}") from None
+
     def _dataclass(self, cls: type, hints: dict[str, Any]) -> Decoder:
         spec = [
             (
                 field.name,
-                self.compile(hints.get(field.name, Any)),
+                self._field(cls, field.name, hints.get(field.name, Any)),
                 field.default is dataclasses.MISSING
                 and field.default_factory is dataclasses.MISSING,
             )
@@ -241,7 +274,7 @@ class _Compiler:
                 if typing.get_origin(hint) is not Annotated:
                     required = typing.get_origin(hint) is Required
                 hint = typing.get_args(hint)[0]
-            spec.append((key, self.compile(hint), required))
+            spec.append((key, self._field(cls, key, hint), required))
         return _object(cls, spec, construct=False)
 
 
@@ -387,15 +420,19 @@ def _enum(cls: type[enum.Enum]) -> Decoder:
     return from_value
 
 
+def _is_pydantic_model(cls: type) -> bool:
+    # pydantic is not imported here: if a task's payload is a model, the task's
+    # module has imported it already.
+    base = getattr(sys.modules.get("pydantic"), "BaseModel", None)
+    return base is not None and issubclass(cls, base)
+
+
 def _pydantic_model(cls: type) -> Decoder | None:
-    """Pydantic validates its own models. pydantic is not imported here: if a
-    task's payload is a model, the task's module has imported it already."""
-    pydantic = sys.modules.get("pydantic")
-    base = getattr(pydantic, "BaseModel", None)
-    if base is None or not issubclass(cls, base):
+    """Pydantic validates its own models."""
+    if not _is_pydantic_model(cls):
         return None
     validate = cls.model_validate  # type: ignore[attr-defined]
-    validation_error: type[Exception] = pydantic.ValidationError  # type: ignore[union-attr]
+    validation_error: type[Exception] = sys.modules["pydantic"].ValidationError
 
     def model(value: Any) -> Any:
         try:

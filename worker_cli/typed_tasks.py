@@ -15,8 +15,10 @@ in the task's module), compiles a decoder for it (:mod:`.payload_types`) and
 wraps the function once: the wrapper builds the instance from the job's JSON,
 then calls the task. A payload that does not fit raises
 :class:`~worker_cli.errors.PayloadError` before the task is called, and the
-job fails permanently. A task without an annotation, or annotated ``Any``,
-``object`` or ``dict``, is returned as it is: it costs nothing per job.
+job fails permanently. A task whose annotation names no dataclass,
+TypedDict, pydantic model or Enum (none, ``Any``, ``dict[str, bool]``,
+``list[int]``, ...) is returned as it is: it gets the JSON, as before typed
+payloads, and costs nothing per job.
 
 :func:`typed_task_list` builds a ``task_list`` from functions whose payload
 class names its task, without repeating the identifiers.
@@ -33,7 +35,13 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 
 from .errors import TaskLoadError
-from .payload_types import UnsupportedAnnotation, compile_decoder, decode, is_untyped, type_name
+from .payload_types import (
+    UnsupportedAnnotation,
+    compile_decoder,
+    decode,
+    names_a_payload_class,
+    type_name,
+)
 from .payloads import NamedPayload, named_task
 
 if TYPE_CHECKING:
@@ -84,12 +92,12 @@ def payload_annotation(function: Callable[..., Any], source: str) -> Any:
 def typed_task(
     identifier: str, function: Callable[[Any, Helpers], Any], is_async: bool, source: str
 ) -> Callable[[Any, Helpers], Any]:
-    """``function`` itself when its payload is untyped; else a wrapper of the
+    """``function`` itself when its payload names no payload class; else a wrapper of the
     same kind (a coroutine function stays one) that hands it the typed payload.
     Raises TaskLoadError naming ``source`` when the annotation is unsupported,
     or names another task (``IDENTIFIER``)."""
     annotation = payload_annotation(function, source)
-    if annotation is None or is_untyped(annotation):
+    if annotation is None or not names_a_payload_class(annotation):
         return function
     try:
         decoder = compile_decoder(annotation)
