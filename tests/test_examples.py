@@ -19,7 +19,7 @@ from worker_cli import parse_crontab
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "tasks_example"
-COVERED = {"hello", "sha256_file", "flaky", "signup", "notify", "log_job"}
+COVERED = {"hello", "sha256_file", "flaky", "signup", "notify", "log_job", "ship_order"}
 
 
 def example_tasks() -> set[str]:
@@ -82,6 +82,8 @@ def test_each_example_task(db: str, tmp_path: Path) -> None:
     )
     assert notify == add_job(db, "notify", [{"to": "nobody", "text": "?"}], **notify_options)
     script = add_job(db, "log_job", {"note": "from SQL"})
+    shipped = add_job(db, "ship_order", {"order_id": 7, "lines": [{"sku": "A", "qty": 2}]})
+    misfit = add_job(db, "ship_order", {"lines": []})
 
     log = run_examples(db)
 
@@ -102,6 +104,11 @@ def test_each_example_task(db: str, tmp_path: Path) -> None:
     # The executable: stdin and GRAPHILE_WORKER_* reached it; its stdout is logged.
     assert f'job {script} (log_job), attempt 1/25: {{"payload": {{"note": "from SQL"}}}}' in log
     assert job(db, script) is None
+    # The typed payload: built from the JSON; one that does not fit fails for good.
+    assert "shipping order 7: 2 item(s)" in log and job(db, shipped) is None
+    failed = job(db, misfit)
+    assert failed is not None and failed["attempts"] == failed["max_attempts"] == 25
+    assert failed["last_error"] == "PayloadError: payload.order_id: missing"
 
     # flaky: failed twice, then succeeded. Rescheduled to now between the runs
     # instead of waiting for the backoff (3 s, then 7 s).

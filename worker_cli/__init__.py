@@ -15,6 +15,7 @@ from .errors import (
     IncompatibleSchemaError,
     JobSpecError,
     MigrationError,
+    PayloadError,
     SchemaNotInstalledError,
     UnsupportedPostgresError,
 )
@@ -24,9 +25,11 @@ from .job import Job
 from .job_spec import JobKeyMode, JobSpec, TaskSpec
 from .migrate import LATEST_REVISION, MigrationReport
 from .options import WorkerOptions
+from .payloads import NamedPayload
 from .runner import Runner, run, run_migrations, run_once
 from .sync_worker_utils import SyncWorkerUtils, make_sync_worker_utils, quick_add_job_sync
 from .tasks import Task, TaskLoadError
+from .typed_tasks import TypedTaskFunction, typed_task_list
 from .unique import UniqueJobResult, UniqueRule, UniqueRuleError
 from .worker_utils import CleanupTask, WorkerUtils, make_worker_utils, quick_add_job
 
@@ -47,13 +50,16 @@ __all__ = [
     "JobSpecError",
     "MigrationError",
     "MigrationReport",
+    "NamedPayload",
     "ParsedCronItem",
+    "PayloadError",
     "Runner",
     "SchemaNotInstalledError",
     "SyncWorkerUtils",
     "Task",
     "TaskLoadError",
     "TaskSpec",
+    "TypedTaskFunction",
     "UniqueJobResult",
     "UniqueRule",
     "UniqueRuleError",
@@ -71,6 +77,7 @@ __all__ = [
     "run",
     "run_migrations",
     "run_once",
+    "typed_task_list",
 ]
 
 if TYPE_CHECKING:

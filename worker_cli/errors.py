@@ -13,7 +13,9 @@ __all__ = [
     "IncompatibleSchemaError",
     "JobSpecError",
     "MigrationError",
+    "PayloadError",
     "SchemaNotInstalledError",
+    "TaskLoadError",
     "UnsupportedPostgresError",
 ]
 
@@ -26,6 +28,10 @@ class GraphileWorkerError(Exception):
 
 class ConfigurationError(GraphileWorkerError):
     """The worker cannot start with the settings it was given."""
+
+
+class TaskLoadError(ConfigurationError):
+    """A task file cannot be loaded; the message names the file and the reason."""
 
 
 class MigrationError(GraphileWorkerError):
@@ -62,3 +68,18 @@ class JobSpecError(ValueError):
 
 class DatabaseConnectionError(ConfigurationError):
     """The database refused or could not be reached; the message is libpq's."""
+
+
+class PayloadError(ValueError):
+    """A job's payload does not fit the type its task declares.
+
+    ``field`` is the path to the part that does not fit (``payload.items[2].qty``)
+    and ``reason`` what is wrong with it (``missing``, ``expected int, got str``).
+    The task is never called, and the job fails permanently: the same payload
+    cannot fit on a retry. A task may raise it too, to fail a job for good.
+    """
+
+    def __init__(self, field: str, reason: str) -> None:
+        super().__init__(f"{field}: {reason}")
+        self.field = field
+        self.reason = reason

@@ -14,6 +14,7 @@ from psycopg.rows import dict_row
 
 from .job import Job
 from .job_spec import JobSpec
+from .payloads import NamedPayload, job_identity
 from .unique import UniqueJobResult, UniqueSpec
 from .worker_utils import WorkerUtils
 
@@ -110,15 +111,29 @@ class Helpers:
         self, identifier: str, payload: Any = None, *, unique: UniqueSpec, **options: Any
     ) -> UniqueJobResult: ...
 
+    @overload
     async def add_job(
+        self, payload: NamedPayload, /, *, unique: None = None, **options: Any
+    ) -> Job: ...
+
+    @overload
+    async def add_job(
+        self, payload: NamedPayload, /, *, unique: UniqueSpec, **options: Any
+    ) -> UniqueJobResult: ...
+
+    # mypy: with **options, the overloads taking the payload first would also
+    # take identifier= as an option; the implementation refuses that, as it should.
+    async def add_job(  # type: ignore[misc]
         self,
-        identifier: str,
+        identifier: str | NamedPayload,
         payload: Any = None,
         *,
         unique: UniqueSpec | None = None,
         **options: Any,
     ) -> Job | UniqueJobResult:
-        """Add a job (options as WorkerUtils.add_job, ``unique`` included)."""
+        """Add a job (options as WorkerUtils.add_job, ``unique`` included); a
+        payload whose class names its task needs no identifier."""
+        identifier, payload = job_identity(identifier, payload)
         if unique is None:
             job: Job = await self._utils.add_job(identifier, payload, **options)
             return job

@@ -23,6 +23,7 @@ from . import statements
 from .errors import JobSpecError
 from .job import Job, decode_jobs, task_and_queue_ids
 from .job_spec import JobSpec, encode_payload
+from .payloads import json_default
 from .plan import Plan, Row, execute, fetch, query, send, transaction
 from .schema import schema_required
 from .unique import JOB_COLUMNS_FROM, UniqueJobResult, UniqueRuleError, results_from_rows
@@ -181,7 +182,7 @@ def encode_specs(records: Sequence[dict[str, Any]], offset: int = 0) -> str:
     """Spec records as one JSON array; a payload that cannot be encoded is named
     by its index (``offset``: the index of ``records[0]`` in the call)."""
     try:
-        return json.dumps(records, allow_nan=False, separators=(",", ":"))
+        return json.dumps(records, default=json_default, allow_nan=False, separators=(",", ":"))
     except (TypeError, ValueError):
         for index, record in enumerate(records, offset):
             encode_payload(record["payload"], field=f"specs[{index}].payload")

@@ -10,14 +10,16 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 from datetime import UTC, datetime
-from typing import Any, Literal, TypeAlias
+from typing import Any, Literal, TypeAlias, TypedDict
 
 from .errors import JobSpecError
+from .payloads import check_named_task, json_default, json_ready, named_task
 
 __all__ = [
     "JOB_KEY_MODES",
     "JobKeyMode",
     "JobSpec",
+    "TaskOptions",
     "TaskSpec",
     "encode_payload",
     "local_run_at",
@@ -30,6 +32,18 @@ JOB_KEY_MODES: tuple[str, ...] = ("replace", "preserve_run_at", "unsafe_dedupe")
 IDENTIFIER_MAX = 128  # _private_tasks.identifier and _private_job_queues.queue_name
 KEY_MAX = 512  # _private_jobs.key
 SMALLINT_MIN, SMALLINT_MAX = -32768, 32767
+
+
+class TaskOptions(TypedDict, total=False):
+    """The options of ``add_job`` as keyword arguments (the fields of :class:`TaskSpec`)."""
+
+    queue_name: str | None
+    run_at: datetime | None
+    max_attempts: int | None
+    job_key: str | None
+    job_key_mode: JobKeyMode | None
+    priority: int | None
+    flags: Sequence[str] | None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -93,11 +107,18 @@ class JobSpec(TaskSpec):
         if unknown:
             raise JobSpecError(f"specs[{index}]", f"unknown field(s) {', '.join(sorted(unknown))}")
         if "identifier" not in spec:
-            raise JobSpecError(f"specs[{index}]", "identifier is required")
+            named = named_task(spec.get("payload"))
+            if named is None:
+                raise JobSpecError(
+                    f"specs[{index}]",
+                    "identifier is required (unless the payload's class names its task)",
+                )
+            spec = {**spec, "identifier": named}
         return cls(**spec)
 
     def validate(self) -> None:
         validate_identifier(self.identifier)
+        check_named_task(self.identifier, self.payload)
         TaskSpec.validate(self)
         if self.job_key_mode is not None:
             raise JobSpecError(
@@ -109,7 +130,7 @@ class JobSpec(TaskSpec):
         """The spec as a JSON object whose keys are ``job_spec``'s attributes."""
         return {
             "identifier": self.identifier,
-            "payload": self.payload,
+            "payload": json_ready(self.payload),
             "queue_name": self.queue_name,
             "run_at": self.run_at.isoformat() if self.run_at else None,
             "max_attempts": self.max_attempts,
@@ -154,11 +175,14 @@ def validate_identifier(identifier: object) -> None:
 
 
 def encode_payload(payload: Any, field: str = "payload") -> str | None:
-    """Encode a payload as JSON text, or raise JobSpecError saying why it cannot be."""
+    """Encode a payload as JSON text, or raise JobSpecError saying why it cannot be.
+
+    Dataclass instances, pydantic models and Enums are encoded as JSON data
+    wherever they are in the payload (see :mod:`worker_cli.payloads`)."""
     if payload is None:
         return None
     try:
-        return json.dumps(payload, allow_nan=False, separators=(",", ":"))
+        return json.dumps(payload, default=json_default, allow_nan=False, separators=(",", ":"))
     except (TypeError, ValueError) as exc:
         raise JobSpecError(field, f"cannot be encoded as JSON ({exc})") from None
 

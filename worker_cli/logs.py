@@ -34,6 +34,7 @@ from operator import attrgetter
 from typing import TYPE_CHECKING, Any, Literal, TextIO
 
 from . import line_handler
+from .errors import PayloadError
 from .line_handler import LineHandler
 
 if TYPE_CHECKING:
@@ -122,13 +123,18 @@ def job_failed(
     error: BaseException,
 ) -> None:
     """Log ``Failed task <id> (...) with error '<message>'; retrying in Ns`` (or
-    ``no attempts left: failed permanently``), with the traceback."""
+    ``no attempts left: failed permanently``), with the traceback. A payload that
+    does not fit its task fails permanently at once, without a traceback."""
     if not outcome_logger.isEnabledFor(_ERROR):
         return
-    permanent = job.attempts >= job.max_attempts
+    misfit = isinstance(error, PayloadError)
+    permanent = misfit or job.attempts >= job.max_attempts
     extra = _scope(job, worker_id, pool_id, duration_ms)
     extra["error"] = message
-    if permanent:
+    if misfit:
+        fate = "the payload does not fit the task: failed permanently (no retry)"
+        extra["retry_in_s"] = None
+    elif permanent:
         fate = "no attempts left: failed permanently"
         extra["retry_in_s"] = None
     else:
@@ -146,7 +152,7 @@ def job_failed(
         job.max_attempts,
         message,
         fate,
-        exc_info=(type(error), error, error.__traceback__),
+        exc_info=None if misfit else (type(error), error, error.__traceback__),
         extra=extra,
     )
 

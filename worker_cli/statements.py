@@ -229,16 +229,21 @@ complete_batch = """
 
 # Failure: record the error, back off exp(min(attempts, 10)) seconds, release
 # the lock. A replacement payload (the failed items of a batch job) is stored.
-# attempts is not touched: it was counted when the job was fetched.
+# attempts is not touched (it was counted when the job was fetched), except for
+# a permanent failure (a payload that does not fit its task): its attempts are
+# used up, as permanently_fail_jobs does, so that it is not retried in vain.
 fail_batch = """
   with failure as (
     select *
-    from unnest(%(job_ids)b::bigint[], %(messages)s::text[], %(payloads)s::json[])
-      as f(id, message, payload)
+    from unnest(
+      %(job_ids)b::bigint[], %(messages)s::text[], %(payloads)s::json[], %(permanent)s::bool[]
+    ) as f(id, message, payload, permanent)
   ),
   failed as (
     update {schema}._private_jobs as j
     set last_error = failure.message,
+        attempts = case when failure.permanent
+          then greatest(j.attempts, j.max_attempts) else j.attempts end,
         run_at = greatest(now(), j.run_at) + exp(least(j.attempts, 10)) * interval '1 second',
         payload = coalesce(failure.payload, j.payload),
         locked_at = null,

@@ -24,7 +24,7 @@ import threading
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from datetime import datetime
-from typing import Any, TypeVar, overload
+from typing import Any, TypeVar, Unpack, overload
 
 import psycopg
 from psycopg_pool import ConnectionPool
@@ -37,8 +37,9 @@ from .errors import ConfigurationError
 from .given_connection import check_given_connection, check_given_pool
 from .held_connection import sync_holding_connection, sync_pool_connection
 from .job import Job
-from .job_spec import JobKeyMode, JobSpec, TaskSpec
+from .job_spec import JobKeyMode, JobSpec, TaskOptions, TaskSpec
 from .migrate import MigrationReport
+from .payloads import NamedPayload
 from .plan import Plan
 from .unique import UniqueJobResult, UniqueSpec
 from .utils_plans import UtilsPlans
@@ -134,9 +135,20 @@ class SyncWorkerUtils:
         unique: UniqueSpec,
     ) -> UniqueJobResult: ...
 
+    # add_job(SendEmail(...)): the payload's class names its task (IDENTIFIER).
+    @overload
+    def add_job(
+        self, payload: NamedPayload, /, *, unique: None = None, **options: Unpack[TaskOptions]
+    ) -> Job: ...
+
+    @overload
+    def add_job(
+        self, payload: NamedPayload, /, *, unique: UniqueSpec, **options: Unpack[TaskOptions]
+    ) -> UniqueJobResult: ...
+
     def add_job(
         self,
-        identifier: str,
+        identifier: str | NamedPayload,
         payload: Any = None,
         *,
         queue_name: str | None = None,
@@ -153,6 +165,9 @@ class SyncWorkerUtils:
         With ``unique`` (a :class:`UniqueRule` or a dict of its fields) the job
         is added only if no "same" job blocks it, and the result is a
         :class:`UniqueJobResult` whose ``conflict`` tells which happened.
+
+        The payload may be a dataclass instance or a pydantic model; one whose
+        class names its task (``IDENTIFIER``) needs no identifier.
         """
         options = TaskSpec(
             queue_name=queue_name,

@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias
 
-from .errors import ConfigurationError
+from .errors import TaskLoadError
+from .typed_tasks import typed_task
 
 if TYPE_CHECKING:
     from .helpers import Helpers
@@ -32,10 +33,6 @@ __all__ = ["Task", "TaskFunction", "TaskLoadError", "load_task_directory", "make
 TaskFunction: TypeAlias = Callable[[Any, "Helpers"], Any]
 
 _NAME = re.compile(r"[A-Za-z0-9_-]+")
-
-
-class TaskLoadError(ConfigurationError):
-    """A task file cannot be loaded; the message names the file and the reason."""
 
 
 @dataclass(frozen=True)
@@ -48,8 +45,15 @@ class Task:
     source: str
 
     @classmethod
-    def from_function(cls, identifier: str, function: TaskFunction, source: str) -> Task:
-        return cls(identifier, function, _is_async(function), source)
+    def from_function(
+        cls, identifier: str, function: TaskFunction, source: str, *, label: str | None = None
+    ) -> Task:
+        """The task running ``function``: a function whose payload parameter is
+        annotated with a type gets that type (see :mod:`.typed_tasks`). Errors
+        name the task by ``label`` (default: ``source``)."""
+        is_async = _is_async(function)
+        typed = typed_task(identifier, function, is_async, label or source)
+        return cls(identifier, typed, is_async, source)
 
 
 def _is_async(function: Callable[..., Any]) -> bool:
@@ -134,7 +138,7 @@ def _load_python_task(identifier: str, path: Path, source: str) -> Task:
             f"task file {source!r} has no callable `task`; define "
             "`async def task(payload, helpers): ...` (or a plain def)"
         )
-    return Task.from_function(identifier, function, source)
+    return Task.from_function(identifier, function, source, label=f"task file {source!r}")
 
 
 def _executable_task(identifier: str, path: Path, source: str) -> Task:

@@ -32,6 +32,7 @@ from .job_spec import (
     with_local_run_at,
 )
 from .migrate import MigrationReport, migration_plan
+from .payloads import NamedPayload, job_identity
 from .plan import Plan
 from .schema import unique_installed
 from .unique import UniqueJobResult, UniqueRule, UniqueSpec, check_keys_payload, rules_for_specs
@@ -77,9 +78,15 @@ class UtilsPlans:
         self._unique_tables: bool | None = None
 
     def add_job(
-        self, identifier: str, payload: Any, options: TaskSpec, unique: UniqueSpec | None
+        self,
+        identifier: str | NamedPayload,
+        payload: Any,
+        options: TaskSpec,
+        unique: UniqueSpec | None,
     ) -> Plan[Job | UniqueJobResult]:
-        """``add_job``, its keyword arguments but ``unique`` gathered in ``options``."""
+        """``add_job``, its keyword arguments but ``unique`` gathered in ``options``
+        (``identifier`` may be the payload, whose class names its task)."""
+        identifier, payload = job_identity(identifier, payload)
         params = add_job_params(identifier, payload, options, self.use_local_time)
         if unique is None:
             return _first(jobs(self.schema, statements.add_job, params))

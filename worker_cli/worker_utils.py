@@ -22,7 +22,7 @@ import logging
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
 from datetime import datetime
-from typing import Any, TypeVar, overload
+from typing import Any, TypeVar, Unpack, overload
 
 import psycopg
 from psycopg_pool import AsyncConnectionPool
@@ -35,8 +35,9 @@ from .errors import ConfigurationError, GraphileWorkerError
 from .given_connection import check_given_connection, check_given_pool
 from .held_connection import holding_connection, pool_connection
 from .job import Job
-from .job_spec import JobKeyMode, JobSpec, TaskSpec
+from .job_spec import JobKeyMode, JobSpec, TaskOptions, TaskSpec
 from .migrate import MigrationReport
+from .payloads import NamedPayload
 from .plan import Plan
 from .unique import UniqueJobResult, UniqueSpec
 from .utils_plans import UtilsPlans
@@ -138,9 +139,20 @@ class WorkerUtils:
         unique: UniqueSpec,
     ) -> UniqueJobResult: ...
 
+    # add_job(SendEmail(...)): the payload's class names its task (IDENTIFIER).
+    @overload
+    async def add_job(
+        self, payload: NamedPayload, /, *, unique: None = None, **options: Unpack[TaskOptions]
+    ) -> Job: ...
+
+    @overload
+    async def add_job(
+        self, payload: NamedPayload, /, *, unique: UniqueSpec, **options: Unpack[TaskOptions]
+    ) -> UniqueJobResult: ...
+
     async def add_job(
         self,
-        identifier: str,
+        identifier: str | NamedPayload,
         payload: Any = None,
         *,
         queue_name: str | None = None,
@@ -157,6 +169,9 @@ class WorkerUtils:
         With ``unique`` (a :class:`UniqueRule` or a dict of its fields) the job
         is added only if no "same" job blocks it, and the result is a
         :class:`UniqueJobResult` whose ``conflict`` tells which happened.
+
+        The payload may be a dataclass instance or a pydantic model; one whose
+        class names its task (``IDENTIFIER``) needs no identifier.
         """
         options = TaskSpec(
             queue_name=queue_name,

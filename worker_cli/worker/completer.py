@@ -179,6 +179,7 @@ class Completer:
                         "job_ids": [f.job.id for f in failed],
                         "messages": [f.message for f in failed],
                         "payloads": [f.replacement_payload for f in failed],
+                        "permanent": [f.permanent for f in failed],
                         "pool_id": self._pool_id,
                     },
                 )

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from ..errors import PayloadError
 from ..job import Job
 
 __all__ = ["Failure", "batch_failures", "describe"]
@@ -25,6 +26,15 @@ class Failure:
     message: str
     #: A batch job's new payload: the items that failed (None: unchanged).
     replacement_payload: str | None = None
+    #: No retry follows: its attempts are used up, or its payload does not fit
+    #: its task (a PayloadError), which no retry can change: it is failed for
+    #: good now (attempts set to max_attempts; reschedule_jobs revives it).
+    permanent: bool = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.permanent = (
+            isinstance(self.error, PayloadError) or self.job.attempts >= self.job.max_attempts
+        )
 
 
 def describe(error: BaseException) -> str:

@@ -253,7 +253,7 @@ class Slots:
             self._completer.failed(failure)
             logs.job_failed(job, worker_id, self._pool_id, ran.duration_ms, failure.message, error)
             self._events.emit("job:error", worker_id=worker_id, job=job, error=error)
-            if job.attempts >= job.max_attempts:
+            if failure.permanent:
                 self._events.emit("job:failed", worker_id=worker_id, job=job, error=error)
         except Exception:
             logger.exception("Job %d: its outcome could not be logged", job.id)
