@@ -21,6 +21,7 @@ from .errors import JobSpecError
 from .job import Job, decode_jobs, read_payloads_raw, task_and_queue_ids
 from .job_spec import JobSpec, encode_payload
 from .schema import schema_required
+from .trace_context import carry
 from .unique import JOB_COLUMNS_FROM, UniqueJobResult, UniqueRuleError, results_from_rows
 
 __all__ = ["JobQueries", "encode_specs", "spec_record"]
@@ -74,7 +75,8 @@ class JobQueries:
         rolls back the earlier ones, so the call stays all-or-nothing.
         """
         conn = self.conn
-        statement = statements.compose(statements.add_jobs, self.schema)
+        add_jobs, trace = carry(statements.add_jobs)
+        statement = statements.compose(add_jobs, self.schema)
         keys: dict[str, int] = {}
         size = ADD_JOBS_CHUNK
         with schema_required(self.schema):
@@ -94,6 +96,7 @@ class JobQueries:
                         {
                             "specs": encode_specs(records, start),
                             "job_key_preserve_run_at": job_key_preserve_run_at,
+                            **trace,
                         },
                     )
                     cursors.append(cur)

@@ -29,6 +29,8 @@ from .unique import UniqueJobResult, UniqueSpec
 from .worker import WorkerPool
 
 if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
     from .crontab import ParsedCronItem
 
 __all__ = ["Runner", "run", "run_migrations", "run_once"]
@@ -136,6 +138,8 @@ async def run(
     parsed_cron_items: Sequence[ParsedCronItem] | None = None,
     heartbeat_interval: float | None = WorkerOptions.heartbeat_interval,
     heartbeat_timeout: float = WorkerOptions.heartbeat_timeout,
+    tracing: bool = False,
+    metrics_registry: CollectorRegistry | None = None,
 ) -> Runner:
     """Migrate, load the tasks and start a worker pool; returns once it is running.
 
@@ -153,6 +157,9 @@ async def run(
     Heartbeats: every ``heartbeat_interval`` seconds (30; None or 0 turns them
     off) the pool records that it is alive; a pool silent for its
     ``heartbeat_timeout`` (300 s) is declared dead and its jobs are released.
+
+    ``tracing`` (a span per job: ``worker_cli.tracing``) and ``metrics_registry``
+    (``worker_cli.metrics``) need their extras; off, none of their code runs.
     """
     database = resolve_database(connection_string, schema)
     tasks = load_tasks(task_list, task_directory)
@@ -177,15 +184,41 @@ async def run(
         heartbeat_timeout=heartbeat_timeout,
     )
     _warn_if_pool_too_small(options)
-    pool = WorkerPool(
-        database.conninfo, tasks, options, events=events, once=once, cron_items=cron_items
+    pool = _make_pool(
+        database, tasks, options, tracing=tracing, events=events, once=once, cron_items=cron_items
     )
-    task = await _start(pool, database, handle_signals=not no_handle_signals)
+    task = await _start(
+        pool, database, handle_signals=not no_handle_signals, metrics_registry=metrics_registry
+    )
     if once and progress_interval:
-        reporter = ProgressReporter(pool, progress_interval)
-        reporter.start()
-        task.add_done_callback(reporter.finish)
+        _report_progress(pool, task, progress_interval)
     return Runner(pool, task)
+
+
+def _report_progress(pool: WorkerPool, task: asyncio.Task[None], interval: float) -> None:
+    """With ``once``: a progress line every ``interval`` seconds, and a total at the end."""
+    reporter = ProgressReporter(pool, interval)
+    reporter.start()
+    task.add_done_callback(reporter.finish)
+
+
+def _make_pool(
+    database: DatabaseConfig,
+    tasks: dict[str, Task],
+    options: WorkerOptions,
+    *,
+    tracing: bool,
+    **kwargs: Any,
+) -> WorkerPool:
+    """The worker pool; with ``tracing``, its tasks run in spans and its
+    fetches read the jobs' trace contexts (``worker_cli.tracing``)."""
+    on_fetched = None
+    if tracing:
+        from .tracing import trace_tasks
+
+        tasks, contexts = trace_tasks(tasks, database.schema)
+        on_fetched = contexts.load
+    return WorkerPool(database.conninfo, tasks, options, on_fetched=on_fetched, **kwargs)
 
 
 def _warn_if_pool_too_small(options: WorkerOptions) -> None:
@@ -199,12 +232,22 @@ def _warn_if_pool_too_small(options: WorkerOptions) -> None:
 
 
 async def _start(
-    pool: WorkerPool, database: DatabaseConfig, *, handle_signals: bool
+    pool: WorkerPool,
+    database: DatabaseConfig,
+    *,
+    handle_signals: bool,
+    metrics_registry: CollectorRegistry | None = None,
 ) -> asyncio.Task[None]:
     """Migrate on the connection the fetcher will go on with, start the pool
-    and wait until it is ready; returns its task."""
+    and wait until it is ready; returns its task. The pool's metrics go into
+    ``metrics_registry`` (if any) until it stops."""
     if logger.isEnabledFor(logging.DEBUG):
         logs.attach_debug_logging(pool.events)
+    metrics = None
+    if metrics_registry is not None:
+        from .metrics import attach_metrics
+
+        metrics = attach_metrics(pool, metrics_registry)
     # Signals are handled from here on: one during start-up stops the worker as
     # soon as it has started.
     remove_handlers = _handle_signals(pool) if handle_signals else None
@@ -221,6 +264,8 @@ async def _start(
     except BaseException:
         if remove_handlers:
             remove_handlers()
+        if metrics is not None:  # (once the pool runs, its stop event detaches them)
+            metrics.detach()
         raise
     if remove_handlers:
         task.add_done_callback(lambda _: remove_handlers())

@@ -34,6 +34,7 @@ from .job_queries import JobQueries, encode_specs, spec_record
 from .job_spec import JobKeyMode, JobSpec, TaskSpec, encode_payload, validate_identifier
 from .migrate import MigrationReport, migrate
 from .schema import autocommit, unique_installed
+from .trace_context import carry
 from .unique import UniqueJobResult, UniqueRule, UniqueSpec, check_keys_payload, rules_for_specs
 
 __all__ = [
@@ -142,12 +143,14 @@ class WorkerUtils:
             "job_key_mode": job_key_mode or "replace",
         }
         if unique is None:
-            rows = await self._fetch(statements.add_job, params)
+            statement, trace = carry(statements.add_job)
+            rows = await self._fetch(statement, {**params, **trace})
             return rows[0]
         rule = UniqueRule.coerce(unique).to_json()
         check_keys_payload(rule, payload)
         params["unique_rule"] = json.dumps(rule)
-        results = await self._fetch_unique(statements.add_unique_job, params)
+        statement, trace = carry(statements.add_unique_job, unique=True)
+        results = await self._fetch_unique(statement, {**params, **trace})
         return results[0]
 
     @overload
