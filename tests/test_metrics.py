@@ -212,12 +212,14 @@ async def test_running_and_local_queue_gauges(utils: WorkerUtils, db: str) -> No
             metrics_registry=server.registry,
         ) as runner,
     ):
-        await utils.add_job("hold")
-        await started.wait()
-        await utils.add_jobs([{"identifier": "other"}] * 3)
-        await until(lambda: runner.pool.load.queued == 3, what="3 jobs fetched ahead")
-        samples = await scrape_async(server.url)
-        release.set()
+        try:
+            await utils.add_job("hold")
+            await started.wait()
+            await utils.add_jobs([{"identifier": "other"}] * 3)
+            await until(lambda: runner.pool.load.queued == 3, what="3 jobs fetched ahead")
+            samples = await scrape_async(server.url)
+        finally:
+            release.set()
     assert sample(samples, "graphile_worker_jobs_running") == 1
     assert sample(samples, "graphile_worker_local_queue_length") == 3
     assert sample(samples, "graphile_worker_queue_depth", task="hold", state="locked") == 1
