@@ -152,11 +152,10 @@ class JobTracer:
         span = self._tracer.start_span(name, parent, SpanKind.CONSUMER)
         if span.is_recording():
             span.set_attributes(job_attributes(job))
-        # A non-recording, invalid span (no SDK) leaves the caller's context
-        # current: an instrumented client the task calls still passes it on.
-        current = (
-            trace.set_span_in_context(span, parent) if span.get_span_context().is_valid else parent
-        )
+        # The parent's values (baggage) stay current too. Without an SDK the
+        # span is the API's non-recording copy of the parent's: a client the
+        # task calls still passes the caller's trace on.
+        current = trace.set_span_in_context(span, parent)
         return span, otel_context.attach(current), carrier is not None
 
     def _finished(self, span: Span, job: Job, carried: bool, result: Any) -> None:
