@@ -27,6 +27,7 @@ from worker_cli.tracing import propagate_trace_context
 pytestmark = pytest.mark.db
 
 CONTEXTS = "graphile_worker._private_py_job_trace_contexts"
+JOBS = "graphile_worker._private_jobs"
 
 _exporter = InMemorySpanExporter()
 
@@ -294,3 +295,41 @@ async def test_left_over_contexts_are_collected(
     async with worker(db, {"t": t}, tracing=True):
         await until(lambda: value(db, f"select count(*) from {CONTEXTS}") == 1)
     assert value(db, f"select job_id from {CONTEXTS}") == later.id
+
+
+NODE_TASK = """\
+module.exports = async (payload, helpers) => {
+  await helpers.query("insert into public.seen (payload) values ($1)", [JSON.stringify(payload)]);
+};
+"""
+
+
+@pytest.mark.node
+async def test_a_node_worker_runs_a_traced_job_as_any_other_and_its_context_is_collected(
+    spans: InMemorySpanExporter,
+    utils: WorkerUtils,
+    db: str,
+    node: Any,
+    tmp_path: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    (tmp_path / "tasks").mkdir()
+    (tmp_path / "tasks" / "email.cjs").write_text(NODE_TASK)
+    rows(db, "create table public.seen (payload json)")
+    payload = {"to": "a@b.c", "n": [1, 2]}
+    propagate_trace_context()
+    with tracer.start_as_current_span("request"):
+        await utils.add_job("email", payload)
+    assert value(db, f"select count(*) from {CONTEXTS}") == 1
+    result = node.run("-c", db, "--once", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert [r["payload"] for r in rows(db, "select payload from public.seen")] == [payload]
+    assert value(db, f"select count(*) from {JOBS}") == 0
+    # Node left the context behind; a Python worker with tracing collects it.
+    monkeypatch.setattr(trace_context, "GARBAGE_INTERVAL", (0.0, 0.0))
+
+    async def other(payload: Any, helpers: Helpers) -> None:
+        pass
+
+    async with worker(db, {"other": other}, tracing=True):
+        await until(lambda: value(db, f"select count(*) from {CONTEXTS}") == 0)
