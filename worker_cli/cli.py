@@ -180,6 +180,32 @@ SHARED_OPTIONS = ("connection", "schema")
     help="With --once: log jobs done, rate and jobs remaining this often (0: never).",
 )
 @click.option(
+    "--metrics-port",
+    type=click.IntRange(0, 65535),
+    metavar="PORT",
+    envvar="GRAPHILE_WORKER_METRICS_PORT",
+    show_envvar=True,
+    help="Serve Prometheus metrics at http://HOST:PORT/metrics (0: any free port, logged). "
+    "Needs graphile-worker[metrics].",
+)
+@click.option(
+    "--metrics-host",
+    metavar="HOST",
+    default="127.0.0.1",
+    show_default=True,
+    envvar="GRAPHILE_WORKER_METRICS_HOST",
+    show_envvar=True,
+    help="Address the metrics are served on (0.0.0.0: every interface).",
+)
+@click.option(
+    "--tracing",
+    is_flag=True,
+    envvar="GRAPHILE_WORKER_TRACING",
+    show_envvar=True,
+    help="An OpenTelemetry span per job, child of the span that added it. Needs "
+    "graphile-worker[otel] and an SDK (e.g. run under opentelemetry-instrument).",
+)
+@click.option(
     "--embedded-db",
     metavar="DIR",
     type=click.Path(path_type=Path, file_okay=False),
@@ -200,6 +226,9 @@ def command(
     tasks_dir: Path,
     log_format: LogFormat,
     progress_interval: float,
+    metrics_port: int | None,
+    metrics_host: str,
+    tracing: bool,
     embedded_db: Path | None,
     **worker_flags: Any,
 ) -> None:
@@ -227,6 +256,8 @@ def command(
         crontab_file = crontab_path
         if crontab_file is None and Path("crontab").is_file():
             crontab_file = Path("crontab")
+        if metrics_port is not None:
+            settings["metrics_registry"] = _serve_metrics(metrics_port, metrics_host)
         _run_worker(
             connection,
             settings,
@@ -234,6 +265,7 @@ def command(
             once=once,
             progress_interval=progress_interval,
             crontab_file=crontab_file,
+            tracing=tracing,
         )
 
 
@@ -246,6 +278,17 @@ def _worker_settings(flags: dict[str, Any]) -> dict[str, Any]:
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
     return settings
+
+
+def _serve_metrics(port: int, host: str) -> Any:
+    """``--metrics-port``: serve /metrics (from a thread, until the process
+    ends); returns the registry the worker's metrics go into."""
+    try:
+        from .metrics import serve_metrics
+
+        return serve_metrics(port, host).registry
+    except GraphileWorkerError as exc:
+        raise _failure(exc) from None
 
 
 def _migrate_only(connection: str | None, schema: str) -> None:

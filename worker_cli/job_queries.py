@@ -26,6 +26,7 @@ from .job_spec import JobSpec, encode_payload
 from .payloads import json_default
 from .plan import Plan, Row, execute, fetch, query, send, transaction
 from .schema import schema_required
+from .trace_context import carry
 from .unique import JOB_COLUMNS_FROM, UniqueJobResult, UniqueRuleError, results_from_rows
 
 __all__ = [
@@ -105,11 +106,12 @@ def _insert_chunks(
     keys: dict[str, int],
     job_key_preserve_run_at: bool,
 ) -> Plan[list[Job]]:
-    statement = statements.compose(statements.add_jobs, schema)
-    sent = [(yield from send(statement, first, raw_payloads=True))]
+    add_jobs, trace = carry(statements.add_jobs)  # the caller's trace context, if carried
+    statement = statements.compose(add_jobs, schema)
+    sent = [(yield from send(statement, {**first, **trace}, raw_payloads=True))]
     for start in range(ADD_JOBS_CHUNK, len(specs), ADD_JOBS_CHUNK):
         params = _chunk_params(specs, start, keys, job_key_preserve_run_at)
-        sent.append((yield from send(statement, params, raw_payloads=True)))
+        sent.append((yield from send(statement, {**params, **trace}, raw_payloads=True)))
     rows: list[Row] = []
     for each in sent:
         rows.extend((yield from fetch(each)))

@@ -29,6 +29,8 @@ from .unique import UniqueJobResult, UniqueSpec
 from .worker import WorkerPool
 
 if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
     from .crontab import ParsedCronItem
 
 __all__ = ["Runner", "run", "run_migrations", "run_once"]
@@ -137,6 +139,8 @@ async def run(
     heartbeat_interval: float | None = WorkerOptions.heartbeat_interval,
     heartbeat_timeout: float = WorkerOptions.heartbeat_timeout,
     use_local_time: bool = WorkerOptions.use_local_time,
+    tracing: bool = False,
+    metrics_registry: CollectorRegistry | None = None,
 ) -> Runner:
     """Migrate, load the tasks and start a worker pool; returns once it is running.
 
@@ -151,13 +155,11 @@ async def run(
     (seconds), a progress line (jobs done, rate, jobs remaining) is logged
     that often, and a total at the end.
 
-    Heartbeats: every ``heartbeat_interval`` seconds (30; None or 0 turns them
-    off) the pool records that it is alive; a pool silent for its
-    ``heartbeat_timeout`` (300 s) is declared dead and its jobs are released.
-
-    ``use_local_time``: this process's clock replaces the database's ``now()``
-    where graphile-worker's ``useNodeTime`` replaces it (see WorkerOptions).
-    """
+    Heartbeats: every ``heartbeat_interval`` seconds (30; None or 0: off) the
+    pool records that it is alive; a pool silent for its ``heartbeat_timeout``
+    (300 s) is declared dead and its jobs are released. ``use_local_time``: see
+    WorkerOptions. ``tracing`` (``worker_cli.tracing``) and ``metrics_registry``
+    (``worker_cli.metrics``) need their extras; off, none of their code runs."""
     database = resolve_database(connection_string, schema)
     tasks = load_tasks(task_list, task_directory)
     cron_items = load_cron_items(crontab, crontab_file, parsed_cron_items)
@@ -182,15 +184,41 @@ async def run(
         use_local_time=use_local_time,
     )
     _warn_if_pool_too_small(options)
-    pool = WorkerPool(
-        database.conninfo, tasks, options, events=events, once=once, cron_items=cron_items
+    pool = _make_pool(
+        database, tasks, options, tracing=tracing, events=events, once=once, cron_items=cron_items
     )
-    task = await _start(pool, database, handle_signals=not no_handle_signals)
+    task = await _start(
+        pool, database, handle_signals=not no_handle_signals, metrics_registry=metrics_registry
+    )
     if once and progress_interval:
-        reporter = ProgressReporter(pool, progress_interval)
-        reporter.start()
-        task.add_done_callback(reporter.finish)
+        _report_progress(pool, task, progress_interval)
     return Runner(pool, task)
+
+
+def _report_progress(pool: WorkerPool, task: asyncio.Task[None], interval: float) -> None:
+    """With ``once``: a progress line every ``interval`` seconds, and a total at the end."""
+    reporter = ProgressReporter(pool, interval)
+    reporter.start()
+    task.add_done_callback(reporter.finish)
+
+
+def _make_pool(
+    database: DatabaseConfig,
+    tasks: dict[str, Task],
+    options: WorkerOptions,
+    *,
+    tracing: bool,
+    **kwargs: Any,
+) -> WorkerPool:
+    """The worker pool; with ``tracing``, its tasks run in spans and its
+    fetches read the jobs' trace contexts (``worker_cli.tracing``)."""
+    on_fetched = None
+    if tracing:
+        from .tracing import trace_tasks
+
+        tasks, contexts = trace_tasks(tasks, database.schema)
+        on_fetched = contexts.load
+    return WorkerPool(database.conninfo, tasks, options, on_fetched=on_fetched, **kwargs)
 
 
 def _warn_if_pool_too_small(options: WorkerOptions) -> None:
@@ -204,12 +232,22 @@ def _warn_if_pool_too_small(options: WorkerOptions) -> None:
 
 
 async def _start(
-    pool: WorkerPool, database: DatabaseConfig, *, handle_signals: bool
+    pool: WorkerPool,
+    database: DatabaseConfig,
+    *,
+    handle_signals: bool,
+    metrics_registry: CollectorRegistry | None = None,
 ) -> asyncio.Task[None]:
     """Migrate on the connection the fetcher will go on with, start the pool
-    and wait until it is ready; returns its task."""
+    and wait until it is ready; returns its task. The pool's metrics go into
+    ``metrics_registry`` (if any) until it stops."""
     if logger.isEnabledFor(logging.DEBUG):
         logs.attach_debug_logging(pool.events)
+    metrics = None
+    if metrics_registry is not None:
+        from .metrics import attach_metrics
+
+        metrics = attach_metrics(pool, metrics_registry)
     # Signals are handled from here on: one during start-up stops the worker as
     # soon as it has started.
     remove_handlers = _handle_signals(pool) if handle_signals else None
@@ -226,6 +264,8 @@ async def _start(
     except BaseException:
         if remove_handlers:
             remove_handlers()
+        if metrics is not None:  # (once the pool runs, its stop event detaches them)
+            metrics.detach()
         raise
     if remove_handlers:
         task.add_done_callback(lambda _: remove_handlers())

@@ -35,6 +35,7 @@ from .migrate import MigrationReport, migration_plan
 from .payloads import NamedPayload, job_identity
 from .plan import Plan
 from .schema import unique_installed
+from .trace_context import carry
 from .unique import UniqueJobResult, UniqueRule, UniqueSpec, check_keys_payload, rules_for_specs
 
 __all__ = ["UtilsPlans", "add_job_params"]
@@ -89,11 +90,13 @@ class UtilsPlans:
         identifier, payload = job_identity(identifier, payload)
         params = add_job_params(identifier, payload, options, self.use_local_time)
         if unique is None:
-            return _first(jobs(self.schema, statements.add_job, params))
+            statement, trace = carry(statements.add_job)  # the caller's trace context, if carried
+            return _first(jobs(self.schema, statement, {**params, **trace}))
         rule = UniqueRule.coerce(unique).to_json()
         check_keys_payload(rule, payload)
         params["unique_rule"] = json.dumps(rule)
-        return _first(unique_results_plan(self.schema, statements.add_unique_job, params))
+        statement, trace = carry(statements.add_unique_job, unique=True)
+        return _first(unique_results_plan(self.schema, statement, {**params, **trace}))
 
     def add_jobs(
         self,

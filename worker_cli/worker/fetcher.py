@@ -24,7 +24,7 @@ import asyncio
 import contextlib
 import inspect
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -35,11 +35,16 @@ from .. import statements
 from ..db import WorkerConnections
 from ..events import Events
 from ..job import Job, jobs_from_rows, read_payloads_raw
-from ..options import ForbiddenFlags
+from ..options import ForbiddenFlags, WorkerOptions
 from ..retry import DEFAULT, one_line
 from .local_queue import LocalQueue, Rate, plan_fetch
 
-__all__ = ["FetchSettings", "Fetcher", "configure_fetch_connection"]
+__all__ = ["FetchSettings", "Fetcher", "OnFetched", "configure_fetch_connection"]
+
+#: A hook run after each fetch, on the fetch connection, before the jobs are
+#: queued (tracing reads their trace contexts). It raises only when the
+#: connection broke: the fetch is then treated as lost.
+OnFetched = Callable[[psycopg.AsyncConnection[Any], Sequence[Job]], Awaitable[None]]
 
 logger = logging.getLogger("graphile_worker")
 
@@ -63,6 +68,18 @@ class FetchSettings:
     #: Due and locked by this process's clock, not the database's now().
     use_local_time: bool = False
 
+    @classmethod
+    def of(cls, options: WorkerOptions) -> FetchSettings:
+        """The fetcher's settings from the pool's options."""
+        return cls(
+            options.schema,
+            options.concurrency,
+            options.local_queue_size,
+            options.local_queue_horizon,
+            options.forbidden_flags,
+            options.use_local_time,
+        )
+
 
 class Fetcher:
     """Fills one pool's local queue; :meth:`run` is its loop."""
@@ -79,6 +96,7 @@ class Fetcher:
         done: Callable[[], int],
         events: Events,
         owner: object,
+        on_fetched: OnFetched | None = None,
     ) -> None:
         self._connections = connections
         self._settings = settings
@@ -91,6 +109,8 @@ class Fetcher:
         self._events = events
         #: What handlers of the fetcher's events receive as ``pool``.
         self._owner = owner
+        #: Called with each fetch's connection and jobs before they are queued.
+        self._on_fetched = on_fetched
         self._get_jobs = statements.compose(
             statements.get_jobs_at if settings.use_local_time else statements.get_jobs,
             settings.schema,
@@ -243,6 +263,8 @@ class Fetcher:
                 params["now"] = datetime.now(UTC)
             cur = await conn.cursor(binary=True).execute(self._get_jobs, params)
             jobs = jobs_from_rows(await cur.fetchall(), self._task_ids)
+            if self._on_fetched is not None:
+                await self._on_fetched(conn, jobs)
         except BaseException as exc:
             if conn.broken or conn.closed or isinstance(exc, asyncio.CancelledError):
                 # The statement may have committed: its reply is lost.
@@ -294,6 +316,8 @@ class Fetcher:
             {"pool_id": pool_id, "known_ids": list(self._held)},
         )
         jobs = jobs_from_rows(await cur.fetchall(), self._task_ids)
+        if self._on_fetched is not None:
+            await self._on_fetched(conn, jobs)
         self._lost = False
         if jobs:
             logger.warning(

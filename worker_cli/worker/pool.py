@@ -23,7 +23,7 @@ import logging
 import math
 import secrets
 from collections.abc import Coroutine, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import psycopg
 from psycopg_pool import AsyncConnectionPool
@@ -34,7 +34,7 @@ from ..options import WorkerOptions
 from ..tasks import Task
 from ..worker_utils import WorkerUtils
 from .completer import Completer
-from .fetcher import Fetcher, FetchSettings
+from .fetcher import Fetcher, FetchSettings, OnFetched
 from .heartbeat import Heartbeat, PoolReport
 from .listener import Listener
 from .local_queue import LocalQueue
@@ -45,9 +45,17 @@ from .stopping import cancel_and_wait, log_unwritten, wait_until_forced
 if TYPE_CHECKING:
     from ..crontab import ParsedCronItem
 
-__all__ = ["WorkerPool"]
+__all__ = ["PoolLoad", "WorkerPool"]
 
 logger = logging.getLogger("graphile_worker")
+
+
+class PoolLoad(NamedTuple):
+    """What a pool is doing now (:attr:`WorkerPool.load`)."""
+
+    running: int
+    #: Fetched (locked) jobs waiting for a slot: the local queue's length.
+    queued: int
 
 
 class WorkerPool:
@@ -62,6 +70,7 @@ class WorkerPool:
         events: Events | None = None,
         once: bool = False,
         cron_items: Sequence[ParsedCronItem] = (),
+        on_fetched: OnFetched | None = None,
     ) -> None:
         self.id = f"pool-{secrets.token_hex(9)}"
         self.conninfo = conninfo
@@ -89,14 +98,7 @@ class WorkerPool:
         self._queue = LocalQueue()
         self._fetcher = Fetcher(
             self.connections,
-            FetchSettings(
-                options.schema,
-                options.concurrency,
-                options.local_queue_size,
-                options.local_queue_horizon,
-                options.forbidden_flags,
-                options.use_local_time,
-            ),
+            FetchSettings.of(options),
             tasks=list(tasks),
             queue=self._queue,
             held=self._held,
@@ -104,6 +106,7 @@ class WorkerPool:
             done=lambda: self.jobs_done,
             events=self.events,
             owner=self,
+            on_fetched=on_fetched,
         )
         self._slots: Slots | None = None
         self._utils: WorkerUtils | None = None
@@ -143,6 +146,11 @@ class WorkerPool:
     def jobs_done(self) -> int:
         """Jobs this pool has run to an outcome (success or failure)."""
         return self._slots.done if self._slots else 0
+
+    @property
+    def load(self) -> PoolLoad:
+        """Jobs running now, and fetched jobs waiting for a slot (any thread may read it)."""
+        return PoolLoad(self._slots.running if self._slots else 0, len(self._queue))
 
     def held_job_ids(self) -> list[int]:
         """Ids of the jobs this pool holds locked and has not written back yet."""

@@ -247,12 +247,16 @@ class Slots:
                 if self._log_success:
                     logs.job_succeeded(job, worker_id, self._pool_id, ran.duration_ms)
                 if self._events.wants("job:success"):
-                    self._events.emit("job:success", worker_id=worker_id, job=job)
+                    self._events.emit(
+                        "job:success", worker_id=worker_id, job=job, duration_ms=ran.duration_ms
+                    )
                 return
             failure = Failure(job, worker_id, error, describe(error), ran.replacement)
             self._completer.failed(failure)
             logs.job_failed(job, worker_id, self._pool_id, ran.duration_ms, failure.message, error)
-            self._events.emit("job:error", worker_id=worker_id, job=job, error=error)
+            self._events.emit(
+                "job:error", worker_id=worker_id, job=job, error=error, duration_ms=ran.duration_ms
+            )
             if failure.permanent:
                 self._events.emit("job:failed", worker_id=worker_id, job=job, error=error)
         except Exception:

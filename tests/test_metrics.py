@@ -1,0 +1,356 @@
+"""Prometheus metrics, scraped over HTTP: exact counts after known jobs, the
+gauges, the queue depth (the states of `graphile-worker status`) and its cache."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from dbhelpers import cli_path, rows, run_cli, value
+from prometheus_client.parser import text_string_to_metric_families
+from workers import until, worker
+
+from worker_cli import Helpers, WorkerUtils, queue_depth
+from worker_cli.metrics import MetricsServer, serve_metrics
+from worker_cli.status import read_status
+
+Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+JOBS = "graphile_worker._private_jobs"
+
+
+def scrape(url: str) -> Samples:
+    """Every sample of ``/metrics``, by name and labels."""
+    with urllib.request.urlopen(url, timeout=10) as response:
+        text = response.read().decode()
+    return {
+        (sample.name, frozenset(sample.labels.items())): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def sample(samples: Samples, name: str, **labels: str) -> float:
+    return samples[(name, frozenset(labels.items()))]
+
+
+def wait_until(condition: Callable[[], bool], within: float, what: str) -> None:
+    deadline = time.monotonic() + within
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out after {within}s waiting for {what}"
+        time.sleep(0.05)
+
+
+# --- The command line ---------------------------------------------------------
+
+TASKS = {
+    # async def: fails when asked; sleeps when asked.
+    "alpha.py": (
+        "import asyncio\n"
+        "async def task(payload, helpers):\n"
+        "    await asyncio.sleep(payload.get('sleep', 0))\n"
+        "    if payload.get('fail'):\n"
+        "        raise ValueError('alpha failed')\n"
+    ),
+    # a plain def, run in the slot's thread.
+    "beta.py": (
+        "def task(payload, helpers):\n"
+        "    if payload.get('fail'):\n"
+        "        raise ValueError('beta failed')\n"
+    ),
+}
+
+
+@pytest.mark.db
+def test_the_command_serves_exact_counts_of_the_jobs_it_ran(db: str, tmp_path: Path) -> None:
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    for name, body in TASKS.items():
+        (tasks / name).write_text(body)
+    log = tmp_path / "worker.log"
+    env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL" and not k.startswith("PG")}
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            [cli_path(), "-c", db, "--tasks", str(tasks), "-j", "4", "--metrics-port", "0"],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        wait_until(lambda: "Serving Prometheus metrics at" in log.read_text(), 30, "the URL")
+        url = log.read_text().split("Serving Prometheus metrics at ", 1)[1].split()[0]
+        specs = [("alpha", {}), ("alpha", {"sleep": 0.3}), ("alpha", {}), ("alpha", {"fail": 1})]
+        specs += [("beta", {}), ("beta", {}), ("beta", {"fail": 1}), ("beta", {"fail": 1})]
+        for task, payload in specs:
+            add = "select graphile_worker.add_job(%s, %s::json, max_attempts => 1)"
+            rows(db, add, [task, json.dumps(payload)])
+        # Done: successes deleted, failures (one attempt allowed) unlocked.
+        done = f"select count(*) from {JOBS} where locked_at is not null or attempts = 0"
+        wait_until(lambda: value(db, done) == 0, 30, "every job to run")
+        samples = scrape(url)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+    assert proc.returncode == 0, log.read_text()
+
+    def jobs(task: str, outcome: str) -> float:
+        return sample(samples, "graphile_worker_jobs_total", task=task, outcome=outcome)
+
+    assert (jobs("alpha", "success"), jobs("alpha", "failure")) == (3, 1)
+    assert (jobs("beta", "success"), jobs("beta", "failure")) == (2, 2)
+    for task in ("alpha", "beta"):
+        name = "graphile_worker_job_duration_seconds"
+        assert sample(samples, f"{name}_count", task=task) == 4
+        assert sample(samples, f"{name}_bucket", task=task, le="+Inf") == 4
+    # The 0.3 s job is above the 0.25 s bucket, and in the sum.
+    assert sample(samples, f"{name}_bucket", task="alpha", le="0.25") <= 3
+    assert sample(samples, f"{name}_sum", task="alpha") >= 0.3
+    assert sample(samples, "graphile_worker_jobs_running") == 0
+    assert sample(samples, "graphile_worker_local_queue_length") == 0
+    for task, failed in (("alpha", 1), ("beta", 2)):
+        depth = {
+            state: sample(samples, "graphile_worker_queue_depth", task=task, state=state)
+            for state in queue_depth.STATES
+        }
+        assert depth == {
+            "waiting": 0,
+            "scheduled": 0,
+            "locked": 0,
+            "permanently_failed": failed,
+            "retrying": 0,
+        }
+    assert sample(samples, "process_cpu_seconds_total") > 0
+
+
+@pytest.mark.unit
+def test_metrics_without_the_extra_fail_with_one_line_naming_it(tmp_path: Path) -> None:
+    """prometheus-client (opentelemetry) missing: one line naming the extra."""
+    for package in ("prometheus_client", "opentelemetry"):
+        (tmp_path / package).mkdir()
+        (tmp_path / package / "__init__.py").write_text("raise ImportError('not installed')\n")
+    env = {"PYTHONPATH": str(tmp_path)}
+    result = run_cli("-c", "postgres://127.0.0.1:1/none", "--metrics-port", "0", env=env)
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines() == [
+        "Error: metrics need prometheus-client: install the metrics extra: "
+        "pip install 'graphile-worker[metrics]'"
+    ]
+    (tmp_path / "tasks").mkdir()
+    (tmp_path / "tasks" / "t.py").write_text("async def task(payload, helpers): pass\n")
+    result = run_cli("-c", "postgres://127.0.0.1:1/none", "--tracing", env=env, cwd=tmp_path)
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines() == [
+        (
+            "Error: tracing needs the OpenTelemetry API: install the otel extra: "
+            "pip install 'graphile-worker[otel]'"
+        )
+    ]
+
+
+@pytest.mark.unit
+def test_a_metrics_port_in_use_fails_with_one_line(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = run_cli("-c", "postgres://127.0.0.1:1/none", "--metrics-port", str(port))
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines() == [
+        f"Error: --metrics-port: cannot serve metrics on 127.0.0.1:{port}: Address already in use"
+    ]
+
+
+# --- Library mode ---------------------------------------------------------------
+
+
+@asynccontextmanager
+async def served() -> AsyncIterator[MetricsServer]:
+    server = serve_metrics(0)
+    try:
+        yield server
+    finally:
+        await asyncio.to_thread(server.close)
+
+
+async def scrape_async(url: str) -> Samples:
+    # From another thread, as Prometheus would: the depth query runs on the loop.
+    return await asyncio.to_thread(scrape, url)
+
+
+@pytest.mark.db
+async def test_running_and_local_queue_gauges(utils: WorkerUtils, db: str) -> None:
+    started = asyncio.Event()
+    release = asyncio.Event()
+
+    async def hold(payload: Any, helpers: Helpers) -> None:
+        started.set()
+        await release.wait()
+
+    async def other(payload: Any, helpers: Helpers) -> None:
+        pass
+
+    async with (
+        served() as server,
+        worker(
+            db,
+            {"hold": hold, "other": other},
+            concurrency=1,
+            local_queue_horizon=math.inf,  # fetch every due job ahead
+            metrics_registry=server.registry,
+        ) as runner,
+    ):
+        try:
+            await utils.add_job("hold")
+            await started.wait()
+            await utils.add_jobs([{"identifier": "other"}] * 3)
+            await until(lambda: runner.pool.load.queued == 3, what="3 jobs fetched ahead")
+            samples = await scrape_async(server.url)
+        finally:
+            release.set()
+    assert sample(samples, "graphile_worker_jobs_running") == 1
+    assert sample(samples, "graphile_worker_local_queue_length") == 3
+    assert sample(samples, "graphile_worker_queue_depth", task="hold", state="locked") == 1
+    assert sample(samples, "graphile_worker_queue_depth", task="other", state="locked") == 3
+
+
+async def add_jobs_in_every_state(db: str) -> None:
+    """For the tasks ``a`` and ``b`` (which the worker does not run)."""
+    for task, n in (("a", 3), ("b", 2)):
+        rows(db, "select graphile_worker.add_jobs(array(select (%s, null, null, null, null, "
+             "null, null, null)::graphile_worker.job_spec from generate_series(1, %s)))",
+             [task, n])  # fmt: skip
+    rows(db, "select graphile_worker.add_job('a', run_at => now() + interval '1 hour')")
+    rows(db, "select graphile_worker.add_job('b', run_at => now() + interval '1 hour')")
+    ids = [r["id"] for r in rows(db, f"select id from {JOBS} order by id")]
+    # a: 3 due (one of them failed before), 1 scheduled after a failure
+    # b: 1 locked, 1 permanently failed, 1 scheduled
+    rows(db, f"update {JOBS} set attempts = 1 where id = any(%s)", [[ids[0], ids[5]]])
+    rows(db, f"update {JOBS} set locked_at = now(), locked_by = 'x' where id = %s", [ids[3]])
+    rows(db, f"update {JOBS} set attempts = max_attempts where id = %s", [ids[4]])
+
+
+@pytest.mark.db
+async def test_queue_depth_is_the_status_figures_by_task(db: str) -> None:
+    await add_jobs_in_every_state(db)
+
+    async def mine(payload: Any, helpers: Helpers) -> None:
+        pass
+
+    async with served() as server, worker(db, {"mine": mine}, metrics_registry=server.registry):
+        samples = await scrape_async(server.url)
+    status = await read_status(db)
+    expected = {
+        ("a", "waiting"): 3,
+        ("a", "scheduled"): 1,
+        ("a", "retrying"): 2,
+        ("b", "waiting"): 0,
+        ("b", "locked"): 1,
+        ("b", "permanently_failed"): 1,
+        ("b", "scheduled"): 1,
+    }
+    for task in ("a", "b", "mine"):  # the worker's own task too, with no job
+        for state in queue_depth.STATES:
+            got = sample(samples, "graphile_worker_queue_depth", task=task, state=state)
+            assert got == expected.get((task, state), 0), (task, state)
+            if task != "mine":
+                assert got == getattr(status.tasks[task], state), (task, state)
+    assert sample(samples, "graphile_worker_queue_depth_truncated") == 0
+
+
+@pytest.mark.db
+async def test_scrapes_within_the_cache_time_send_one_query(
+    utils: WorkerUtils, db: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    now = [1000.0]
+    monkeypatch.setattr(queue_depth, "_clock", lambda: now[0])
+
+    def waiting(samples: Samples) -> float:
+        return sample(samples, "graphile_worker_queue_depth", task="a", state="waiting")
+
+    def queries(samples: Samples) -> float:
+        return sample(samples, "graphile_worker_queue_depth_queries_total")
+
+    async def mine(payload: Any, helpers: Helpers) -> None:
+        pass
+
+    async with served() as server, worker(db, {"mine": mine}, metrics_registry=server.registry):
+        await utils.add_job("a")
+        first = await scrape_async(server.url)
+        await utils.add_job("a")
+        now[0] += queue_depth.CACHE_SECONDS - 0.1
+        second = await scrape_async(server.url)
+        now[0] += 0.2
+        third = await scrape_async(server.url)
+    assert (queries(first), waiting(first)) == (1, 1)
+    assert (queries(second), waiting(second)) == (1, 1)  # the cached figures
+    assert (queries(third), waiting(third)) == (2, 2)
+
+
+@pytest.mark.db
+async def test_the_metrics_leave_the_registry_when_the_worker_stops(db: str) -> None:
+    async def mine(payload: Any, helpers: Helpers) -> None:
+        pass
+
+    async with served() as server:
+        async with worker(db, {"mine": mine}, metrics_registry=server.registry) as runner:
+            assert runner.events.wants("job:success")
+            samples = await scrape_async(server.url)
+            assert (
+                sample(samples, "graphile_worker_jobs_total", task="mine", outcome="success") == 0
+            )
+        assert not runner.events.wants("job:success")
+        assert not any(
+            name.startswith("graphile_worker") for name, _ in await scrape_async(server.url)
+        )
+        # A second worker may use the registry now.
+        async with worker(db, {"mine": mine}, metrics_registry=server.registry):
+            pass
+
+
+OFF_SCRIPT = """
+import asyncio, sys
+from worker_cli import run
+
+async def t(payload, helpers):
+    pass
+
+async def main():
+    runner = await run(sys.argv[1], task_list={"t": t}, once=True, no_handle_signals=True)
+    assert runner.pool.tasks["t"].function is t, "a wrapped task"
+    assert runner.pool._fetcher._on_fetched is None, "a fetch hook"
+    for name in ("job:start", "job:success", "job:error", "job:complete", "stop"):
+        assert not runner.events.wants(name), "a listener of " + name
+    await runner
+    loaded = [m for m in sys.modules if m.split(".")[0] in ("prometheus_client", "opentelemetry")
+              or m in ("worker_cli.metrics", "worker_cli.tracing", "worker_cli.queue_depth")]
+    assert not loaded, loaded
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.db
+def test_off_the_worker_runs_none_of_their_code(db: str, tmp_path: Path) -> None:
+    """Without metrics and tracing: no wrapper, no listener, no fetch hook,
+    and neither extra (nor our modules using them) is even imported."""
+    rows(db, "select graphile_worker.add_job('t')")
+    script = tmp_path / "off.py"
+    script.write_text(OFF_SCRIPT)
+    result = subprocess.run(
+        [sys.executable, str(script), db], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    assert value(db, f"select count(*) from {JOBS}") == 0
