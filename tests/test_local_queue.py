@@ -11,7 +11,9 @@ from datetime import UTC, datetime
 
 import pytest
 
+from worker_cli.events import Events
 from worker_cli.job import Job
+from worker_cli.worker.fetcher import Fetcher, FetchSettings
 from worker_cli.worker.local_queue import LocalQueue, Rate, plan_fetch
 
 pytestmark = pytest.mark.unit
@@ -186,3 +188,44 @@ async def test_a_cancelled_waiter_passes_its_wake_up_on() -> None:
     first.cancel()  # ...which is cancelled before it runs
     job = await asyncio.wait_for(second, 1)
     assert job is not None and job.id == 1
+
+
+class _HeldFetch(Fetcher):
+    """A fetcher whose fetch waits until released, then finds nothing."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            None,  # type: ignore[arg-type]  # no connection: fetch is replaced
+            FetchSettings("graphile_worker", 10, 200, 0.05),
+            tasks=["noop"],
+            queue=LocalQueue(),
+            held=set(),
+            running=lambda: 0,
+            done=lambda: 0,
+            events=Events(),
+            owner=None,
+        )
+        self.started = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def fetch(self, limit: int) -> int:
+        self.started.set()
+        await self.release.wait()
+        return 0
+
+
+async def test_a_slot_is_asked_to_yield_for_the_fetcher_only_between_fetches() -> None:
+    """While a fetch is in flight, a slot that finds the queue short need not
+    yield: the fetcher plans its next fetch when this one returns."""
+    fetcher = _HeldFetch()
+    running = asyncio.ensure_future(fetcher.run())
+    assert fetcher.wake()  # idle: the fetch starts when the loop runs it
+    await asyncio.wait_for(fetcher.started.wait(), 1)
+    assert not fetcher.wake()  # in flight
+    fetcher.release.set()
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    assert fetcher.exhausted
+    assert fetcher.wake()  # between fetches again
+    fetcher.stop()
+    await asyncio.wait_for(running, 1)

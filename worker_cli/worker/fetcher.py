@@ -132,6 +132,8 @@ class Fetcher:
         self.exhausted = False
         #: Slots wake the fetcher when the local queue is this short.
         self.refill_below = settings.concurrency
+        #: A fetch is in flight (it plans the next one when it returns).
+        self._fetching = False
 
     @property
     def lost_fetch(self) -> bool:
@@ -150,9 +152,11 @@ class Fetcher:
         self.exhausted = False
         self._wanted.set()
 
-    def wake(self) -> None:
-        """Fetch if the local queue wants more (a slot found it short)."""
+    def wake(self) -> bool:
+        """Fetch if the local queue wants more (a slot found it short); whether
+        no fetch is in flight (see :meth:`Refill.wake`)."""
         self._wanted.set()
+        return not self._fetching
 
     def stop(self) -> None:
         """Fetch no more; :meth:`run` returns once a fetch in flight is done."""
@@ -216,12 +220,15 @@ class Fetcher:
             self._wanted.clear()
             while (wanted := self._plan()) and not self.exhausted:
                 nudges = self._nudges
+                self._fetching = True
                 try:
                     fetched = await self.fetch(wanted)
                 except Exception as exc:
                     failures += 1
                     await self._failed(exc, DEFAULT.delay(failures))
                     continue
+                finally:
+                    self._fetching = False
                 failures = 0
                 # Short: nothing more to fetch, unless a nudge came in meanwhile (the
                 # fetch may not have seen the job that nudge announced).

@@ -69,8 +69,11 @@ class Refill(Protocol):
     #: Wake the fetcher once the local queue is this short.
     refill_below: int
 
-    def wake(self) -> None:
-        """Fetch again if the local queue wants more."""
+    def wake(self) -> bool:
+        """Fetch again if the local queue wants more. Returns whether the
+        fetcher is between fetches: it then needs the event loop to start one
+        (the caller should yield soon). While a fetch is in flight, the
+        fetcher plans the next one when it returns."""
 
 
 class Rate:

@@ -147,9 +147,10 @@ class Slots:
             else:
                 await self._run_job(slot, job)
             streak += 1
-            # Wake the fetcher only when it has something to do (it re-checks).
-            if queue.runs_short(refill):
-                refill.wake()
+            # Wake the fetcher only when it has something to do (it re-checks),
+            # and yield at once only if it must start a fetch: while one is in
+            # flight, its reply is read when the slots next yield.
+            if queue.runs_short(refill) and refill.wake():
                 streak = _YIELD_EVERY
             # Jobs that never await would let this slot drain the whole local
             # queue in one step: yield when the fetcher has work, and at least
