@@ -427,8 +427,8 @@ def main() -> None:
     parser.add_argument(
         "--batching",
         action="store_true",
-        help="also both with batching on: Node with local queue 500 and batched "
-        "completion, this worker with --local-queue-size 500",
+        help="also Node with batching on (local queue 500 and batched completion; "
+        "this worker's default local queue is 500 too)",
     )
     parser.add_argument(
         "--compare-with",
@@ -478,16 +478,6 @@ def main() -> None:
                 scratch / "python-before",
                 PY_TASKS if "async" in kinds else PY_DEF_TASKS,
                 env={"PYTHONPATH": str(other)},
-            )
-        )
-    if args.batching:
-        systems.append(
-            _system(
-                "python, batching",
-                [py_cli, "--local-queue-size", "500"],
-                scratch / "python-batch",
-                PY_TASKS,
-                latency=False,
             )
         )
     versions = f"Python {sys.version.split()[0]}"
@@ -565,7 +555,6 @@ def main() -> None:
         ("python, def", "node"),
         ("python", "node, batching"),
         ("python, def", "node, batching"),
-        ("python, batching", "node, batching"),
         ("python, before", "node"),
         ("python", "python, before"),
         ("python, def", "python, before"),
