@@ -27,7 +27,6 @@ from .migrate import LATEST_REVISION, MigrationReport
 from .options import WorkerOptions
 from .payloads import NamedPayload
 from .runner import Runner, run, run_migrations, run_once
-from .sync_worker_utils import SyncWorkerUtils, make_sync_worker_utils, quick_add_job_sync
 from .tasks import Task, TaskLoadError
 from .typed_tasks import TypedTaskFunction, typed_task_list
 from .unique import UniqueJobResult, UniqueRule, UniqueRuleError
@@ -83,8 +82,10 @@ __all__ = [
 if TYPE_CHECKING:
     from .crontab import CronItem, CrontabError, ParsedCronItem, parse_cron_items, parse_crontab
     from .run_config import load_config
+    from .sync_worker_utils import SyncWorkerUtils, make_sync_worker_utils, quick_add_job_sync
 
 _LAZY = {"CronItem", "CrontabError", "ParsedCronItem", "parse_cron_items", "parse_crontab"}
+_LAZY_SYNC = {"SyncWorkerUtils", "make_sync_worker_utils", "quick_add_job_sync"}
 
 
 def __getattr__(name: str) -> Any:
@@ -94,6 +95,10 @@ def __getattr__(name: str) -> Any:
         from . import crontab
 
         return getattr(crontab, name)
+    if name in _LAZY_SYNC:  # the synchronous utilities: a worker does not use them
+        from . import sync_worker_utils
+
+        return getattr(sync_worker_utils, name)
     if name == "load_config":  # the command line's options: imported when used
         from .run_config import load_config
 

@@ -15,16 +15,13 @@ and what was expected (:class:`ConfigFileError`, exit code 2).
 
 from __future__ import annotations
 
-import difflib
 import functools
 import json
 import re
-import tomllib
 from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import date, time
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import click
 from click.core import ParameterSource
@@ -62,8 +59,7 @@ class _Problem(click.ClickException):
     exit_code = ConfigFileError.exit_code
 
 
-@dataclass(frozen=True)
-class ConfigFile:
+class ConfigFile(NamedTuple):
     """The option values of one file, as read (not checked yet)."""
 
     path: Path
@@ -97,6 +93,8 @@ def _parse(path: Path) -> dict[str, Any]:
     except UnicodeDecodeError as exc:
         bad_line = exc.object[: exc.start].count(b"\n") + 1
         raise ConfigFileError(f"{path}, line {bad_line}: not UTF-8 text") from None
+    import tomllib  # only when there is a file to read: a worker starts without it
+
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -149,6 +147,8 @@ def check_config(config: ConfigFile, command: click.Command, ctx: click.Context)
 
 
 def _hint(key: str, known: list[str]) -> str:
+    import difflib  # only for the message of an unknown key
+
     close = difflib.get_close_matches(key.replace("_", "-"), known, n=1)
     maybe = f" (did you mean '{close[0]}'?)" if close else ""
     return f"{maybe}; known keys: {', '.join(known)}"

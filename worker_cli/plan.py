@@ -25,15 +25,16 @@ each operation is one statement, sent as the code sent it before plans
 existed (the worker's ``helpers.add_job`` still makes two: the job, then its
 names).
 
-Plans use the small typed helpers below (``rows = yield from query(...)``)
-rather than yielding operations themselves, so mypy knows what each step gives.
+The operations are NamedTuples (a dataclass costs a worker's start-up about
+30 times more to define). Plans use the small typed helpers below
+(``rows = yield from query(...)``) rather than yielding operations themselves,
+so mypy knows what each step gives.
 """
 
 from __future__ import annotations
 
 from collections.abc import Generator, Mapping
-from dataclasses import dataclass
-from typing import Any, LiteralString, TypeAlias, TypeVar
+from typing import Any, LiteralString, NamedTuple, TypeAlias, TypeVar
 
 from psycopg import sql
 
@@ -63,8 +64,7 @@ T = TypeVar("T")
 Row: TypeAlias = tuple[Any, ...]
 
 
-@dataclass(frozen=True, slots=True)
-class Query:
+class Query(NamedTuple):
     """Send one statement; the result is its rows (``[]`` when ``rows`` is False:
     a statement run for its effect, such as a migration script)."""
 
@@ -80,8 +80,7 @@ class Sent:
     driver's cursor; opaque to plans)."""
 
 
-@dataclass(frozen=True, slots=True)
-class Send:
+class Send(NamedTuple):
     """Send a statement without waiting for its rows; the result is a handle
     for :class:`Fetch`. In a pipelined transaction the server works on it while
     the plan prepares the next one."""
@@ -89,15 +88,13 @@ class Send:
     query: Query
 
 
-@dataclass(frozen=True, slots=True)
-class Fetch:
+class Fetch(NamedTuple):
     """The rows of a statement sent by :class:`Send`."""
 
     sent: Sent
 
 
-@dataclass(frozen=True, slots=True)
-class Transaction:
+class Transaction(NamedTuple):
     """Run ``plan`` atomically; the result is the plan's.
 
     On a connection the package owns this is ``conn.transaction()``: a
@@ -117,8 +114,7 @@ class Transaction:
     only_if_open: bool = False
 
 
-@dataclass(frozen=True, slots=True)
-class ServerVersion:
+class ServerVersion(NamedTuple):
     """The server's version number (``server_version_num``), known without a query."""
 
 
