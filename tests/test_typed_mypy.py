@@ -79,6 +79,9 @@ from worker_cli import (
     UniqueJobResult,
     UniqueRule,
     WorkerUtils,
+    make_sync_worker_utils,
+    quick_add_job,
+    quick_add_job_sync,
     run_once,
     typed_task_list,
 )
@@ -100,6 +103,11 @@ async def main(utils: WorkerUtils) -> None:
     raw: Job = await utils.add_job("resize", Resize(image=1), priority=1)
     legacy: Job = await utils.add_job("send_email", {"to": "a@b.c"})
     print(job.id, unique.conflict, raw.id, legacy.id)
+    quick: Job = await quick_add_job(SendEmail(to="q@b.c"), priority=2)
+    with make_sync_worker_utils() as sync_utils:
+        synced: Job = sync_utils.add_job(Invite(email="s@b.c"))
+    blocking: Job = quick_add_job_sync(Invite(email="q@b.c"))
+    print(quick.id, synced.id, blocking.id)
     handler: TypedTaskFunction[SendEmail] = send_email
     tasks: dict[str, Any] = {**typed_task_list(handler, invite), "resize": resize}
     await run_once(task_list=tasks)

@@ -23,6 +23,7 @@ from .events import Events
 from .job import Job
 from .migrate import MigrationReport, migrate
 from .options import ForbiddenFlags, WorkerOptions
+from .payloads import NamedPayload, job_identity
 from .progress import ProgressReporter
 from .tasks import Task, TaskFunction, load_task_directory, make_task_list
 from .unique import UniqueJobResult, UniqueSpec
@@ -83,23 +84,34 @@ class Runner:
 
     @overload
     async def add_job(
-        self, identifier: str, payload: Any = None, *, unique: None = None, **options: Any
+        self,
+        identifier: str | NamedPayload,
+        payload: Any = None,
+        *,
+        unique: None = None,
+        **options: Any,
     ) -> Job: ...
 
     @overload
     async def add_job(
-        self, identifier: str, payload: Any = None, *, unique: UniqueSpec, **options: Any
+        self,
+        identifier: str | NamedPayload,
+        payload: Any = None,
+        *,
+        unique: UniqueSpec,
+        **options: Any,
     ) -> UniqueJobResult: ...
 
     async def add_job(
         self,
-        identifier: str,
+        identifier: str | NamedPayload,
         payload: Any = None,
         *,
         unique: UniqueSpec | None = None,
         **options: Any,
     ) -> Job | UniqueJobResult:
         """Add a job through the worker's own pool (options as WorkerUtils.add_job)."""
+        identifier, payload = job_identity(identifier, payload)
         utils = self.pool.utils
         if utils is None:
             raise RuntimeError("the worker has stopped")

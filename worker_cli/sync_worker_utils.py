@@ -39,7 +39,7 @@ from .held_connection import sync_holding_connection, sync_pool_connection
 from .job import Job
 from .job_spec import JobKeyMode, JobSpec, TaskOptions, TaskSpec
 from .migrate import MigrationReport
-from .payloads import NamedPayload
+from .payloads import NamedPayload, job_identity
 from .plan import Plan
 from .unique import UniqueJobResult, UniqueSpec
 from .utils_plans import UtilsPlans
@@ -351,7 +351,7 @@ def make_sync_worker_utils(
 
 @overload
 def quick_add_job_sync(
-    identifier: str,
+    identifier: str | NamedPayload,
     payload: Any = None,
     *,
     connection_string: str | None = None,
@@ -363,7 +363,7 @@ def quick_add_job_sync(
 
 @overload
 def quick_add_job_sync(
-    identifier: str,
+    identifier: str | NamedPayload,
     payload: Any = None,
     *,
     connection_string: str | None = None,
@@ -374,7 +374,7 @@ def quick_add_job_sync(
 
 
 def quick_add_job_sync(
-    identifier: str,
+    identifier: str | NamedPayload,
     payload: Any = None,
     *,
     connection_string: str | None = None,
@@ -384,6 +384,7 @@ def quick_add_job_sync(
 ) -> Job | UniqueJobResult:
     """:func:`~worker_cli.worker_utils.quick_add_job`, blocking: add one job with
     a short-lived connection; options as for ``add_job``."""
+    identifier, payload = job_identity(identifier, payload)
     load_dotenv_file()
     conninfo = resolve_connection_string(connection_string)
     with connect_sync(conninfo, autocommit=True) as conn:

@@ -37,7 +37,7 @@ from .held_connection import holding_connection, pool_connection
 from .job import Job
 from .job_spec import JobKeyMode, JobSpec, TaskOptions, TaskSpec
 from .migrate import MigrationReport
-from .payloads import NamedPayload
+from .payloads import NamedPayload, job_identity
 from .plan import Plan
 from .unique import UniqueJobResult, UniqueSpec
 from .utils_plans import UtilsPlans
@@ -354,7 +354,7 @@ async def make_worker_utils(
 
 @overload
 async def quick_add_job(
-    identifier: str,
+    identifier: str | NamedPayload,
     payload: Any = None,
     *,
     connection_string: str | None = None,
@@ -366,7 +366,7 @@ async def quick_add_job(
 
 @overload
 async def quick_add_job(
-    identifier: str,
+    identifier: str | NamedPayload,
     payload: Any = None,
     *,
     connection_string: str | None = None,
@@ -377,7 +377,7 @@ async def quick_add_job(
 
 
 async def quick_add_job(
-    identifier: str,
+    identifier: str | NamedPayload,
     payload: Any = None,
     *,
     connection_string: str | None = None,
@@ -386,6 +386,7 @@ async def quick_add_job(
     **options: Any,
 ) -> Job | UniqueJobResult:
     """Add one job with a short-lived connection; options as for ``add_job``."""
+    identifier, payload = job_identity(identifier, payload)
     load_dotenv_file()
     conninfo = resolve_connection_string(connection_string)
     async with await connect(conninfo, autocommit=True) as conn:
