@@ -179,7 +179,11 @@ oldest_waiting = """
 # The latest failures: jobs with a last_error that are not running (retrying
 # or permanently failed), newest error first, among the newest %(window)s jobs.
 # jobs_pkey1, backward: nothing indexes last_error or updated_at, so only that
-# window is examined; `examined` tells the page whether it was full.
+# window is examined; `examined` tells the page whether it was full. The
+# %(limit)s shown are chosen inside the window (`shown`, materialized so the
+# planner knows they are few) and only they are read back by id (jobs_pkey1):
+# joining the whole window to the table let the planner pick a hash join over
+# a sequential scan when its statistics guessed many failures.
 latest_failures = (
     """
   with newest as materialized (
@@ -190,6 +194,13 @@ latest_failures = (
   ),
   window_end as (
     select count(*)::int as examined from newest
+  ),
+  shown as materialized (
+    select n.id, n.updated_at
+    from newest as n
+    where n.failed
+    order by n.updated_at desc, n.id desc
+    limit %(limit)s
   )
   select w.examined, r.*
   from window_end as w
@@ -202,11 +213,9 @@ latest_failures = (
       j.attempts, j.max_attempts, left(j.last_error, 500) as last_error, j.updated_at, """
     + _state("j")
     + """ as state
-    from newest as n
-    join {schema}._private_jobs as j on j.id = n.id
-    where n.failed
-    order by n.updated_at desc, n.id desc
-    limit %(limit)s
+    from shown as s
+    join {schema}._private_jobs as j on j.id = s.id
+    order by s.updated_at desc, s.id desc
   ) as r on true
 """
 )
@@ -229,8 +238,9 @@ queues = """
 # to %(limit)s of them that match are returned; `examined` and `lowest` say
 # how far the window went, so the page can offer to search older jobs when a
 # rare filter found fewer. The task and queue names are looked up once
-# (tasks_identifier_key, job_queues_queue_name_key); the shown rows are read
-# back by id (jobs_pkey1).
+# (tasks_identifier_key, job_queues_queue_name_key); the matching rows are
+# chosen inside the window (`shown`, materialized so the planner knows they
+# are few) and only they are read back by id (jobs_pkey1).
 jobs_page = (
     """
   with scanned as materialized (
@@ -246,6 +256,19 @@ jobs_page = (
   ),
   window_end as (
     select count(*)::int as examined, min(s.id) as lowest from scanned as s
+  ),
+  shown as materialized (
+    select s.id, s.state, s.retrying
+    from scanned as s
+    where (%(task)s::text is null or s.task_id = (
+        select t.id from {schema}._private_tasks as t where t.identifier = %(task)s::text))
+      and (%(queue)s::text is null or s.job_queue_id = (
+        select q.id from {schema}._private_job_queues as q
+        where q.queue_name = %(queue)s::text))
+      and (%(state)s::text is null or s.state = %(state)s::text
+        or (%(state)s::text = 'retrying' and s.retrying))
+    order by s.id desc
+    limit %(limit)s
   )
   select w.examined, w.lowest, r.*
   from window_end as w
@@ -257,17 +280,9 @@ jobs_page = (
        where q.id = j.job_queue_id) as queue_name,
       s.state, s.retrying, j.priority, j.run_at, j.attempts, j.max_attempts,
       left(j.last_error, 300) as last_error, j.key, j.locked_by, j.created_at
-    from scanned as s
+    from shown as s
     join {schema}._private_jobs as j on j.id = s.id
-    where (%(task)s::text is null or s.task_id = (
-        select t.id from {schema}._private_tasks as t where t.identifier = %(task)s::text))
-      and (%(queue)s::text is null or s.job_queue_id = (
-        select q.id from {schema}._private_job_queues as q
-        where q.queue_name = %(queue)s::text))
-      and (%(state)s::text is null or s.state = %(state)s::text
-        or (%(state)s::text = 'retrying' and s.retrying))
     order by s.id desc
-    limit %(limit)s
   ) as r on true
 """
 )
