@@ -95,11 +95,14 @@ def test_a_worker_whose_clock_is_ahead_runs_a_job_due_by_its_clock_only_with_the
 ADD_JOBS_SCRIPT = """\
 import asyncio, sys
 from datetime import datetime, timezone
-from worker_cli import JobSpec, make_worker_utils
+from worker_cli import JobSpec, make_worker_utils, quick_add_job, quick_add_job_sync
 
 
 async def main():
-    async with make_worker_utils(sys.argv[1], use_local_time=sys.argv[2] == "on") as utils:
+    local = sys.argv[2] == "on"
+    await quick_add_job("quick", connection_string=sys.argv[1], use_local_time=local)
+    quick_add_job_sync("quick", connection_string=sys.argv[1], use_local_time=local)
+    async with make_worker_utils(sys.argv[1], use_local_time=local) as utils:
         await utils.add_job("one")
         await utils.add_job("one_unique", unique={"period": 60})
         await utils.add_jobs([JobSpec(identifier="many"), {"identifier": "many", "run_at": None}])
@@ -118,8 +121,8 @@ asyncio.run(main())
 def test_worker_utils_give_jobs_without_run_at_the_application_time_with_the_option(
     db: str, option: str
 ) -> None:
-    """In a process whose clock is an hour behind, add_job and add_jobs (with
-    and without unique) give a job added without run_at that clock's time
+    """In a process whose clock is an hour behind, quick_add_job(_sync),
+    add_job and add_jobs (with and without unique) give a job added without run_at that clock's time
     with use_local_time, and the database's now() without; an explicit
     run_at is kept either way."""
     db_now = value(db, "select now()")
@@ -127,6 +130,8 @@ def test_worker_utils_give_jobs_without_run_at_the_application_time_with_the_opt
     assert result.returncode == 0, result.stderr
     jobs = _jobs(db)
     assert [j["identifier"] for j in jobs] == [
+        "quick",
+        "quick",
         "one",
         "one_unique",
         "many",

@@ -356,6 +356,7 @@ def quick_add_job_sync(
     *,
     connection_string: str | None = None,
     schema: str | None = None,
+    use_local_time: bool = False,
     unique: None = None,
     **options: Any,
 ) -> Job: ...
@@ -368,6 +369,7 @@ def quick_add_job_sync(
     *,
     connection_string: str | None = None,
     schema: str | None = None,
+    use_local_time: bool = False,
     unique: UniqueSpec,
     **options: Any,
 ) -> UniqueJobResult: ...
@@ -379,16 +381,20 @@ def quick_add_job_sync(
     *,
     connection_string: str | None = None,
     schema: str | None = None,
+    use_local_time: bool = False,
     unique: UniqueSpec | None = None,
     **options: Any,
 ) -> Job | UniqueJobResult:
     """:func:`~worker_cli.worker_utils.quick_add_job`, blocking: add one job with
-    a short-lived connection; options as for ``add_job``."""
+    a short-lived connection; options as for ``add_job``; ``use_local_time``
+    as for :func:`make_sync_worker_utils`."""
     identifier, payload = job_identity(identifier, payload)
     load_dotenv_file()
     conninfo = resolve_connection_string(connection_string)
     with connect_sync(conninfo, autocommit=True) as conn:
-        utils = SyncWorkerUtils(None, resolve_schema(schema), connection=conn)
+        utils = SyncWorkerUtils(
+            None, resolve_schema(schema), connection=conn, use_local_time=use_local_time
+        )
         if unique is None:
             job: Job = utils.add_job(identifier, payload, **options)
             return job

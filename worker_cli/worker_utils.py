@@ -359,6 +359,7 @@ async def quick_add_job(
     *,
     connection_string: str | None = None,
     schema: str | None = None,
+    use_local_time: bool = False,
     unique: None = None,
     **options: Any,
 ) -> Job: ...
@@ -371,6 +372,7 @@ async def quick_add_job(
     *,
     connection_string: str | None = None,
     schema: str | None = None,
+    use_local_time: bool = False,
     unique: UniqueSpec,
     **options: Any,
 ) -> UniqueJobResult: ...
@@ -382,15 +384,19 @@ async def quick_add_job(
     *,
     connection_string: str | None = None,
     schema: str | None = None,
+    use_local_time: bool = False,
     unique: UniqueSpec | None = None,
     **options: Any,
 ) -> Job | UniqueJobResult:
-    """Add one job with a short-lived connection; options as for ``add_job``."""
+    """Add one job with a short-lived connection; options as for ``add_job``;
+    ``use_local_time`` as for :func:`make_worker_utils`."""
     identifier, payload = job_identity(identifier, payload)
     load_dotenv_file()
     conninfo = resolve_connection_string(connection_string)
     async with await connect(conninfo, autocommit=True) as conn:
-        utils = WorkerUtils(None, resolve_schema(schema), connection=conn)
+        utils = WorkerUtils(
+            None, resolve_schema(schema), connection=conn, use_local_time=use_local_time
+        )
         if unique is None:
             job: Job = await utils.add_job(identifier, payload, **options)
             return job
