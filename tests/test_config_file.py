@@ -365,3 +365,28 @@ def test_the_readme_example_is_accepted(worker: Captured, tmp_path: Path) -> Non
     result = invoke()
     assert result.exit_code == 0, result.output
     assert load_config()  # and in library mode
+
+
+def test_options_that_disagree_name_the_keys_the_file_set(worker: Captured, tmp_path: Path) -> None:
+    """A check across options (the heartbeat timeout at least twice the
+    interval) names the file and the keys it set among the options at fault;
+    one set on the command line is named by the message alone."""
+    (tmp_path / "w.toml").write_text("heartbeat-interval = 60\nheartbeat-timeout = 70\n")
+    result = invoke("-C", "w.toml")
+    assert (result.exit_code, result.stderr.splitlines()[-1]) == (
+        2,
+        "Error: heartbeat_timeout (70s) must be at least twice heartbeat_interval (60s) "
+        "(w.toml: key 'heartbeat-interval', key 'heartbeat-timeout')",
+    )
+    result = invoke("-C", "w.toml", "--heartbeat-timeout", "100")
+    assert (result.exit_code, result.stderr.splitlines()[-1]) == (
+        2,
+        "Error: heartbeat_timeout (100s) must be at least twice heartbeat_interval (60s) "
+        "(w.toml: key 'heartbeat-interval')",
+    )
+    result = invoke("--heartbeat-interval", "60", "--heartbeat-timeout", "70")
+    assert (result.exit_code, result.stderr.splitlines()[-1]) == (
+        2,
+        "Error: heartbeat_timeout (70s) must be at least twice heartbeat_interval (60s)",
+    )
+    assert worker.calls == []

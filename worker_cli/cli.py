@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import logging
 import os
+import re
 import sys
 from collections.abc import Callable, Coroutine
 from pathlib import Path
@@ -16,7 +17,7 @@ from click.core import ParameterSource
 from . import logs
 from ._version import __version__
 from .config import load_dotenv_file
-from .config_file import config_file_option
+from .config_file import config_file_option, set_by_config_file
 from .errors import GraphileWorkerError, IncompatibleSchemaError
 from .logs import LOG_FORMATS, LogFormat
 from .options import FLAGS, WorkerOptions
@@ -242,7 +243,7 @@ def command(
         return
     if once and schema_only:
         raise click.UsageError("--once and --schema-only cannot be used together")
-    settings = _worker_settings(worker_flags)
+    settings = _worker_settings(ctx, worker_flags)
     logs.configure(log_format)
     if embedded_db is not None:  # runs until the command ends
         from .embedded import use_embedded_database
@@ -269,14 +270,18 @@ def command(
         )
 
 
-def _worker_settings(flags: dict[str, Any]) -> dict[str, Any]:
+def _worker_settings(ctx: click.Context, flags: dict[str, Any]) -> dict[str, Any]:
     """The worker flags' values as ``run()`` keywords (in the fields' units),
-    checked together as WorkerOptions checks them."""
+    checked together as WorkerOptions checks them; an error also names the
+    config file's keys among the fields it names."""
     settings = {field: _FLAGS[field].to_field(value) for field, value in flags.items()}
     try:
         WorkerOptions(**settings)
     except ValueError as exc:
-        raise click.UsageError(str(exc)) from None
+        message = str(exc)
+        named = [field for field in flags if re.search(rf"\b{field}\b", message)]
+        from_file = set_by_config_file(ctx, named)
+        raise click.UsageError(f"{message} ({from_file})" if from_file else message) from None
     return settings
 
 

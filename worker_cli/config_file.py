@@ -18,7 +18,7 @@ from __future__ import annotations
 import functools
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import date, time
 from pathlib import Path
 from typing import Any, NamedTuple, TypeVar
@@ -35,6 +35,7 @@ __all__ = [
     "check_config",
     "config_file_option",
     "read_config_file",
+    "set_by_config_file",
 ]
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -45,6 +46,8 @@ TABLE = "tool.graphile-worker"
 REFUSED = ("help", "version", "config")
 #: Keys a subcommand (``status``, ``add-job``, ...) reads from the file too.
 SHARED = ("connection", "schema")
+#: Where ``ctx.meta`` keeps how messages name the file applied to a command.
+_WHERE = "graphile_worker.config_file"
 
 
 class ConfigFileError(ConfigurationError):
@@ -238,6 +241,8 @@ def apply_config_file(ctx: click.Context, path: Path | None) -> dict[str, Any]:
         values = {} if config is None else check_config(config, ctx.command, ctx)
     except ConfigFileError as exc:
         raise _Problem(str(exc)) from None
+    if config is not None:
+        ctx.meta[_WHERE] = config.where
     applied: dict[str, Any] = {}
     for name, value in values.items():
         if ctx.get_parameter_source(name) in (ParameterSource.DEFAULT, None):
@@ -248,6 +253,21 @@ def apply_config_file(ctx: click.Context, path: Path | None) -> dict[str, Any]:
     if shared and isinstance(ctx.command, click.Group):
         ctx.default_map = {name: dict(shared) for name in ctx.command.commands}
     return applied
+
+
+def set_by_config_file(ctx: click.Context, names: Iterable[str]) -> str | None:
+    """Which of the parameters ``names`` took their value from the config file,
+    as an error message names them (``w.toml: key 'jobs'``); None if none did."""
+    where = ctx.meta.get(_WHERE)
+    if where is None:
+        return None
+    keys = {param.name: key for key, param in option_keys(ctx.command, ctx).items()}
+    from_file = [
+        f"key {keys[name]!r}"
+        for name in names
+        if name in keys and ctx.get_parameter_source(name) is ParameterSource.DEFAULT_MAP
+    ]
+    return f"{where}: {', '.join(from_file)}" if from_file else None
 
 
 def config_file_option(function: F) -> F:
