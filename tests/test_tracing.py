@@ -249,6 +249,37 @@ async def test_a_unique_conflict_leaves_the_existing_jobs_context(
     assert f"{first.get_span_context().span_id:016x}" in carried["context"]["traceparent"]
 
 
+async def test_add_jobs_with_unique_carries_the_context_of_each_job_it_adds(
+    spans: InMemorySpanExporter, utils: WorkerUtils, db: str
+) -> None:
+    """Every job a unique add_jobs adds carries the caller's context; one it
+    refuses keeps the existing job's; the results keep the specs' order."""
+    propagate_trace_context()
+    with tracer.start_as_current_span("first") as first:
+        [kept] = await utils.add_jobs(
+            [{"identifier": "t", "payload": {"n": 1}}], unique={"period": 600}
+        )
+    with tracer.start_as_current_span("second") as second:
+        results = await utils.add_jobs(
+            [{"identifier": "t", "payload": {"n": n}} for n in (3, 1, 2)], unique={"period": 600}
+        )
+    assert [r.job.payload if r.job else None for r in results] == [{"n": 3}, {"n": 1}, {"n": 2}]
+    assert [r.conflict for r in results] == [False, True, False]
+    assert results[1].job_id == kept.job_id
+    carried = {
+        row["job_id"]: row["context"]["traceparent"]
+        for row in rows(db, f"select job_id, context from {CONTEXTS}")
+    }
+    span_ids = {
+        name: f"{span.get_span_context().span_id:016x}"
+        for name, span in (("first", first), ("second", second))
+    }
+    assert set(carried) == {kept.job_id, results[0].job_id, results[2].job_id}
+    assert span_ids["first"] in carried[kept.job_id]
+    assert span_ids["second"] in carried[results[0].job_id]
+    assert span_ids["second"] in carried[results[2].job_id]
+
+
 async def test_contexts_are_deleted_once_their_job_succeeded_and_kept_for_retries(
     spans: InMemorySpanExporter, utils: WorkerUtils, db: str
 ) -> None:

@@ -353,9 +353,11 @@ UNIQUE_RESULT_COLUMNS: tuple[LiteralString, ...] = (
 )
 
 
-def _returning_unique_results(call: LiteralString) -> LiteralString:
+def _returning_unique_results(call: LiteralString, trailing: LiteralString = "") -> LiteralString:
     result = ", ".join("r." + column for column in UNIQUE_RESULT_COLUMNS)
-    return "select " + result + ", " + _job_columns("(r.job)") + " from " + call + " as r"
+    return (
+        "select " + result + ", " + _job_columns("(r.job)") + trailing + " from " + call + " as r"
+    )
 
 
 add_unique_job = _returning_unique_results(
@@ -366,19 +368,19 @@ add_unique_job = _returning_unique_results(
     )"""
 )
 
-# One result per spec, in the order of the specs.
-add_unique_jobs = (
-    _returning_unique_results(
-        """{schema}.py_add_jobs(
+# One result per spec, and its spec_index last (after the job's columns): the
+# caller orders by it (order by spec_index), after wrapping the statement if it
+# carries a trace context (trace_context.carry).
+add_unique_jobs = _returning_unique_results(
+    """{schema}.py_add_jobs(
       array(
         select spec
         from json_populate_recordset(null::{schema}.job_spec, %(specs)s::json) as spec
       ),
       %(unique_rules)s::jsonb,
       %(job_key_preserve_run_at)s
-    )"""
-    )
-    + " order by r.spec_index"
+    )""",
+    ", r.spec_index",
 )
 
 # remove_job, and the uniqueness lock its job held: a job an administrator

@@ -57,21 +57,24 @@ def set_injector(inject: Injector | None) -> None:
 
 
 def carry(
-    statement: LiteralString, *, unique: bool = False
+    statement: LiteralString, *, unique: bool = False, order_by: LiteralString = ""
 ) -> tuple[LiteralString, dict[str, Any]]:
     """The add statement to send, and the parameters to add to it: ``statement``
     and none when propagation is off or no trace context is current; else the
     statement that also stores the carrier (``trace_context``) for each job it
     adds. ``unique``: ``statement`` returns unique results (a job that was
-    not added because of a conflict keeps its own context)."""
+    not added because of a conflict keeps its own context). ``order_by``: a
+    column of its rows to order the result by (the rows of a statement that
+    carries a context are ordered outside it)."""
+    order: LiteralString = " order by " + order_by if order_by else ""
     inject = _inject
     if inject is None:
-        return statement, {}
+        return statement + order, {}
     carrier: dict[str, str] = {}
     inject(carrier)
     if not carrier:
-        return statement, {}
-    return _carrying(statement, unique), {"trace_context": json.dumps(carrier)}
+        return statement + order, {}
+    return _carrying(statement, unique) + order, {"trace_context": json.dumps(carrier)}
 
 
 @cache

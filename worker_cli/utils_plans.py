@@ -121,7 +121,8 @@ class UtilsPlans:
             "unique_rules": json.dumps(rules),
             "job_key_preserve_run_at": job_key_preserve_run_at,
         }
-        return unique_results_plan(self.schema, statements.add_unique_jobs, params)
+        statement, trace = carry(statements.add_unique_jobs, unique=True, order_by="spec_index")
+        return unique_results_plan(self.schema, statement, {**params, **trace})
 
     def remove_job(self, job_key: str) -> Plan[Job | None]:
         """``remove_job``."""
