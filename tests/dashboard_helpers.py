@@ -26,6 +26,7 @@ import pytest
 import uvicorn
 from dbhelpers import cli_path
 from selenium import webdriver
+from selenium.common.exceptions import WebDriverException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
@@ -192,12 +193,22 @@ def wait_for_text(driver: WebDriver, css: str, text: str) -> WebElement:
 
 
 def click(driver: WebDriver, css: str) -> None:
-    """Click an element and wait for the page it leads to replacing this one."""
-    old = driver.find_element(By.TAG_NAME, "html")
+    """Click an element and wait for the page it leads to replacing this one:
+    a mark set on this page's window is gone from the next page's, once that
+    page has loaded. (Waiting for this page's elements to go stale instead
+    asked the old document about an element while Chromium tore it down, and
+    chromedriver answered "Node with given id does not belong to the document".)
+    While the document changes, a script may fail or find the old one; the
+    wait asks again until the new one answers."""
+    driver.execute_script("window.__leaving = true;")
     WebDriverWait(driver, WAIT).until(
         expected_conditions.element_to_be_clickable((By.CSS_SELECTOR, css))
     ).click()
-    WebDriverWait(driver, WAIT).until(expected_conditions.staleness_of(old))
+    WebDriverWait(driver, WAIT, ignored_exceptions=(WebDriverException,)).until(
+        lambda driver: driver.execute_script(
+            "return window.__leaving !== true && document.readyState === 'complete';"
+        )
+    )
     wait_for(driver, "#content")
 
 
