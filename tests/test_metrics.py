@@ -115,9 +115,12 @@ def test_the_command_serves_exact_counts_of_the_jobs_it_ran(db: str, tmp_path: P
         name = "graphile_worker_job_duration_seconds"
         assert sample(samples, f"{name}_count", task=task) == 4
         assert sample(samples, f"{name}_bucket", task=task, le="+Inf") == 4
-    # The 0.3 s job is above the 0.25 s bucket, and in the sum.
-    assert sample(samples, f"{name}_bucket", task="alpha", le="0.25") <= 3
-    assert sample(samples, f"{name}_sum", task="alpha") >= 0.3
+    # The 0.3 s job is above the 0.25 s bucket, and in the sum. (Not ">= 0.3":
+    # uvloop's timers count whole milliseconds from a cached loop time, so
+    # asyncio.sleep(0.3) may end a fraction of a millisecond early by the
+    # worker's clock; the sum once read 0.29977.)
+    assert sample(samples, f"{name}_bucket", task="alpha", le="0.25") == 3
+    assert sample(samples, f"{name}_sum", task="alpha") > 0.25
     assert sample(samples, "graphile_worker_jobs_running") == 0
     assert sample(samples, "graphile_worker_local_queue_length") == 0
     for task, failed in (("alpha", 1), ("beta", 2)):
