@@ -25,6 +25,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from . import statements
 from .retry import one_line
+from .status_statements import STATE_COUNTS
 
 if TYPE_CHECKING:
     from .worker import WorkerPool
@@ -46,21 +47,14 @@ WAIT_SECONDS = 5.0
 
 # At most %(limit)s rows of the jobs table, in their physical order (a
 # sequential scan that stops there, no index: the cost is bounded whatever the
-# queue holds), counted by task in the states of statements.status_counts.
-_DEPTH = """
+# queue holds), counted by task in the states of `graphile-worker status`
+# (status_statements.STATE_COUNTS), then in all.
+_DEPTH = (
+    """
   select
-    t.identifier,
-    count(*) filter (
-      where j.locked_at is null and j.attempts < j.max_attempts and j.run_at <= now()
-    ),
-    count(*) filter (
-      where j.locked_at is null and j.attempts < j.max_attempts and j.run_at > now()
-    ),
-    count(*) filter (where j.locked_at is not null),
-    count(*) filter (where j.locked_at is null and j.attempts >= j.max_attempts),
-    count(*) filter (
-      where j.locked_at is null and j.attempts < j.max_attempts and j.attempts > 0
-    ),
+    t.identifier,"""
+    + STATE_COUNTS
+    + """,
     count(*)
   from (
     select j.task_id, j.run_at, j.attempts, j.max_attempts, j.locked_at
@@ -70,6 +64,7 @@ _DEPTH = """
   join {schema}._private_tasks as t on t.id = j.task_id
   group by t.identifier
 """
+)
 
 # The query gives up rather than hold a connection for long.
 _TIMEOUT = "set local statement_timeout = 5000"

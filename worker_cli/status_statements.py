@@ -4,6 +4,8 @@ with :func:`worker_cli.statements.compose`, as every other statement)."""
 
 from __future__ import annotations
 
+from typing import LiteralString
+
 # Due, unlocked jobs of the given tasks, counted up to %(cap)s rows (the
 # --once progress line; the jobs' main index holds exactly the available ones).
 progress_remaining = """
@@ -29,17 +31,12 @@ status_installed = """
 
 status_revision = "select max(id) from {schema}.migrations"
 
-# Every job is in exactly one of: locked (being run, or held by a crashed
-# worker), permanently failed (attempts used up), scheduled (run_at in the
-# future) or waiting (due now). "retrying" counts the waiting and scheduled
-# jobs that have been attempted before. Grouped by task and named queue;
-# status.py adds the groups up. now() is the transaction's start, so all the
-# status statements (run in one read-only repeatable-read transaction) agree.
-status_counts = """
-  select
-    t.identifier,
-    q.queue_name,
-    count(*),
+# The jobs of a group (rows aliased j) in each state, in this order: waiting
+# (due now), scheduled (run_at in the future), locked (being run, or held by a
+# crashed worker), permanently failed (attempts used up); every job is in
+# exactly one of them. Then retrying: the waiting and scheduled jobs that have
+# been attempted before. The metrics' queue depth counts the same.
+STATE_COUNTS: LiteralString = """
     count(*) filter (
       where j.locked_at is null and j.attempts < j.max_attempts and j.run_at <= now()
     ),
@@ -50,12 +47,25 @@ status_counts = """
     count(*) filter (where j.locked_at is null and j.attempts >= j.max_attempts),
     count(*) filter (
       where j.locked_at is null and j.attempts < j.max_attempts and j.attempts > 0
-    )
+    )"""
+
+# The jobs in each state (STATE_COUNTS) by task and named queue; status.py
+# adds the groups up. now() is the transaction's start, so all the status
+# statements (run in one read-only repeatable-read transaction) agree.
+status_counts = (
+    """
+  select
+    t.identifier,
+    q.queue_name,
+    count(*),"""
+    + STATE_COUNTS
+    + """
   from {schema}._private_jobs as j
   join {schema}._private_tasks as t on t.id = j.task_id
   left join {schema}._private_job_queues as q on q.id = j.job_queue_id
   group by t.identifier, q.queue_name
 """
+)
 
 # The job that has been due the longest without being taken.
 status_oldest_waiting = """
