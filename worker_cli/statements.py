@@ -228,16 +228,18 @@ complete_batch = """
 """
 
 # Failure: record the error, back off exp(min(attempts, 10)) seconds, release
-# the lock. A replacement payload (the failed items of a batch job) is stored.
-# attempts is not touched (it was counted when the job was fetched), except for
-# a permanent failure (a payload that does not fit its task): its attempts are
-# used up, as permanently_fail_jobs does, so that it is not retried in vain.
+# the lock. A batch job keeps only its failed items (their 0-based positions,
+# as an int[] literal in ``items``), as they are stored: the payload is never
+# re-encoded by the worker. attempts is not touched (it was counted when the
+# job was fetched), except for a permanent failure (a payload that does not
+# fit its task): its attempts are used up, as permanently_fail_jobs does, so
+# that it is not retried in vain.
 fail_batch = """
   with failure as (
     select *
     from unnest(
-      %(job_ids)b::bigint[], %(messages)s::text[], %(payloads)s::json[], %(permanent)s::bool[]
-    ) as f(id, message, payload, permanent)
+      %(job_ids)b::bigint[], %(messages)s::text[], %(items)s::text[], %(permanent)s::bool[]
+    ) as f(id, message, items, permanent)
   ),
   failed as (
     update {schema}._private_jobs as j
@@ -245,7 +247,13 @@ fail_batch = """
         attempts = case when failure.permanent
           then greatest(j.attempts, j.max_attempts) else j.attempts end,
         run_at = greatest(now(), j.run_at) + exp(least(j.attempts, 10)) * interval '1 second',
-        payload = coalesce(failure.payload, j.payload),
+        payload = case when failure.items is null or json_typeof(j.payload) <> 'array'
+          then j.payload
+          else (
+            select coalesce(json_agg(item.value order by item.position), '[]'::json)
+            from json_array_elements(j.payload) with ordinality as item(value, position)
+            where item.position - 1 = any(failure.items::int[])
+          ) end,
         locked_at = null,
         locked_by = null,
         updated_at = now()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,8 +23,9 @@ class Failure:
     error: BaseException
     #: The text stored as the job's last_error (see :func:`describe`).
     message: str
-    #: A batch job's new payload: the items that failed (None: unchanged).
-    replacement_payload: str | None = None
+    #: A batch job's failed items, by position (0-based): its payload becomes
+    #: them, as they are stored (None: the payload is unchanged).
+    failed_items: list[int] | None = None
     #: No retry follows: its attempts are used up, or its payload does not fit
     #: its task (a PayloadError), which no retry can change: it is failed for
     #: good now (attempts set to max_attempts; reschedule_jobs revives it).
@@ -37,25 +37,42 @@ class Failure:
         )
 
 
+#: The longest last_error written (characters): a message longer than this is
+#: cut short, saying how long it was. A batch of results is one statement, so
+#: an unbounded message (a task raising with a whole response body) would make
+#: every result of its batch as large.
+MAX_ERROR_LENGTH = 65_536
+
+
 def describe(error: BaseException) -> str:
     """The text stored as a job's last_error. Never raises: an exception whose
-    ``__str__`` fails is described as ``<unprintable ...>``. NUL characters and
-    lone surrogates, which a PostgreSQL text value cannot hold, are written as
-    escapes: stored raw, they would fail the write of every result in the
-    batch, again and again."""
+    ``__str__`` fails is described as ``<unprintable ...>``. See :func:`storable`."""
     name = type(error).__name__
     try:
         text = str(error)
     except BaseException:
         text = f"<unprintable {name} object>"
-    described = f"{name}: {text}" if text else name
-    return described.encode("utf-8", "backslashreplace").decode().replace("\x00", "\\x00")
+    return storable(f"{name}: {text}" if text else name)
 
 
-def batch_failures(job: Job, result: list[Any]) -> tuple[Exception | None, str | None]:
+def storable(text: str) -> str:
+    """``text`` as a PostgreSQL text value can hold it: NUL characters and lone
+    surrogates (refused by the server, they would fail the write of every
+    result in the batch) written as escapes, and at most
+    :data:`MAX_ERROR_LENGTH` characters."""
+    if len(text) > MAX_ERROR_LENGTH:
+        cut = text[: MAX_ERROR_LENGTH - 64]
+        text = f"{cut}... (cut short: {len(text)} characters in all)"
+    return text.encode("utf-8", "backslashreplace").decode().replace("\x00", "\\x00")
+
+
+def batch_failures(job: Job, result: list[Any]) -> tuple[Exception | None, list[int] | None]:
     """A list payload answered by a list of results: retry only the failed items.
 
-    Returns the job's error and its replacement payload (None, None: success).
+    Returns the job's error and the positions of its failed items (None, None:
+    success). The failure statement keeps those items of the stored payload,
+    as they were written: the worker never re-encodes a payload (a number
+    like ``1e400`` reads as ``inf`` in Python, which is not JSON).
     A list of another length is a bug in the task: as graphile-worker does, it
     is logged and the job counts as a success.
     """
@@ -71,15 +88,11 @@ def batch_failures(job: Job, result: list[Any]) -> tuple[Exception | None, str |
             len(payload),
         )
         return None, None
-    failed = [
-        (item, entry)
-        for item, entry in zip(payload, result, strict=True)
-        if isinstance(entry, BaseException)
-    ]
+    failed = [index for index, entry in enumerate(result) if isinstance(entry, BaseException)]
     if not failed:
         return None, None
     error = RuntimeError(
         f"Batch failures ({len(failed)} of {len(result)} items):\n"
-        + "\n".join(describe(entry) for _, entry in failed)
+        + "\n".join(describe(result[index]) for index in failed)
     )
-    return error, json.dumps([item for item, _ in failed])
+    return error, failed
