@@ -204,6 +204,7 @@ class _HeldFetch(Fetcher):
             done=lambda: 0,
             events=Events(),
             owner=None,
+            on_unreadable=lambda unreadable: None,
         )
         self.started = asyncio.Event()
         self.release = asyncio.Event()

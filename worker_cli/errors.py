@@ -16,6 +16,7 @@ __all__ = [
     "PayloadError",
     "SchemaNotInstalledError",
     "TaskLoadError",
+    "UnreadableJobError",
     "UnsupportedPostgresError",
 ]
 
@@ -83,3 +84,10 @@ class PayloadError(ValueError):
         super().__init__(f"{field}: {reason}")
         self.field = field
         self.reason = reason
+
+
+class UnreadableJobError(PayloadError):
+    """A fetched job's row holds a value Python cannot read (a payload nested
+    too deeply, an integer of too many digits). ``field`` names the column.
+    Its task is never called, and it fails permanently at once: no retry can
+    read it either (``reschedule_jobs`` revives it once the row is fixed)."""

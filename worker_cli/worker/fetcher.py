@@ -34,10 +34,11 @@ import psycopg
 from .. import statements
 from ..db import WorkerConnections
 from ..events import Events
-from ..job import Job, jobs_from_rows, read_payloads_raw
+from ..job import Job, read_payloads_raw
 from ..options import ForbiddenFlags, WorkerOptions
 from ..retry import DEFAULT, one_line
 from .local_queue import LocalQueue, Rate, plan_fetch
+from .unreadable import Unreadable, read_jobs
 
 __all__ = ["FetchSettings", "Fetcher", "OnFetched", "configure_fetch_connection"]
 
@@ -45,6 +46,9 @@ __all__ = ["FetchSettings", "Fetcher", "OnFetched", "configure_fetch_connection"
 #: queued (tracing reads their trace contexts). It raises only when the
 #: connection broke: the fetch is then treated as lost.
 OnFetched = Callable[[psycopg.AsyncConnection[Any], Sequence[Job]], Awaitable[None]]
+#: Called with the fetched jobs whose row cannot be read (see :mod:`.unreadable`):
+#: they are held, and must be failed.
+OnUnreadable = Callable[[Sequence[Unreadable]], None]
 
 logger = logging.getLogger("graphile_worker")
 
@@ -97,6 +101,7 @@ class Fetcher:
         events: Events,
         owner: object,
         on_fetched: OnFetched | None = None,
+        on_unreadable: OnUnreadable,
     ) -> None:
         self._connections = connections
         self._settings = settings
@@ -111,6 +116,7 @@ class Fetcher:
         self._owner = owner
         #: Called with each fetch's connection and jobs before they are queued.
         self._on_fetched = on_fetched
+        self._on_unreadable = on_unreadable
         self._get_jobs = statements.compose(
             statements.get_jobs_at if settings.use_local_time else statements.get_jobs,
             settings.schema,
@@ -269,7 +275,7 @@ class Fetcher:
             if self._settings.use_local_time:
                 params["now"] = datetime.now(UTC)
             cur = await conn.cursor(binary=True).execute(self._get_jobs, params)
-            jobs = jobs_from_rows(await cur.fetchall(), self._task_ids)
+            jobs, unreadable = await read_jobs(cur, self._task_ids)
             if self._on_fetched is not None:
                 await self._on_fetched(conn, jobs)
         except BaseException as exc:
@@ -278,12 +284,15 @@ class Fetcher:
                 self._lost = self._session or True
                 await self._drop_connection(conn)
             raise
-        self._enqueue(jobs)
-        return len(jobs)
+        self._enqueue(jobs, unreadable)
+        return len(jobs) + len(unreadable)
 
-    def _enqueue(self, jobs: Sequence[Job]) -> None:
+    def _enqueue(self, jobs: Sequence[Job], unreadable: Sequence[Unreadable]) -> None:
         self._held.update(job.id for job in jobs)
         self._queue.put(jobs)
+        if unreadable:
+            self._held.update(job.id for job, _ in unreadable)
+            self._on_unreadable(unreadable)
 
     async def _forbidden_flags(self) -> list[str] | None:
         option = self._settings.forbidden_flags
@@ -322,19 +331,19 @@ class Fetcher:
             statements.compose(statements.lost_fetch_jobs, self._settings.schema),
             {"pool_id": pool_id, "known_ids": list(self._held)},
         )
-        jobs = jobs_from_rows(await cur.fetchall(), self._task_ids)
+        jobs, unreadable = await read_jobs(cur, self._task_ids)
         if self._on_fetched is not None:
             await self._on_fetched(conn, jobs)
         self._lost = False
-        if jobs:
+        if jobs or unreadable:
             logger.warning(
                 "Worker pool %s: the reply to a fetch was lost after it had locked %d job(s) "
                 "(ids: %s); running them now",
                 pool_id,
-                len(jobs),
-                ", ".join(str(job.id) for job in jobs),
+                len(jobs) + len(unreadable),
+                ", ".join(str(job.id) for job in [*jobs, *(job for job, _ in unreadable)]),
             )
-            self._enqueue(jobs)
+            self._enqueue(jobs, unreadable)
 
     async def _drop_connection(self, conn: psycopg.AsyncConnection[Any]) -> None:
         """Close the connection; the next fetch opens a new one."""
