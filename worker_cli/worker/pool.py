@@ -40,7 +40,8 @@ from .listener import Listener
 from .local_queue import LocalQueue
 from .maintenance import Poller, Sweeper
 from .slots import Slots
-from .stopping import cancel_and_wait, log_unwritten, wait_until_forced
+from .stopping import cancel_and_wait, log_unwritten, wait_for_running, wait_until_forced
+from .unreadable import Unreadable
 
 if TYPE_CHECKING:
     from ..crontab import ParsedCronItem
@@ -107,6 +108,7 @@ class WorkerPool:
             events=self.events,
             owner=self,
             on_fetched=on_fetched,
+            on_unreadable=self._fail_unreadable,
         )
         self._slots: Slots | None = None
         self._utils: WorkerUtils | None = None
@@ -253,7 +255,9 @@ class WorkerPool:
                 # need a connection that a running task holds until its abort_signal.
                 returning = asyncio.ensure_future(completer.return_unstarted(queue.drain()))
                 queue.end_slots(len(slots))
-                await self._wait_for_running(slots, slot_tasks)
+                await wait_for_running(
+                    slots, slot_tasks, self._forced, options.graceful_shutdown_timeout, self.id
+                )
                 completer.close()
                 # A helper inside a query may take a while to end once cancelled.
                 await self._finish(returning, writer, *helpers)
@@ -290,6 +294,11 @@ class WorkerPool:
             loops.append(CronScheduler(self.cron_items, utils.pool, options.schema).run())
         return loops
 
+    def _fail_unreadable(self, unreadable: Sequence[Unreadable]) -> None:
+        """Fetched jobs whose rows cannot be read fail alone, without running."""
+        if self._slots is not None:  # always: fetches start after the slots
+            self._slots.fail_unreadable(unreadable)
+
     def _on_exhausted(self) -> None:
         """With ``once``: stop once nothing is left to fetch, run or write (the
         pool holds no job: none queued, running, or with a result unwritten)."""
@@ -299,27 +308,6 @@ class WorkerPool:
     def _on_breaking_migration(self, message: str) -> None:
         self.breaking_migration = message
         self.stop(message)
-
-    async def _wait_for_running(self, slots: Slots, tasks: Sequence[asyncio.Task[None]]) -> None:
-        """Let the running jobs finish; after the graceful timeout set their
-        ``abort_signal``; on a forced stop they are failed (Slots.fail_running)."""
-        all_slots: asyncio.Future[Any] = asyncio.gather(*tasks)
-        if slots.running:
-            timeout = self.options.graceful_shutdown_timeout
-            done = await wait_until_forced(all_slots, self._forced, within=timeout)
-            if not done and not self._forced.is_set():
-                logger.warning(
-                    "Worker pool %s: %d job(s) still running after %.1fs; "
-                    "setting their abort_signal",
-                    self.id,
-                    slots.running,
-                    timeout,
-                )
-                slots.abort.set()
-                await wait_until_forced(all_slots, self._forced)
-            if self._forced.is_set():
-                slots.fail_running()
-        await all_slots
 
     async def _finish(self, *tasks: asyncio.Future[None]) -> None:
         """Wait for ``tasks``; once a forced stop has begun, only for

@@ -17,10 +17,11 @@ fail (and retry elsewhere).
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import secrets
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from .. import logs
@@ -31,6 +32,7 @@ from ..tasks import Task
 from ..worker_utils import WorkerUtils
 from .completer import Completer
 from .local_queue import LocalQueue, Refill
+from .loop_watch import LoopWatch
 from .outcome import Failure, batch_failures, describe
 from .task_threads import (
     TASK_THREAD_PREFIX,
@@ -40,7 +42,10 @@ from .task_threads import (
     TaskThread,
     ThreadSettings,
     busy_task_threads,
+    exit_forked_child,
+    forks,
 )
+from .unreadable import Unreadable
 
 __all__ = ["TASK_THREAD_PREFIX", "Refill", "Slots", "busy_task_threads"]
 
@@ -103,6 +108,7 @@ class Slots:
             loop=self._loop,
             abort=self.abort,
         )
+        self._watch = LoopWatch(self._loop, self.job_of)
         #: Jobs running now.
         self.running = 0
         #: Jobs run to an outcome (success or failure).
@@ -112,10 +118,19 @@ class Slots:
         return len(self._slots)
 
     def start(self, group: asyncio.TaskGroup) -> list[asyncio.Task[None]]:
-        """Start every slot in ``group``; returns their tasks."""
+        """Start every slot in ``group``, and the watch that names a job
+        blocking the event loop; returns their tasks."""
+        self._watch.start()
         for slot in self._slots:
             slot.task = group.create_task(self._run(slot))
         return [slot.task for slot in self._slots if slot.task is not None]
+
+    def job_of(self, task: asyncio.Task[object] | None) -> Job | None:
+        """The ``async def`` job a slot's asyncio task is running (any thread)."""
+        for slot in self._slots:
+            if slot.task is task:
+                return slot.job
+        return None
 
     def fail_running(self) -> None:
         """A forced stop: end the running jobs now, as failures."""
@@ -127,6 +142,7 @@ class Slots:
 
     def close(self) -> None:
         """Release the threads (a plain task that never returns is left behind)."""
+        self._watch.stop()
         for slot in self._slots:
             if slot.thread is not None:
                 slot.thread.close()
@@ -177,23 +193,42 @@ class Slots:
         if events.wants("job:start"):
             events.emit("job:start", worker_id=slot.worker_id, job=job)
         error: BaseException | None = None
-        replacement: str | None = None
+        failed_items: list[int] | None = None
+        before = forks()
         try:
             result = await task.function(job.payload, helpers)
+            while result is not None and inspect.isawaitable(result):
+                result = await result  # a returned coroutine, as Node awaits a returned promise
             if isinstance(result, list) and isinstance(job.payload, list):
-                error, replacement = batch_failures(job, result)
-        except asyncio.CancelledError:
-            if not self._failing or slot.task is None:
-                raise
-            slot.task.uncancel()
-            error = _stopped()
+                error, failed_items = batch_failures(job, result)
+        except asyncio.CancelledError as exc:
+            error = self._cancelled(slot, exc)
         except BaseException as exc:  # SystemExit, GeneratorExit, ... too: the job failed
+            exit_forked_child(before, exc)
             error = exc
         finally:
+            exit_forked_child(before, None)
             slot.job = None
             self.running -= 1
         duration = (time.perf_counter() - started) * 1000
-        self._report(Ran(job, slot.worker_id, error, replacement, duration))
+        self._report(Ran(job, slot.worker_id, error, failed_items, duration))
+
+    def _cancelled(self, slot: _Slot, error: asyncio.CancelledError) -> BaseException:
+        """The job's error for a CancelledError caught in ``slot``'s job.
+
+        Re-raises it when the slot's task itself was cancelled (the pool ends
+        it). A forced stop's cancellation is taken back: the job failed
+        (:func:`_stopped`), the slot goes on. With no cancellation of the slot
+        pending, the task raised it itself (it awaited something someone else
+        cancelled): only its job failed.
+        """
+        task = slot.task
+        if task is None or not task.cancelling():
+            return error
+        if not self._failing:
+            raise error
+        task.uncancel()
+        return _stopped()
 
     async def _run_plain(self, slot: _Slot, job: Job) -> None:
         """Hand a plain job to the slot's thread, which runs it and the plain
@@ -211,19 +246,23 @@ class Slots:
         done = thread.hand(job, more=more)
         try:
             await done
-        except asyncio.CancelledError:
+        except asyncio.CancelledError as exc:
             if done.cancelled():  # else _delivered counted it
                 self.running -= 1
             # The thread takes no other job and reports nothing more.
             slot.thread = None
             abandoned = thread.abandon()
-            if not self._failing or slot.task is None:
-                raise
-            slot.task.uncancel()
+            self._cancelled(slot, exc)  # raises unless forced
             if abandoned is not None:
                 running, started = abandoned
                 duration = (time.perf_counter() - started) * 1000
                 self._report(Ran(running, slot.worker_id, _stopped(), None, duration))
+
+    def fail_unreadable(self, unreadable: Sequence[Unreadable]) -> None:
+        """Fail fetched jobs whose rows cannot be read (never run: their task
+        is not called), in the pool's name."""
+        for job, error in unreadable:
+            self._report(Ran(job, self._pool_id, error, None, 0.0))
 
     def _delivered(self, items: list[Ran | Back], refill: bool) -> None:
         """On the loop: what the task threads reported since the last call."""
@@ -252,7 +291,7 @@ class Slots:
                         "job:success", worker_id=worker_id, job=job, duration_ms=ran.duration_ms
                     )
                 return
-            failure = Failure(job, worker_id, error, describe(error), ran.replacement)
+            failure = Failure(job, worker_id, error, describe(error), ran.failed_items)
             self._completer.failed(failure)
             logs.job_failed(job, worker_id, self._pool_id, ran.duration_ms, failure.message, error)
             self._events.emit(

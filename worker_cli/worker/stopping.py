@@ -5,11 +5,14 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..options import WorkerOptions
 
-__all__ = ["cancel_and_wait", "log_unwritten", "wait_until_forced"]
+if TYPE_CHECKING:
+    from .slots import Slots
+
+__all__ = ["cancel_and_wait", "log_unwritten", "wait_for_running", "wait_until_forced"]
 
 logger = logging.getLogger("graphile_worker")
 
@@ -27,6 +30,33 @@ async def wait_until_forced(
     finally:
         forced_wait.cancel()
     return awaitable.done()
+
+
+async def wait_for_running(
+    slots: Slots,
+    tasks: Sequence[asyncio.Task[None]],
+    forced: asyncio.Event,
+    graceful_timeout: float,
+    pool_id: str,
+) -> None:
+    """Let the running jobs finish (``tasks`` are the slots'); after
+    ``graceful_timeout`` set their ``abort_signal``; once ``forced`` is set they
+    are failed (:meth:`Slots.fail_running`)."""
+    all_slots: asyncio.Future[Any] = asyncio.gather(*tasks)
+    if slots.running:
+        done = await wait_until_forced(all_slots, forced, within=graceful_timeout)
+        if not done and not forced.is_set():
+            logger.warning(
+                "Worker pool %s: %d job(s) still running after %.1fs; setting their abort_signal",
+                pool_id,
+                slots.running,
+                graceful_timeout,
+            )
+            slots.abort.set()
+            await wait_until_forced(all_slots, forced)
+        if forced.is_set():
+            slots.fail_running()
+    await all_slots
 
 
 async def cancel_and_wait(task: asyncio.Future[Any], within: float = 2.0) -> None:

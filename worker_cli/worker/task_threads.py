@@ -23,11 +23,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import inspect
+import os
 import queue
+import sys
 import threading
 import time
+import traceback
 from collections import deque
-from collections.abc import Callable, Collection
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,6 +50,9 @@ __all__ = [
     "TaskThread",
     "ThreadSettings",
     "busy_task_threads",
+    "contained_call",
+    "exit_forked_child",
+    "forks",
 ]
 
 #: Name prefix of the threads that run plain (``def``) tasks.
@@ -60,8 +67,8 @@ class Ran:
     worker_id: str
     #: None: success.
     error: BaseException | None
-    #: A batch job's new payload: the items that failed (None: unchanged).
-    replacement: str | None
+    #: A batch job's failed items, by position (None: its payload is unchanged).
+    failed_items: list[int] | None
     #: How long it ran, in milliseconds.
     duration_ms: float
 
@@ -213,9 +220,9 @@ class TaskThread:
         )
         function = settings.tasks[job.task_identifier].function
         started = self._started = time.perf_counter()
-        error, replacement = contained_call(function, job, helpers)
+        error, failed_items = contained_call(function, job, helpers, settings.loop)
         duration = (time.perf_counter() - started) * 1000
-        return Ran(job, self._worker_id, error, replacement, duration)
+        return Ran(job, self._worker_id, error, failed_items, duration)
 
 
 _busy_task_threads: set[threading.Thread] = set()
@@ -227,18 +234,76 @@ def busy_task_threads() -> int:
 
 
 def contained_call(
-    function: Callable[[Any, Helpers], Any], job: Job, helpers: Helpers
-) -> tuple[BaseException | None, str | None]:
+    function: Callable[[Any, Helpers], Any],
+    job: Job,
+    helpers: Helpers,
+    loop: asyncio.AbstractEventLoop,
+) -> tuple[BaseException | None, list[int] | None]:
     """Call a plain task in a fresh context; its error (None: success) and,
-    for a batch job, its replacement payload."""
+    for a batch job, the positions of its failed items. Never raises.
+
+    A returned awaitable (a plain ``def`` returning a coroutine) is awaited
+    on the event loop, as Node awaits a returned promise. A process forked by
+    the task that comes back here (its child returned or raised, ``sys.exit()``
+    included) exits at once (:func:`exit_forked_child`): it must never carry
+    on as a copy of the worker.
+    """
     thread = threading.current_thread()
+    before = _Forks.count
     _busy_task_threads.add(thread)
     try:
         result = contextvars.Context().run(function, job.payload, helpers)
+        if result is not None and inspect.isawaitable(result):
+            result = asyncio.run_coroutine_threadsafe(_awaited(result), loop).result()
+        if isinstance(result, list) and isinstance(job.payload, list):
+            return batch_failures(job, result)
+        return None, None
     except BaseException as exc:  # SystemExit, GeneratorExit, ... too: the job failed
+        exit_forked_child(before, exc)
         return exc, None
     finally:
+        exit_forked_child(before, None)
         _busy_task_threads.discard(thread)
-    if isinstance(result, list) and isinstance(job.payload, list):
-        return batch_failures(job, result)
-    return None, None
+
+
+async def _awaited(awaitable: Awaitable[Any]) -> Any:
+    return await awaitable
+
+
+class _Forks:
+    """How many times this process was forked into a child (counted in the child)."""
+
+    count = 0
+
+    @classmethod
+    def counted(cls) -> None:
+        cls.count += 1
+
+
+os.register_at_fork(after_in_child=_Forks.counted)
+
+
+def forks() -> int:
+    """A number that changes in a child forked by ``os.fork()`` (see :func:`exit_forked_child`)."""
+    return _Forks.count
+
+
+def exit_forked_child(before: int, error: BaseException | None) -> None:
+    """In a process forked by a task while it ran (:func:`forks` is no longer
+    ``before``), end it now with the status ``sys.exit()`` gives (0 when the
+    task returned, 1 for another error): nothing of the worker may run there.
+    Returns in the worker (a process started by forking one, as a pre-forking
+    server does, counts its forks from there)."""
+    if _Forks.count == before:
+        return
+    code = 0
+    if isinstance(error, SystemExit):
+        code = error.code if isinstance(error.code, int) else (0 if error.code is None else 1)
+    elif error is not None:
+        code = 1
+        with contextlib.suppress(BaseException):
+            traceback.print_exception(error)
+    with contextlib.suppress(BaseException):
+        sys.stdout.flush()
+        sys.stderr.flush()
+    os._exit(code)
