@@ -7,6 +7,8 @@ import logging
 import os
 import re
 import sys
+import threading
+import time
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
@@ -342,17 +344,35 @@ def _run_worker(connection: str | None, settings: dict[str, Any], **run_options:
 def _exit_despite_stuck_task_threads(code: int) -> None:
     """A plain ``def`` task that ignored a forced shutdown still runs in its
     thread, and Python would wait for it forever at exit. Its job is already
-    failed and written back, so leave without it."""
+    failed and written back, so leave without it. So do threads a task
+    started and left running (not daemon threads, which Python would wait
+    for): they get a second to end, then they are named and left behind."""
     from .worker import busy_task_threads
 
+    log = logging.getLogger("graphile_worker")
     stuck = busy_task_threads()
-    if not stuck:
+    if stuck:
+        log.warning(
+            "%d task thread(s) still running (a plain `def` task that ignored the shutdown); "
+            "exiting without waiting for them",
+            stuck,
+        )
+    deadline = time.monotonic() + 1.0
+    left = []
+    for thread in threading.enumerate():
+        if thread is threading.main_thread() or thread.daemon:
+            continue
+        thread.join(max(0.0, deadline - time.monotonic()))
+        if thread.is_alive():
+            left.append(thread.name)
+    if left:
+        log.warning(
+            "Thread(s) %s, left running by a task, did not end: exiting without waiting for "
+            "them (a task should join the threads it starts, or make them daemon threads)",
+            ", ".join(repr(name) for name in left),
+        )
+    if not stuck and not left:
         return
-    logging.getLogger("graphile_worker").warning(
-        "%d task thread(s) still running (a plain `def` task that ignored the shutdown); "
-        "exiting without waiting for them",
-        stuck,
-    )
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()

@@ -28,24 +28,23 @@ import os
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any, Literal, TextIO
 
 from . import line_handler
-from .errors import PayloadError
+from .errors import PayloadError, UnreadableJobError
 from .line_handler import LineHandler
 
 if TYPE_CHECKING:
-    from .events import EventHandler, Events
     from .job import Job
 
 __all__ = [
     "LOG_FORMATS",
     "JsonFormatter",
     "LogFormat",
-    "attach_debug_logging",
     "configure",
     "debug_from_env",
     "job_failed",
@@ -131,7 +130,10 @@ def job_failed(
     permanent = misfit or job.attempts >= job.max_attempts
     extra = _scope(job, worker_id, pool_id, duration_ms)
     extra["error"] = message
-    if misfit:
+    if isinstance(error, UnreadableJobError):
+        fate = "its row cannot be read: failed permanently (no retry)"
+        extra["retry_in_s"] = None
+    elif misfit:
         fate = "the payload does not fit the task: failed permanently (no retry)"
         extra["retry_in_s"] = None
     elif permanent:
@@ -143,74 +145,33 @@ def job_failed(
         fate = f"retrying in {delay:.0f}s"
         extra["retry_in_s"] = round(delay, 3)
     extra["permanent"] = permanent
-    outcome_logger.error(
-        "Failed task %d (%s, %.2fms, attempt %d/%d) with error %r; %s",
-        job.id,
-        job.task_identifier,
-        duration_ms,
-        job.attempts,
-        job.max_attempts,
-        message,
-        fate,
-        exc_info=None if misfit else (type(error), error, error.__traceback__),
+    args = (job.id, job.task_identifier, duration_ms, job.attempts, job.max_attempts, message, fate)
+    if misfit:
+        outcome_logger.error(_FAILED, *args, extra=extra)
+        return
+    # The traceback is formatted here, with NUL characters and lone surrogates
+    # escaped (an exception's message may hold anything): a formatter uses a
+    # record's exc_text when it has one.
+    record = outcome_logger.makeRecord(
+        outcome_logger.name,
+        _ERROR,
+        __file__,
+        0,
+        _FAILED,
+        args,
+        (type(error), error, error.__traceback__),
         extra=extra,
     )
+    record.exc_text = printable("".join(traceback.format_exception(error)).rstrip("\n"))
+    outcome_logger.handle(record)
 
 
-# --- Debug lines from the pool's events ------------------------------------------
+_FAILED = "Failed task %d (%s, %.2fms, attempt %d/%d) with error %r; %s"
 
 
-def attach_debug_logging(events: Events) -> None:
-    """Log the pool's life at debug level (called only when debug is on, so the
-    events cost nothing otherwise)."""
-    log = debug_logger.debug
-
-    def pool_event(text: str) -> EventHandler:
-        def handler(data: dict[str, Any]) -> None:
-            pool_id = data["pool"].id
-            log("Worker pool %s: %s", pool_id, text, extra={"pool_id": pool_id})
-
-        return handler
-
-    events.on("pool:create", pool_event("connected"))
-    events.on("pool:listen:success", pool_event("listening for new jobs"))
-    events.on("worker:getJob:empty", pool_event("no runnable job found"))
-    events.on("pool:release", pool_event("released its connections"))
-
-    def worker_create(data: dict[str, Any]) -> None:
-        worker_id = data["worker_id"]
-        log("Worker %s: started", worker_id, extra={"worker_id": worker_id})
-
-    def job_start(data: dict[str, Any]) -> None:
-        job, worker_id = data["job"], data["worker_id"]
-        log(
-            "Worker %s: running job %d (%s, attempt %d/%d)",
-            worker_id,
-            job.id,
-            job.task_identifier,
-            job.attempts,
-            job.max_attempts,
-            extra={
-                "worker_id": worker_id,
-                "job_id": job.id,
-                "task_identifier": job.task_identifier,
-                "attempt": job.attempts,
-                "max_attempts": job.max_attempts,
-            },
-        )
-
-    def job_complete(data: dict[str, Any]) -> None:
-        job = data["job"]
-        log(
-            "Job %d (%s): result recorded",
-            job.id,
-            job.task_identifier,
-            extra={"job_id": job.id, "task_identifier": job.task_identifier},
-        )
-
-    events.on("worker:create", worker_create)
-    events.on("job:start", job_start)
-    events.on("job:complete", job_complete)
+def printable(text: str) -> str:
+    """``text`` with NUL characters and lone surrogates written as escapes."""
+    return text.encode("utf-8", "backslashreplace").decode().replace("\x00", "\\x00")
 
 
 # --- Output -----------------------------------------------------------------------

@@ -15,7 +15,6 @@ from collections.abc import Callable, Generator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, overload
 
-from . import logs
 from .config import DatabaseConfig, resolve_database
 from .db import connect
 from .errors import ConfigurationError
@@ -254,7 +253,9 @@ async def _start(
     and wait until it is ready; returns its task. The pool's metrics go into
     ``metrics_registry`` (if any) until it stops."""
     if logger.isEnabledFor(logging.DEBUG):
-        logs.attach_debug_logging(pool.events)
+        from .debug_log import attach_debug_logging
+
+        attach_debug_logging(pool.events)
     metrics = None
     if metrics_registry is not None:
         from .metrics import attach_metrics
