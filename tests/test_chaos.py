@@ -34,11 +34,21 @@ import shutil
 import signal
 import subprocess
 import time
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from chaos import Db, Fault, Run, RunLog, Violation, check_runs, write_task
+from chaos_poison import (
+    REFUSE_TRIGGER,
+    Poison,
+    add_innocent_early_job,
+    add_poison,
+    check_poison,
+    poison_settled,
+    write_poison_tasks,
+)
 from dbhelpers import run_cli
 from fault_helpers import (
     RestartablePg,
@@ -67,6 +77,8 @@ SLEEP = (0.005, 0.06)  # seconds a task sleeps
 # A few jobs sleep longer, to be running through a restart, a kill or a stop.
 LONG_SHARE, LONG_SLEEP = 0.004, (0.5, 3.0)
 HEARTBEAT_TIMEOUT = 2.0
+# The poison phase's innocent jobs, mixed with 2 jobs of each poison kind.
+POISON_PHASE_FREE_JOBS, POISON_PHASE_QUEUE_JOBS = 300, 20
 WORKER_ARGS = (
     *("-j", "4", "--poll-interval", "200"),
     *("--heartbeat-interval", "0.5", "--heartbeat-timeout", str(HEARTBEAT_TIMEOUT)),
@@ -146,8 +158,32 @@ class Chaos:
         if free or per_queue:
             self.add_jobs(free, per_queue)
 
-    def jobs_left(self) -> int:
-        return int(self.db.value("select count(*) from graphile_worker._private_jobs"))
+    def jobs_left(self, but: list[int] | None = None) -> int:
+        """Jobs in the table, but those of ``but``."""
+        return int(
+            self.db.value(
+                "select count(*) from graphile_worker._private_jobs where id <> all(%s)",
+                (but or [],),
+            )
+        )
+
+    def poison_phase(self) -> tuple[dict[int, Poison], set[int]]:
+        """Poison jobs of every kind mixed into innocent ones, run by the live
+        workers (no fault meanwhile); returns the poison jobs and the innocent
+        jobs of the phase, once all have reached their end."""
+        self.db.rows(REFUSE_TRIGGER)
+        before = set(self.queues)
+        self.add_jobs(POISON_PHASE_FREE_JOBS, dict.fromkeys(QUEUES, POISON_PHASE_QUEUE_JOBS))
+        poisons = add_poison(self.db, copies=2)
+        self.queues[add_innocent_early_job(self.db)] = None
+        innocent = set(self.queues) - before
+
+        def settled() -> bool:
+            self.check_alive()
+            return self.jobs_left(but=list(poisons)) == 0 and poison_settled(self.db, poisons)
+
+        wait_until(settled, 120, "the poison phase's jobs to reach their end", interval=0.05)
+        return poisons, innocent
 
     # --- workers -------------------------------------------------------------
 
@@ -319,6 +355,7 @@ def test_chaos(tmp_path: Path) -> None:
     folder = tmp_path / "chaos"
     (folder / "runs").mkdir(parents=True)
     write_task(folder, folder / "runs", TASK)
+    write_poison_tasks(folder)
     with restartable_pg() as pg:
         db = Db(pg.server.url(pg.server.create_database()))
         chaos = Chaos(pg, db, folder, rng)
@@ -344,13 +381,18 @@ def test_chaos(tmp_path: Path) -> None:
             duration = time.monotonic() - chaos.t0
             # A replacement started by the last fault may still be starting.
             wait_until(chaos.ready, 60, "every worker to have started")
+            poisons, innocent = chaos.poison_phase()
+            poisoned = check_poison(db, poisons)
             for index in chaos.live:
                 chaos.workers[index].signal(signal.SIGTERM)
             exits = {i: exit_code(chaos.workers[i]) for i in chaos.live + chaos.stopping}
+            # Only the poison jobs that failed may be left, and unlocked.
             left_locked = db.rows(
                 "select 'job' as kind, id::text, locked_by from graphile_worker._private_jobs "
+                "where id <> all(%s) or locked_by is not null "
                 "union all select 'queue', queue_name, locked_by "
-                "from graphile_worker._private_job_queues where locked_by is not null"
+                "from graphile_worker._private_job_queues where locked_by is not null",
+                (list(poisons),),
             )
         finally:
             db.close()
@@ -359,6 +401,13 @@ def test_chaos(tmp_path: Path) -> None:
     violations, figures = check_runs(chaos.runs.runs.values(), chaos.queues, chaos.killed_at)
     end = time.monotonic()
     violations += stuck
+    violations += [Violation("poison", end, problem) for problem in poisoned]
+    phase_runs = Counter(run.job for run in chaos.runs.runs.values() if run.job in innocent)
+    violations += [
+        Violation("poison phase", end, f"innocent job {job} ran {phase_runs[job]} times, not once")
+        for job in sorted(innocent)
+        if phase_runs[job] != 1
+    ]
     violations += [
         Violation(
             "left locked", end, f"{row['kind']} {row['id']} left (locked by {row['locked_by']})"
@@ -379,6 +428,8 @@ def test_chaos(tmp_path: Path) -> None:
     ]
     kinds = [f.kind for f in chaos.faults]
     logs = "\n".join(worker.log() for worker in chaos.workers)
+    if "(poison_blocker, an async def task)" not in logs:
+        violations.append(Violation("poison", end, "no warning named the job blocking the loop"))
     declared = logs.count(": declared worker pool ")
     wrongly = logs.count("was declared dead by another worker")
     print(
@@ -390,7 +441,8 @@ def test_chaos(tmp_path: Path) -> None:
         f"rerun_jobs={figures.rerun_jobs} cut_short_runs={figures.cut_short_runs} "
         f"pools_declared_dead={declared} (alive: {wrongly}) "
         f"idle_faults={sum('no job was left' in f.detail for f in chaos.faults)} "
-        f"last_fault_to_done={recovered_in:.2f}s violations={len(violations)}"
+        f"last_fault_to_done={recovered_in:.2f}s poison_jobs={len(poisons)} "
+        f"poison_phase_innocent_jobs={len(innocent)} violations={len(violations)}"
     )
     if violations:
         report = evidence(chaos, violations)
