@@ -4,6 +4,7 @@ headers on every response, loopback only without a password, /healthz."""
 from __future__ import annotations
 
 import re
+import socket
 from urllib.parse import urlencode
 
 import pytest
@@ -90,6 +91,22 @@ def test_only_loopback_without_authentication(db: str) -> None:
     assert "Invalid value for '--auth'" in bad.stderr
     assert "expected USER:PASSWORD, with a non-empty user and password" in bad.stderr
     assert "nopassword" not in bad.stderr  # never echo what may be a password
+
+
+def test_a_port_in_use_fails_with_one_line(db: str) -> None:
+    """Not uvicorn's log lines and its exit code 3: one line, exit code 1, as
+    every other error of the command."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = run_cli("dashboard", "-c", db, "--port", str(port))
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.strip().splitlines() == [
+        f"Error: --port: cannot serve the dashboard on 127.0.0.1:{port}: port {port} is "
+        "already in use (choose another with --port)"
+    ]
+    assert result.stdout == ""
 
 
 def test_security_headers_on_every_response(db: str) -> None:
