@@ -171,6 +171,25 @@ def test_without_the_schema(empty_db: str) -> None:
         assert "is not installed in this database" in page.body
 
 
+def test_healthz_checks_the_schema_on_every_request(db: str) -> None:
+    """Not once per process: a schema dropped under a running dashboard makes
+    /healthz answer 503, and the pages say the schema is missing; installed
+    again, both recover."""
+    with serve_app(create_app(db)) as url:
+        assert (http(url + "/healthz").status, http(url + "/healthz").body) == (200, "ok\n")
+        assert http(url + "/").status == 200
+        rows(db, "drop schema graphile_worker cascade")
+        assert http(url + "/").status == 503  # the missing table itself
+        page = http(url + "/")  # checked again after that error
+        assert page.status == 503
+        assert "is not installed in this database" in page.body
+        health = http(url + "/healthz")
+        assert (health.status, health.body) == (503, "unavailable\n")
+        assert run_cli("-c", db, "--schema-only").returncode == 0
+        assert http(url + "/healthz").status == 200
+        assert http(url + "/").status == 200
+
+
 def test_read_only_refuses_even_a_valid_post(db: str) -> None:
     """The same POST, with a valid token, is refused read-only and done otherwise."""
     job_id = add_job(db)

@@ -30,7 +30,7 @@ from ..config import resolve_connection_string, resolve_schema
 from ..db import worker_conninfo
 from ..retry import one_line
 from ..worker_utils import WorkerUtils
-from . import actions, pages, queries
+from . import actions, pages
 from .formatting import FILTERS
 from .reads import Reader
 from .security import BasicAuth, Csrf, Receive, Scope, SecurityHeaders, Send
@@ -135,19 +135,21 @@ class Dashboard:
             await self.close()
 
     @asynccontextmanager
-    async def reading(self) -> AsyncIterator[Reader]:
+    async def reading(self, *, check_schema: bool = False) -> AsyncIterator[Reader]:
         """A :class:`Reader` in a read-only, repeatable-read transaction (one
         snapshot for the whole page). Raises SchemaProblem when the schema
-        cannot be shown."""
+        cannot be shown: checked on the first page, again after a database
+        error (the schema may have been dropped), and always with
+        ``check_schema`` (``/healthz``)."""
         pool = await self._open_pool()
         async with pool.connection() as conn, conn.transaction():
             await conn.execute("set transaction isolation level repeatable read, read only")
             reader = Reader(conn, self.schema)
-            if not self._schema_checked:
+            if check_schema or not self._schema_checked:
                 problem = await reader.schema_problem()
+                self._schema_checked = problem is None
                 if problem is not None:
                     raise SchemaProblem(problem)
-                self._schema_checked = True
             yield reader
 
     async def utils(self) -> WorkerUtils:
@@ -155,10 +157,11 @@ class Dashboard:
         return WorkerUtils(await self._open_pool(), self.schema)
 
     async def healthy(self) -> str | None:
-        """None if the database answers and the schema can be shown, else why not."""
+        """None if the database answers and the schema can be shown, else why
+        not; asks the database each time (two catalog-sized statements)."""
         try:
-            async with self.reading() as reader:
-                await reader.row(queries.healthz)
+            async with self.reading(check_schema=True):
+                pass
         except (psycopg.Error, PoolTimeout, SchemaProblem) as exc:
             return one_line(exc)
         return None
@@ -213,6 +216,7 @@ class Dashboard:
         if isinstance(exc, SchemaProblem):
             reason = str(exc)
         else:
+            self._schema_checked = False  # a dropped schema is said so on the next page
             reason = f"the database is unreachable or refused the query: {one_line(exc)}"
         return self.render(request, "error.html", status=503, title="Unavailable", reason=reason)
 
