@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
+from http import HTTPStatus
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
@@ -21,6 +22,7 @@ import jinja2
 import psycopg
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 from starlette.routing import Mount
@@ -32,6 +34,7 @@ from ..retry import one_line
 from ..worker_utils import WorkerUtils
 from . import actions, pages
 from .formatting import FILTERS
+from .inputs import BIGINT, BadInput, parse_job_id, shown
 from .reads import Reader
 from .security import BasicAuth, Csrf, Receive, Scope, SecurityHeaders, Send
 
@@ -84,6 +87,7 @@ class Dashboard:
                 Mount("/static", app=StaticFiles(directory=PACKAGE / "static"), name="static"),
             ],
             exception_handlers={
+                HTTPException: self._http_error,
                 SchemaProblem: self._unavailable,
                 psycopg.Error: self._unavailable,
                 PoolTimeout: self._unavailable,
@@ -210,6 +214,43 @@ class Dashboard:
                 samesite="strict",
                 secure=request.url.scheme == "https",
             )
+        return response
+
+    def no_such_job(self, request: Request, text: str) -> Response:
+        """The 404 of a job id: none has it (not a whole number in bigint's
+        range), or that job does not exist (any more)."""
+        job_id = parse_job_id(text)
+        if job_id is None:
+            reason = f"{shown(text)} is not a job id (a whole number from 1 to {BIGINT})"
+        else:
+            reason = f"job {job_id} does not exist (it may have completed and been deleted)"
+        return self.render(
+            request,
+            "error.html",
+            status=404,
+            title="No such job",
+            reason=reason,
+            notice=pages.notice(request),
+        )
+
+    def bad_input(self, request: Request, exc: BadInput) -> Response:
+        """The 400 of a value the dashboard cannot use."""
+        return self.render(request, "error.html", status=400, title="Bad input", reason=str(exc))
+
+    async def _http_error(self, request: Request, exc: Exception) -> Response:
+        """An address no page has (404), a method no page takes (405)."""
+        assert isinstance(exc, HTTPException)
+        title = HTTPStatus(exc.status_code).phrase.capitalize()
+        reason = str(exc.detail).rstrip(".")
+        if exc.status_code == 404:
+            reason = "no page of the dashboard has this address"
+        elif exc.status_code == 405:
+            allowed = (exc.headers or {}).get("Allow", "")
+            reason = f"this address does not take a {request.method} request (only {allowed})"
+        response = self.render(
+            request, "error.html", status=exc.status_code, title=title, reason=reason
+        )
+        response.headers.update(exc.headers or {})
         return response
 
     async def _unavailable(self, request: Request, exc: Exception) -> Response:

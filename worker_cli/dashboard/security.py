@@ -147,7 +147,8 @@ class Csrf:
         """Whether a form's token belongs to the browser's nonce."""
         if not nonce or not token:
             return False
-        return hmac.compare_digest(self.token(nonce), token)
+        # As bytes: compare_digest refuses a str that is not ASCII (TypeError).
+        return hmac.compare_digest(self.token(nonce).encode(), token.encode())
 
 
 class SecurityHeaders:
