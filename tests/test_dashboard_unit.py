@@ -20,7 +20,15 @@ from worker_cli.dashboard.inputs import (
     parse_job_id,
     parse_run_at,
 )
-from worker_cli.dashboard.security import BasicAuth, Csrf, is_loopback, route_path
+from worker_cli.dashboard.security import (
+    AllowedHosts,
+    BasicAuth,
+    Csrf,
+    foreign_post,
+    host_name,
+    is_loopback,
+    route_path,
+)
 from worker_cli.dashboard.serve import refuse_unprotected
 from worker_cli.errors import ConfigurationError
 
@@ -112,6 +120,39 @@ def test_any_other_address_needs_a_password(host: str) -> None:
     with pytest.raises(ConfigurationError, match="without authentication"):
         refuse_unprotected(host, None)
     refuse_unprotected(host, BasicAuth("a", "b"))
+
+
+def test_host_names_as_the_host_check_compares_them() -> None:
+    assert host_name("Attacker.Example:18080") == "attacker.example"
+    assert host_name("[::1]:8080") == host_name("https://[::1]/x") == "::1"
+    assert host_name("localhost.") == "localhost"
+    for malformed in (None, "", "a b", "localhost/x", "u@localhost", "127.0.0.1:x", "::1"):
+        assert host_name(malformed) is None, malformed
+    hosts = AllowedHosts(["dash.example:8443", "a.example, b.example", "::1"])
+    assert hosts.names == {"localhost", "dash.example", "a.example", "b.example", "::1"}
+    server = {"server": ("10.1.2.3", 8080)}
+    assert hosts.allows("10.1.2.3", server) and hosts.allows("localhost", server)
+    assert not hosts.allows("10.1.2.4", server) and not hosts.allows(None, server)
+    with pytest.raises(ValueError, match="not a host name"):
+        AllowedHosts(["http://dash.example/"])
+
+
+def test_posts_from_another_site() -> None:
+    own = {"host": "127.0.0.1:8080"}
+    assert foreign_post(own, None) is None  # no Origin, no Referer: no browser's form
+    assert foreign_post({**own, "origin": "http://127.0.0.1:8080"}, None) is None
+    assert foreign_post({**own, "referer": "http://127.0.0.1:8080/jobs/1"}, None) is None
+    proxied = {**own, "x-forwarded-host": "q.example", "origin": "https://q.example"}
+    assert foreign_post(proxied, None) is None
+    assert foreign_post({**own, "origin": "https://q.example"}, AllowedHosts(["q.example"])) is None
+    for foreign in (
+        {"origin": "http://evil.example"},
+        {"origin": "null"},
+        {"referer": "http://evil.example/"},
+        {"sec-fetch-site": "same-site"},
+        {"sec-fetch-site": "cross-site"},
+    ):
+        assert foreign_post({**own, **foreign}, None) is not None, foreign
 
 
 def test_route_path_strips_the_mount_prefix() -> None:

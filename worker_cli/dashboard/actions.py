@@ -22,7 +22,7 @@ from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 
 from .inputs import SMALLINT, BadInput, checked_text, parse_int, parse_job_id, parse_run_at
-from .security import Csrf
+from .security import Csrf, foreign_post
 
 if TYPE_CHECKING:
     from .app import Dashboard
@@ -86,8 +86,9 @@ class _Actions:
         """The POST's form, or the response refusing it (read-only, CSRF)."""
         if self.dashboard.read_only:
             return self._refused(request, "the dashboard is read-only: actions are turned off")
-        if request.headers.get("sec-fetch-site") == "cross-site":
-            return self._refused(request, "a form posted from another site is refused")
+        foreign = foreign_post(request.headers, self.dashboard.hosts)
+        if foreign is not None:
+            return self._refused(request, foreign)
         form = await read_form(request)
         if form is None:
             return self._refused(request, "the request is not one of the dashboard's forms")

@@ -11,7 +11,7 @@ shutdown when it runs standalone, or when the application calls
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping
 from contextlib import asynccontextmanager
 from http import HTTPStatus
 from pathlib import Path
@@ -36,7 +36,7 @@ from . import actions, pages
 from .formatting import FILTERS
 from .inputs import BIGINT, BadInput, parse_job_id, shown
 from .reads import Reader
-from .security import BasicAuth, Csrf, Receive, Scope, SecurityHeaders, Send
+from .security import AllowedHosts, BasicAuth, Csrf, Receive, Scope, SecurityHeaders, Send
 
 __all__ = ["Dashboard", "SchemaProblem", "create_app"]
 
@@ -61,6 +61,7 @@ class Dashboard:
         refresh: float = 5.0,
         csrf_secret: bytes | None = None,
         max_connections: int = 4,
+        allowed_hosts: Iterable[str] | None = None,
     ) -> None:
         self.conninfo = resolve_connection_string(connection_string)
         self.schema = resolve_schema(schema)
@@ -71,6 +72,7 @@ class Dashboard:
         if isinstance(auth, str):
             auth = BasicAuth.parse(auth)
         self.auth = auth
+        self.hosts = None if allowed_hosts is None else AllowedHosts(allowed_hosts)
         self._pool: AsyncConnectionPool[Any] | None = None
         self._pool_lock = asyncio.Lock()
         self._schema_checked = False
@@ -95,7 +97,7 @@ class Dashboard:
             lifespan=self._lifespan,
         )
         self.templates.globals.update(page="", notice=None)
-        self._app = SecurityHeaders(inner, auth)
+        self._app = SecurityHeaders(inner, auth, self.hosts)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await self._app(scope, receive, send)
@@ -271,6 +273,7 @@ def create_app(
     refresh: float = 5.0,
     csrf_secret: bytes | None = None,
     max_connections: int = 4,
+    allowed_hosts: Iterable[str] | None = None,
 ) -> Dashboard:
     """The dashboard as an ASGI application.
 
@@ -283,7 +286,11 @@ def create_app(
     it. ``refresh``: seconds between the pages' self-refreshes (0: never).
     ``csrf_secret``: the key of the forms' tokens; give the same one to every
     process serving the dashboard behind one load balancer (default: random
-    per process). Mount it with ``app.mount("/queue", dashboard)``; close its
+    per process). ``allowed_hosts``: the host names the dashboard answers to
+    (besides ``localhost`` and the address a request reached); any other
+    ``Host`` gets a 400, which defeats DNS rebinding. None (the default):
+    no check, for a dashboard mounted in an application that checks hosts or
+    authenticates in front of it. Mount it with ``app.mount("/queue", dashboard)``; close its
     connections with ``await dashboard.close()`` when the application stops.
     """
     return Dashboard(
@@ -294,4 +301,5 @@ def create_app(
         refresh=refresh,
         csrf_secret=csrf_secret,
         max_connections=max_connections,
+        allowed_hosts=allowed_hosts,
     )

@@ -13,6 +13,7 @@ import asyncio
 import errno
 import logging
 import socket
+from collections.abc import Iterable
 
 import uvicorn
 
@@ -22,7 +23,7 @@ from ..db import connect
 from ..errors import ConfigurationError, GraphileWorkerError
 from .app import create_app
 from .reads import Reader
-from .security import AUTH_ENVVAR, BasicAuth, is_loopback
+from .security import AUTH_ENVVAR, AllowedHosts, BasicAuth, is_loopback
 
 __all__ = ["bind", "check_database", "serve"]
 
@@ -97,9 +98,16 @@ def serve(
     read_only: bool,
     auth: BasicAuth | None,
     refresh: float,
+    allowed_hosts: Iterable[str] = (),
 ) -> None:
-    """Serve the dashboard until interrupted (Ctrl-C, SIGTERM)."""
+    """Serve the dashboard until interrupted (Ctrl-C, SIGTERM). It answers
+    to its own address, ``localhost`` and ``allowed_hosts`` (a 400 to any
+    other ``Host``: DNS rebinding)."""
     refuse_unprotected(host, auth)
+    try:
+        hosts = AllowedHosts([host, *allowed_hosts])
+    except ValueError as exc:
+        raise ConfigurationError(f"--allowed-host: {exc}") from None
     conninfo = resolve_connection_string(connection_string)
     schema_name = resolve_schema(schema)
     sockets = bind(host, port)
@@ -110,7 +118,14 @@ def serve(
             sock.close()
         raise
     logs.configure("text")
-    app = create_app(conninfo, schema=schema_name, read_only=read_only, auth=auth, refresh=refresh)
+    app = create_app(
+        conninfo,
+        schema=schema_name,
+        read_only=read_only,
+        auth=auth,
+        refresh=refresh,
+        allowed_hosts=sorted(hosts.names),
+    )
     shown = f"[{host}]" if ":" in host else host
     logger.info(
         "Dashboard of schema %r on http://%s:%d/%s%s",
