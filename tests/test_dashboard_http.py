@@ -4,6 +4,7 @@ headers on every response, loopback only without a password, /healthz."""
 from __future__ import annotations
 
 import re
+import socket
 from urllib.parse import urlencode
 
 import pytest
@@ -92,6 +93,22 @@ def test_only_loopback_without_authentication(db: str) -> None:
     assert "nopassword" not in bad.stderr  # never echo what may be a password
 
 
+def test_a_port_in_use_fails_with_one_line(db: str) -> None:
+    """Not uvicorn's log lines and its exit code 3: one line, exit code 1, as
+    every other error of the command."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = run_cli("dashboard", "-c", db, "--port", str(port))
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.strip().splitlines() == [
+        f"Error: --port: cannot serve the dashboard on 127.0.0.1:{port}: port {port} is "
+        "already in use (choose another with --port)"
+    ]
+    assert result.stdout == ""
+
+
 def test_security_headers_on_every_response(db: str) -> None:
     job_id = add_job(db)
     with serve_cli(db) as url:
@@ -152,6 +169,25 @@ def test_without_the_schema(empty_db: str) -> None:
         page = http(url + "/")
         assert page.status == 503
         assert "is not installed in this database" in page.body
+
+
+def test_healthz_checks_the_schema_on_every_request(db: str) -> None:
+    """Not once per process: a schema dropped under a running dashboard makes
+    /healthz answer 503, and the pages say the schema is missing; installed
+    again, both recover."""
+    with serve_app(create_app(db)) as url:
+        assert (http(url + "/healthz").status, http(url + "/healthz").body) == (200, "ok\n")
+        assert http(url + "/").status == 200
+        rows(db, "drop schema graphile_worker cascade")
+        assert http(url + "/").status == 503  # the missing table itself
+        page = http(url + "/")  # checked again after that error
+        assert page.status == 503
+        assert "is not installed in this database" in page.body
+        health = http(url + "/healthz")
+        assert (health.status, health.body) == (503, "unavailable\n")
+        assert run_cli("-c", db, "--schema-only").returncode == 0
+        assert http(url + "/healthz").status == 200
+        assert http(url + "/").status == 200
 
 
 def test_read_only_refuses_even_a_valid_post(db: str) -> None:

@@ -13,7 +13,22 @@ import pytest
 
 from worker_cli.dashboard.census import SAMPLE_PAGES, Count, sample_percent
 from worker_cli.dashboard.formatting import pretty_json, relative
-from worker_cli.dashboard.security import BasicAuth, Csrf, is_loopback, route_path
+from worker_cli.dashboard.inputs import (
+    BadInput,
+    checked_text,
+    parse_cursor,
+    parse_job_id,
+    parse_run_at,
+)
+from worker_cli.dashboard.security import (
+    AllowedHosts,
+    BasicAuth,
+    Csrf,
+    foreign_post,
+    host_name,
+    is_loopback,
+    route_path,
+)
 from worker_cli.dashboard.serve import refuse_unprotected
 from worker_cli.errors import ConfigurationError
 
@@ -71,6 +86,26 @@ def test_csrf_tokens_belong_to_their_nonce_and_secret() -> None:
     assert not csrf.valid(Csrf.new_nonce(), token)
     assert not csrf.valid(nonce, None) and not csrf.valid(None, token)
     assert not Csrf(b"x" * 32).valid(nonce, token)  # another server's secret
+    assert not csrf.valid(nonce, "é" * 64)  # not ASCII: wrong, not a TypeError
+
+
+def test_job_ids_and_cursors_only_in_bigints_range() -> None:
+    assert parse_job_id("1") == 1 and parse_job_id(str(2**63 - 1)) == 2**63 - 1
+    for text in ("0", "-1", str(2**63), "9" * 5000, "²", "١٢", "1.0", " 1", ""):
+        assert parse_job_id(text) is None, text
+    assert parse_cursor("42") == 42
+    with pytest.raises(BadInput, match=r"bad cursor '9{40}…'"):
+        parse_cursor("9" * 5000)
+
+
+def test_text_and_times_the_database_would_refuse() -> None:
+    assert checked_text("fine", "task") == "fine"
+    with pytest.raises(BadInput, match=r"task: 'a\\x00b' contains a NUL character"):
+        checked_text("a\x00b", "task")
+    assert parse_run_at("2026-12-01T09:00") == datetime(2026, 12, 1, 9, tzinfo=UTC)
+    for text in ("9999-12-31T23:00:00-05:00", "0001-01-01T00:00:00+05:00"):
+        with pytest.raises(BadInput, match="outside the years 1 to 9999"):
+            parse_run_at(text)
 
 
 @pytest.mark.parametrize("host", ["127.0.0.1", "127.0.0.2", "::1", "[::1]", "localhost"])
@@ -85,6 +120,39 @@ def test_any_other_address_needs_a_password(host: str) -> None:
     with pytest.raises(ConfigurationError, match="without authentication"):
         refuse_unprotected(host, None)
     refuse_unprotected(host, BasicAuth("a", "b"))
+
+
+def test_host_names_as_the_host_check_compares_them() -> None:
+    assert host_name("Attacker.Example:18080") == "attacker.example"
+    assert host_name("[::1]:8080") == host_name("https://[::1]/x") == "::1"
+    assert host_name("localhost.") == "localhost"
+    for malformed in (None, "", "a b", "localhost/x", "u@localhost", "127.0.0.1:x", "::1"):
+        assert host_name(malformed) is None, malformed
+    hosts = AllowedHosts(["dash.example:8443", "a.example, b.example", "::1"])
+    assert hosts.names == {"localhost", "dash.example", "a.example", "b.example", "::1"}
+    server = {"server": ("10.1.2.3", 8080)}
+    assert hosts.allows("10.1.2.3", server) and hosts.allows("localhost", server)
+    assert not hosts.allows("10.1.2.4", server) and not hosts.allows(None, server)
+    with pytest.raises(ValueError, match="not a host name"):
+        AllowedHosts(["http://dash.example/"])
+
+
+def test_posts_from_another_site() -> None:
+    own = {"host": "127.0.0.1:8080"}
+    assert foreign_post(own, None) is None  # no Origin, no Referer: no browser's form
+    assert foreign_post({**own, "origin": "http://127.0.0.1:8080"}, None) is None
+    assert foreign_post({**own, "referer": "http://127.0.0.1:8080/jobs/1"}, None) is None
+    proxied = {**own, "x-forwarded-host": "q.example", "origin": "https://q.example"}
+    assert foreign_post(proxied, None) is None
+    assert foreign_post({**own, "origin": "https://q.example"}, AllowedHosts(["q.example"])) is None
+    for foreign in (
+        {"origin": "http://evil.example"},
+        {"origin": "null"},
+        {"referer": "http://evil.example/"},
+        {"sec-fetch-site": "same-site"},
+        {"sec-fetch-site": "cross-site"},
+    ):
+        assert foreign_post({**own, **foreign}, None) is not None, foreign
 
 
 def test_route_path_strips_the_mount_prefix() -> None:

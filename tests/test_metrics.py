@@ -230,7 +230,8 @@ async def test_running_and_local_queue_gauges(utils: WorkerUtils, db: str) -> No
 
 
 async def add_jobs_in_every_state(db: str) -> None:
-    """For the tasks ``a`` and ``b`` (which the worker does not run)."""
+    """For the tasks ``a`` and ``b``, flagged ``held`` (a worker that
+    forbids that flag has them and does not run them)."""
     for task, n in (("a", 3), ("b", 2)):
         rows(db, "select graphile_worker.add_jobs(array(select (%s, null, null, null, null, "
              "null, null, null)::graphile_worker.job_spec from generate_series(1, %s)))",
@@ -243,18 +244,35 @@ async def add_jobs_in_every_state(db: str) -> None:
     rows(db, f"update {JOBS} set attempts = 1 where id = any(%s)", [[ids[0], ids[5]]])
     rows(db, f"update {JOBS} set locked_at = now(), locked_by = 'x' where id = %s", [ids[3]])
     rows(db, f"update {JOBS} set attempts = max_attempts where id = %s", [ids[4]])
+    rows(db, f"""update {JOBS} set flags = '{{"held": true}}'""")
+
+
+def add_other_jobs(db: str, tasks: int) -> None:
+    """One due job of each of ``tasks`` tasks the worker does not have."""
+    rows(db, "select graphile_worker.add_jobs(array(select ('unknown_' || i, null, null, null, "
+             "null, null, null, null)::graphile_worker.job_spec from generate_series(1, %s) i))",
+         [tasks])  # fmt: skip
 
 
 @pytest.mark.db
 async def test_queue_depth_is_the_status_figures_by_task(db: str) -> None:
+    """The worker's tasks each (its jobs held back by a forbidden flag), and
+    the other tasks' jobs added up under (other)."""
     await add_jobs_in_every_state(db)
+    add_other_jobs(db, 2)
+    rows(db, "select graphile_worker.add_job('unknown_3', run_at => now() + interval '1 day')")
 
-    async def mine(payload: Any, helpers: Helpers) -> None:
+    async def nothing(payload: Any, helpers: Helpers) -> None:
         pass
 
-    async with served() as server, worker(db, {"mine": mine}, metrics_registry=server.registry):
+    tasks = {"a": nothing, "b": nothing, "mine": nothing}
+    async with (
+        served() as server,
+        worker(db, tasks, forbidden_flags=["held"], metrics_registry=server.registry),
+    ):
         samples = await scrape_async(server.url)
     status = await read_status(db)
+    other = queue_depth.OTHER_TASKS
     expected = {
         ("a", "waiting"): 3,
         ("a", "scheduled"): 1,
@@ -263,14 +281,43 @@ async def test_queue_depth_is_the_status_figures_by_task(db: str) -> None:
         ("b", "locked"): 1,
         ("b", "permanently_failed"): 1,
         ("b", "scheduled"): 1,
+        (other, "waiting"): 2,
+        (other, "scheduled"): 1,
     }
-    for task in ("a", "b", "mine"):  # the worker's own task too, with no job
+    unknown = [status.tasks[f"unknown_{i}"] for i in (1, 2, 3)]
+    for task in ("a", "b", "mine", other):  # the worker's own task too, with no job
         for state in queue_depth.STATES:
             got = sample(samples, "graphile_worker_queue_depth", task=task, state=state)
             assert got == expected.get((task, state), 0), (task, state)
-            if task != "mine":
+            if task in ("a", "b"):
                 assert got == getattr(status.tasks[task], state), (task, state)
+            if task == other:
+                assert got == sum(getattr(figures, state) for figures in unknown), state
     assert sample(samples, "graphile_worker_queue_depth_truncated") == 0
+
+
+@pytest.mark.db
+async def test_other_tasks_share_one_series_whatever_their_number(db: str) -> None:
+    """5,000 task names the worker does not have made 25,000 series: now the
+    worker's tasks and (other), five states each, and nothing else."""
+    add_other_jobs(db, 5000)
+    rows(db, "select graphile_worker.add_job('mine', run_at => now() + interval '1 day')")
+
+    async def mine(payload: Any, helpers: Helpers) -> None:
+        pass
+
+    async with served() as server, worker(db, {"mine": mine}, metrics_registry=server.registry):
+        samples = await scrape_async(server.url)
+    depth = {
+        (labels["task"], labels["state"]): count
+        for (name, label_set), count in samples.items()
+        if name == "graphile_worker_queue_depth"
+        for labels in [dict(label_set)]
+    }
+    assert len(depth) == 2 * len(queue_depth.STATES)
+    other = queue_depth.OTHER_TASKS
+    assert {task for task, _ in depth} == {"mine", other}
+    assert depth[(other, "waiting")] == 5000 and depth[("mine", "scheduled")] == 1
 
 
 @pytest.mark.db
@@ -280,8 +327,9 @@ async def test_scrapes_within_the_cache_time_send_one_query(
     now = [1000.0]
     monkeypatch.setattr(queue_depth, "_clock", lambda: now[0])
 
-    def waiting(samples: Samples) -> float:
-        return sample(samples, "graphile_worker_queue_depth", task="a", state="waiting")
+    def waiting(samples: Samples) -> float:  # of "a", a task the worker does not have
+        other = queue_depth.OTHER_TASKS
+        return sample(samples, "graphile_worker_queue_depth", task=other, state="waiting")
 
     def queries(samples: Samples) -> float:
         return sample(samples, "graphile_worker_queue_depth_queries_total")

@@ -462,6 +462,16 @@ def _basic_auth(_ctx: click.Context, _param: click.Parameter, value: str | None)
     metavar="SECONDS",
     help="Pages refresh themselves this often (0: never).",
 )
+@click.option(
+    "--allowed-host",
+    "allowed_hosts",
+    multiple=True,
+    metavar="HOST",
+    envvar="GRAPHILE_WORKER_DASHBOARD_ALLOWED_HOSTS",
+    show_envvar=True,
+    help="Also answer requests for this host name (repeatable); any other Host but the "
+    "listening address and localhost gets a 400 (DNS rebinding).",
+)
 @click.pass_context
 def dashboard(ctx: click.Context, /, connection: str | None, schema: str, **options: Any) -> None:
     """Serve the web dashboard: the queue by task, state and named queue, jobs,

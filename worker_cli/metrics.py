@@ -14,7 +14,8 @@ Where each figure comes from, so that nothing is paid when metrics are off
 - ``graphile_worker_jobs_running`` and ``graphile_worker_local_queue_length``:
   the pool's read-only figures, read when scraped;
 - ``graphile_worker_queue_depth{task, state}``: one bounded query, cached
-  (:class:`~worker_cli.queue_depth.QueueDepth`).
+  (:class:`~worker_cli.queue_depth.QueueDepth`); ``task`` is one of the
+  worker's tasks, or ``(other)`` for the jobs of every other task together.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .errors import ConfigurationError
-from .queue_depth import STATES, QueueDepth
+from .queue_depth import OTHER_TASKS, STATES, QueueDepth
 
 try:
     from prometheus_client import (
@@ -201,8 +202,9 @@ class _Collector:
         depth = GaugeMetricFamily(
             "graphile_worker_queue_depth",
             "Jobs in the queue (all workers) by task and state, as `graphile-worker status` "
-            "counts them (retrying: waiting or scheduled after a failed attempt); read at "
-            "most every few seconds, over a bounded number of rows.",
+            "counts them (retrying: waiting or scheduled after a failed attempt); task: one "
+            "of this worker's tasks, or (other) for every other task's jobs; read at most "
+            "every few seconds, over a bounded number of rows.",
             labels=("task", "state"),
         )
         truncated = GaugeMetricFamily(
@@ -229,8 +231,9 @@ class _Collector:
             queued.add_metric([], load.queued)
             queue = self._depth.read()
             if queue is not None:
-                # This worker's tasks always, at 0 when they have no job.
-                for task in sorted(set(queue.counts) | set(self._pool.tasks)):
+                # This worker's tasks and the bucket of the others always, at 0
+                # when they have no job; no series of their own for other tasks.
+                for task in sorted({*self._pool.tasks, OTHER_TASKS}):
                     counts = queue.counts.get(task, (0,) * len(STATES))
                     for state, count in zip(STATES, counts, strict=True):
                         depth.add_metric([task, state], count)

@@ -1,5 +1,9 @@
 """The queue's depth by task and state, for metrics: one bounded query, cached.
 
+By task means the worker's own tasks, each on its own, and every other task
+of the queue together under :data:`OTHER_TASKS`: the number of series stays
+bounded by the worker's code, not by the task names found in the table.
+
 However often the metrics are scraped, and however large the queue, a worker
 sends at most one depth query every :data:`CACHE_SECONDS`, and that query
 reads at most :data:`SCAN_LIMIT` rows of the jobs table (more: the figures
@@ -30,7 +34,7 @@ from .status_statements import STATE_COUNTS
 if TYPE_CHECKING:
     from .worker import WorkerPool
 
-__all__ = ["CACHE_SECONDS", "SCAN_LIMIT", "STATES", "Depth", "QueueDepth"]
+__all__ = ["CACHE_SECONDS", "OTHER_TASKS", "SCAN_LIMIT", "STATES", "Depth", "QueueDepth"]
 
 logger = logging.getLogger("graphile_worker.metrics")
 
@@ -38,6 +42,10 @@ logger = logging.getLogger("graphile_worker.metrics")
 #: one of the first four; retrying counts the waiting and scheduled jobs that
 #: failed before.
 STATES = ("waiting", "scheduled", "locked", "permanently_failed", "retrying")
+#: The ``task`` label of the jobs of every task the worker does not run (in
+#: parentheses, unlike a usual task name; a task of the worker's so named
+#: would add up with them).
+OTHER_TASKS = "(other)"
 #: Seconds the figures are reused for.
 CACHE_SECONDS = 5.0
 #: Rows of the jobs table the query reads at most.
@@ -47,22 +55,32 @@ WAIT_SECONDS = 5.0
 
 # At most %(limit)s rows of the jobs table, in their physical order (a
 # sequential scan that stops there, no index: the cost is bounded whatever the
-# queue holds), counted by task in the states of `graphile-worker status`
-# (status_statements.STATE_COUNTS), then in all.
+# queue holds), counted by task id in the states of `graphile-worker status`
+# (status_statements.STATE_COUNTS), then in all; then each task id named, and
+# added up: the worker's tasks (%(tasks)s) one row each, every other task in
+# one row whose name is null. At most one row more than the worker has tasks,
+# whatever task names the table holds.
 _DEPTH = (
     """
   select
-    t.identifier,"""
+    case when t.identifier = any(%(tasks)s::text[]) then t.identifier end,
+    sum(c.waiting)::bigint, sum(c.scheduled)::bigint, sum(c.locked)::bigint,
+    sum(c.permanently_failed)::bigint, sum(c.retrying)::bigint, sum(c.total)::bigint
+  from (
+    select
+      j.task_id,"""
     + STATE_COUNTS
     + """,
-    count(*)
-  from (
-    select j.task_id, j.run_at, j.attempts, j.max_attempts, j.locked_at
-    from {schema}._private_jobs as j
-    limit %(limit)s
-  ) as j
-  join {schema}._private_tasks as t on t.id = j.task_id
-  group by t.identifier
+      count(*)
+    from (
+      select j.task_id, j.run_at, j.attempts, j.max_attempts, j.locked_at
+      from {schema}._private_jobs as j
+      limit %(limit)s
+    ) as j
+    group by j.task_id
+  ) as c (task_id, waiting, scheduled, locked, permanently_failed, retrying, total)
+  join {schema}._private_tasks as t on t.id = c.task_id
+  group by 1
 """
 )
 
@@ -75,7 +93,8 @@ _clock = time.monotonic
 
 @dataclass(frozen=True)
 class Depth:
-    """Jobs by task: counts in the order of :data:`STATES`."""
+    """Jobs by task: counts in the order of :data:`STATES`, for the worker's
+    tasks that have jobs and :data:`OTHER_TASKS` (the others' jobs, if any)."""
 
     counts: dict[str, tuple[int, ...]]
     #: The table held more rows than the query reads: the counts are lower bounds.
@@ -158,10 +177,16 @@ class QueueDepth:
             pending.set()
 
     async def _query(self, pool: AsyncConnectionPool[Any]) -> Depth:
+        params = {"limit": SCAN_LIMIT + 1, "tasks": sorted(self._pool.tasks)}
         async with pool.connection() as conn, conn.transaction():
             await conn.execute(_TIMEOUT)
-            cur = await conn.execute(self._statement, {"limit": SCAN_LIMIT + 1})
+            cur = await conn.execute(self._statement, params)
             rows = await cur.fetchall()
-        counts = {str(row[0]): tuple(int(count) for count in row[1:6]) for row in rows}
+        counts: dict[str, tuple[int, ...]] = {}
+        for row in rows:
+            # A worker's own task named like the bucket adds up with it.
+            task = OTHER_TASKS if row[0] is None else str(row[0])
+            before = counts.get(task, (0,) * len(STATES))
+            counts[task] = tuple(a + int(b) for a, b in zip(before, row[1:6], strict=True))
         scanned = sum(int(row[6]) for row in rows)
         return Depth(counts, truncated=scanned > SCAN_LIMIT)

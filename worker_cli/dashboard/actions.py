@@ -14,7 +14,6 @@ it came from with a notice saying what happened, or that nothing changed.
 from __future__ import annotations
 
 import logging
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs
 
@@ -22,7 +21,8 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 
-from .security import Csrf
+from .inputs import SMALLINT, BadInput, checked_text, parse_int, parse_job_id, parse_run_at
+from .security import Csrf, foreign_post
 
 if TYPE_CHECKING:
     from .app import Dashboard
@@ -44,18 +44,12 @@ DEFAULT_FAIL_REASON = "permanently failed from the dashboard"
 #: The largest form body accepted (the forms hold a few short fields).
 MAX_FORM = 16 * 1024
 
-SMALLINT = 32767
-
-
-class BadInput(ValueError):
-    """A form field the action cannot use; the message names it."""
-
 
 def routes(dashboard: Dashboard) -> list[Route]:
     actions = _Actions(dashboard)
     return [
-        Route("/jobs/{job_id:int}/{action}", actions.confirm_job, methods=["GET"]),
-        Route("/jobs/{job_id:int}/{action}", actions.job_action, methods=["POST"]),
+        Route("/jobs/{job_id}/{action}", actions.confirm_job, methods=["GET"]),
+        Route("/jobs/{job_id}/{action}", actions.job_action, methods=["POST"]),
         Route("/pools/unlock", actions.confirm_unlock, methods=["GET"]),
         Route("/pools/unlock", actions.unlock, methods=["POST"]),
     ]
@@ -79,28 +73,6 @@ async def read_form(request: Request) -> dict[str, str] | None:
     return {name: values[-1] for name, values in fields.items()}
 
 
-def parse_run_at(text: str) -> datetime:
-    """``2026-12-01T09:00`` (UTC, as the form says) or with an offset."""
-    try:
-        moment = datetime.fromisoformat(text.strip())
-    except ValueError:
-        raise BadInput(f"run at: not a date and time: {text!r}") from None
-    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
-
-
-def parse_int(text: str, name: str, low: int, high: int = SMALLINT) -> int | None:
-    """An optional whole number between ``low`` and ``high``."""
-    if not text.strip():
-        return None
-    try:
-        value = int(text.strip())
-    except ValueError:
-        raise BadInput(f"{name}: not a whole number: {text!r}") from None
-    if not low <= value <= high:
-        raise BadInput(f"{name}: must be between {low} and {high}, not {value}")
-    return value
-
-
 class _Actions:
     def __init__(self, dashboard: Dashboard) -> None:
         self.dashboard = dashboard
@@ -114,8 +86,9 @@ class _Actions:
         """The POST's form, or the response refusing it (read-only, CSRF)."""
         if self.dashboard.read_only:
             return self._refused(request, "the dashboard is read-only: actions are turned off")
-        if request.headers.get("sec-fetch-site") == "cross-site":
-            return self._refused(request, "a form posted from another site is refused")
+        foreign = foreign_post(request.headers, self.dashboard.hosts)
+        if foreign is not None:
+            return self._refused(request, foreign)
         form = await read_form(request)
         if form is None:
             return self._refused(request, "the request is not one of the dashboard's forms")
@@ -130,11 +103,14 @@ class _Actions:
     # --- jobs -------------------------------------------------------------------
 
     async def confirm_job(self, request: Request, *, error: str | None = None) -> Response:
-        job_id, action = request.path_params["job_id"], request.path_params["action"]
+        job_text, action = request.path_params["job_id"], request.path_params["action"]
         if action not in ACTIONS:
             return self.dashboard.render(
                 request, "error.html", status=404, title="Not found", reason="no such action"
             )
+        job_id = parse_job_id(job_text)
+        if job_id is None:
+            return self.dashboard.no_such_job(request, job_text)
         if self.dashboard.read_only:
             return self._refused(request, "the dashboard is read-only: actions are turned off")
         async with self.dashboard.reading() as reader:
@@ -157,11 +133,14 @@ class _Actions:
         )
 
     async def job_action(self, request: Request) -> Response:
-        job_id, action = request.path_params["job_id"], request.path_params["action"]
+        job_text, action = request.path_params["job_id"], request.path_params["action"]
         if action not in ACTIONS:
             return self.dashboard.render(
                 request, "error.html", status=404, title="Not found", reason="no such action"
             )
+        job_id = parse_job_id(job_text)
+        if job_id is None:
+            return self.dashboard.no_such_job(request, job_text)
         form = await self._checked_form(request)
         if isinstance(form, Response):
             return form
@@ -187,7 +166,7 @@ class _Actions:
         if action == "delete":
             return bool(await utils.complete_jobs([job_id]))
         if action == "fail":
-            reason = form.get("reason", "").strip() or DEFAULT_FAIL_REASON
+            reason = checked_text(form.get("reason", ""), "reason").strip() or DEFAULT_FAIL_REASON
             return bool(await utils.permanently_fail_jobs([job_id], reason))
         if action == "reschedule":
             run_at = parse_run_at(form.get("run_at", ""))
@@ -223,6 +202,10 @@ class _Actions:
             return self.dashboard.render(
                 request, "error.html", status=400, title="No pool", reason="no pool named"
             )
+        try:
+            checked_text(pool_id, "pool")
+        except BadInput as exc:
+            return self.dashboard.bad_input(request, exc)
         async with self.dashboard.reading() as reader:
             beat = await reader.pool_alive(pool_id)
         return self.dashboard.render(
@@ -243,6 +226,10 @@ class _Actions:
             return self.dashboard.render(
                 request, "error.html", status=400, title="No pool", reason="no pool named"
             )
+        try:
+            checked_text(pool_id, "pool")
+        except BadInput as exc:
+            return self.dashboard.bad_input(request, exc)
         async with self.dashboard.reading() as reader:
             beat = await reader.pool_alive(pool_id)
         if beat is not None and beat["alive"]:

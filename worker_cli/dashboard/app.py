@@ -11,8 +11,9 @@ shutdown when it runs standalone, or when the application calls
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping
 from contextlib import asynccontextmanager
+from http import HTTPStatus
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
@@ -21,6 +22,7 @@ import jinja2
 import psycopg
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 from starlette.routing import Mount
@@ -30,10 +32,11 @@ from ..config import resolve_connection_string, resolve_schema
 from ..db import worker_conninfo
 from ..retry import one_line
 from ..worker_utils import WorkerUtils
-from . import actions, pages, queries
+from . import actions, pages
 from .formatting import FILTERS
+from .inputs import BIGINT, BadInput, parse_job_id, shown
 from .reads import Reader
-from .security import BasicAuth, Csrf, Receive, Scope, SecurityHeaders, Send
+from .security import AllowedHosts, BasicAuth, Csrf, Receive, Scope, SecurityHeaders, Send
 
 __all__ = ["Dashboard", "SchemaProblem", "create_app"]
 
@@ -58,6 +61,7 @@ class Dashboard:
         refresh: float = 5.0,
         csrf_secret: bytes | None = None,
         max_connections: int = 4,
+        allowed_hosts: Iterable[str] | None = None,
     ) -> None:
         self.conninfo = resolve_connection_string(connection_string)
         self.schema = resolve_schema(schema)
@@ -68,6 +72,7 @@ class Dashboard:
         if isinstance(auth, str):
             auth = BasicAuth.parse(auth)
         self.auth = auth
+        self.hosts = None if allowed_hosts is None else AllowedHosts(allowed_hosts)
         self._pool: AsyncConnectionPool[Any] | None = None
         self._pool_lock = asyncio.Lock()
         self._schema_checked = False
@@ -84,6 +89,7 @@ class Dashboard:
                 Mount("/static", app=StaticFiles(directory=PACKAGE / "static"), name="static"),
             ],
             exception_handlers={
+                HTTPException: self._http_error,
                 SchemaProblem: self._unavailable,
                 psycopg.Error: self._unavailable,
                 PoolTimeout: self._unavailable,
@@ -91,7 +97,7 @@ class Dashboard:
             lifespan=self._lifespan,
         )
         self.templates.globals.update(page="", notice=None)
-        self._app = SecurityHeaders(inner, auth)
+        self._app = SecurityHeaders(inner, auth, self.hosts)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await self._app(scope, receive, send)
@@ -135,19 +141,21 @@ class Dashboard:
             await self.close()
 
     @asynccontextmanager
-    async def reading(self) -> AsyncIterator[Reader]:
+    async def reading(self, *, check_schema: bool = False) -> AsyncIterator[Reader]:
         """A :class:`Reader` in a read-only, repeatable-read transaction (one
         snapshot for the whole page). Raises SchemaProblem when the schema
-        cannot be shown."""
+        cannot be shown: checked on the first page, again after a database
+        error (the schema may have been dropped), and always with
+        ``check_schema`` (``/healthz``)."""
         pool = await self._open_pool()
         async with pool.connection() as conn, conn.transaction():
             await conn.execute("set transaction isolation level repeatable read, read only")
             reader = Reader(conn, self.schema)
-            if not self._schema_checked:
+            if check_schema or not self._schema_checked:
                 problem = await reader.schema_problem()
+                self._schema_checked = problem is None
                 if problem is not None:
                     raise SchemaProblem(problem)
-                self._schema_checked = True
             yield reader
 
     async def utils(self) -> WorkerUtils:
@@ -155,10 +163,11 @@ class Dashboard:
         return WorkerUtils(await self._open_pool(), self.schema)
 
     async def healthy(self) -> str | None:
-        """None if the database answers and the schema can be shown, else why not."""
+        """None if the database answers and the schema can be shown, else why
+        not; asks the database each time (two catalog-sized statements)."""
         try:
-            async with self.reading() as reader:
-                await reader.row(queries.healthz)
+            async with self.reading(check_schema=True):
+                pass
         except (psycopg.Error, PoolTimeout, SchemaProblem) as exc:
             return one_line(exc)
         return None
@@ -209,10 +218,48 @@ class Dashboard:
             )
         return response
 
+    def no_such_job(self, request: Request, text: str) -> Response:
+        """The 404 of a job id: none has it (not a whole number in bigint's
+        range), or that job does not exist (any more)."""
+        job_id = parse_job_id(text)
+        if job_id is None:
+            reason = f"{shown(text)} is not a job id (a whole number from 1 to {BIGINT})"
+        else:
+            reason = f"job {job_id} does not exist (it may have completed and been deleted)"
+        return self.render(
+            request,
+            "error.html",
+            status=404,
+            title="No such job",
+            reason=reason,
+            notice=pages.notice(request),
+        )
+
+    def bad_input(self, request: Request, exc: BadInput) -> Response:
+        """The 400 of a value the dashboard cannot use."""
+        return self.render(request, "error.html", status=400, title="Bad input", reason=str(exc))
+
+    async def _http_error(self, request: Request, exc: Exception) -> Response:
+        """An address no page has (404), a method no page takes (405)."""
+        assert isinstance(exc, HTTPException)
+        title = HTTPStatus(exc.status_code).phrase.capitalize()
+        reason = str(exc.detail).rstrip(".")
+        if exc.status_code == 404:
+            reason = "no page of the dashboard has this address"
+        elif exc.status_code == 405:
+            allowed = (exc.headers or {}).get("Allow", "")
+            reason = f"this address does not take a {request.method} request (only {allowed})"
+        response = self.render(
+            request, "error.html", status=exc.status_code, title=title, reason=reason
+        )
+        response.headers.update(exc.headers or {})
+        return response
+
     async def _unavailable(self, request: Request, exc: Exception) -> Response:
         if isinstance(exc, SchemaProblem):
             reason = str(exc)
         else:
+            self._schema_checked = False  # a dropped schema is said so on the next page
             reason = f"the database is unreachable or refused the query: {one_line(exc)}"
         return self.render(request, "error.html", status=503, title="Unavailable", reason=reason)
 
@@ -226,6 +273,7 @@ def create_app(
     refresh: float = 5.0,
     csrf_secret: bytes | None = None,
     max_connections: int = 4,
+    allowed_hosts: Iterable[str] | None = None,
 ) -> Dashboard:
     """The dashboard as an ASGI application.
 
@@ -238,7 +286,11 @@ def create_app(
     it. ``refresh``: seconds between the pages' self-refreshes (0: never).
     ``csrf_secret``: the key of the forms' tokens; give the same one to every
     process serving the dashboard behind one load balancer (default: random
-    per process). Mount it with ``app.mount("/queue", dashboard)``; close its
+    per process). ``allowed_hosts``: the host names the dashboard answers to
+    (besides ``localhost`` and the address a request reached); any other
+    ``Host`` gets a 400, which defeats DNS rebinding. None (the default):
+    no check, for a dashboard mounted in an application that checks hosts or
+    authenticates in front of it. Mount it with ``app.mount("/queue", dashboard)``; close its
     connections with ``await dashboard.close()`` when the application stops.
     """
     return Dashboard(
@@ -249,4 +301,5 @@ def create_app(
         refresh=refresh,
         csrf_secret=csrf_secret,
         max_connections=max_connections,
+        allowed_hosts=allowed_hosts,
     )

@@ -13,8 +13,9 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
+from .inputs import BadInput, checked_text, parse_cursor, parse_job_id, shown
 from .queries import JOB_STATES, WINDOW
-from .reads import PAGE_SIZE, JobFilter
+from .reads import NEWEST, PAGE_SIZE, JobFilter
 
 if TYPE_CHECKING:
     from .app import Dashboard
@@ -45,7 +46,7 @@ def routes(dashboard: Dashboard) -> list[Route]:
     return [
         Route("/", pages.overview, name="overview"),
         Route("/jobs", pages.jobs, name="jobs"),
-        Route("/jobs/{job_id:int}", pages.job, name="job"),
+        Route("/jobs/{job_id}", pages.job, name="job"),
         Route("/pools", pages.pools, name="pools"),
         Route("/crontab", pages.crontab, name="crontab"),
         Route("/healthz", pages.healthz, name="healthz"),
@@ -60,6 +61,31 @@ def notice(request: Request) -> str | None:
     return template.format(
         job=request.query_params.get("job", ""), pool=request.query_params.get("pool", "")
     )
+
+
+def job_filter_of(request: Request) -> tuple[JobFilter, list[str]]:
+    """The job list's filter from the query string, and what was wrong with
+    it (each wrong value left out: the page shows the rest, with a 400)."""
+    params = request.query_params
+    problems = []
+    texts: dict[str, str | None] = {}
+    for name in ("task", "queue"):
+        try:
+            texts[name] = checked_text(params.get(name) or "", name) or None
+        except BadInput as exc:
+            problems.append(f"{exc}; showing every {name}")
+            texts[name] = None
+    state = params.get("state") or None
+    if state is not None and state not in JOB_STATES:
+        problems.append(f"unknown state {shown(state)}; showing every state")
+        state = None
+    before = NEWEST
+    if params.get("before"):
+        try:
+            before = parse_cursor(params["before"])
+        except BadInput as exc:
+            problems.append(str(exc))
+    return JobFilter(texts["task"], texts["queue"], state, before), problems
 
 
 class _Pages:
@@ -82,21 +108,7 @@ class _Pages:
         )
 
     async def jobs(self, request: Request) -> Response:
-        params = request.query_params
-        problems = []
-        state = params.get("state") or None
-        if state is not None and state not in JOB_STATES:
-            problems.append(f"unknown state {state!r}; showing every state")
-            state = None
-        before_text = params.get("before") or ""
-        job_filter = JobFilter(
-            task=params.get("task") or None, queue=params.get("queue") or None, state=state
-        )
-        if before_text:
-            if before_text.isdigit() and 0 < int(before_text) < 2**63:
-                job_filter = JobFilter(job_filter.task, job_filter.queue, state, int(before_text))
-            else:
-                problems.append(f"bad cursor {before_text!r}; showing the newest jobs")
+        job_filter, problems = job_filter_of(request)
         async with self.dashboard.reading() as reader:
             page = await reader.jobs(job_filter)
             tasks = await reader.task_identifiers()
@@ -119,19 +131,14 @@ class _Pages:
         )
 
     async def job(self, request: Request) -> Response:
-        job_id = request.path_params["job_id"]
+        job_id = parse_job_id(request.path_params["job_id"])
+        if job_id is None:
+            return self.dashboard.no_such_job(request, request.path_params["job_id"])
         async with self.dashboard.reading() as reader:
             job = await reader.job(job_id)
             now = await reader.now()
         if job is None:
-            return self.dashboard.render(
-                request,
-                "error.html",
-                status=404,
-                title="No such job",
-                reason=f"job {job_id} does not exist (it may have completed and been deleted)",
-                notice=notice(request),
-            )
+            return self.dashboard.no_such_job(request, str(job_id))
         return self.dashboard.render(
             request,
             "job.html",

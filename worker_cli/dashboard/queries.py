@@ -373,7 +373,3 @@ crontab = """
   order by k.identifier
   limit %(limit)s
 """
-
-# --- Health -------------------------------------------------------------------
-
-healthz = "select 1 as ok"

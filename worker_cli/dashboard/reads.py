@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import cache
 from typing import Any, LiteralString
 
 import psycopg
@@ -116,6 +117,13 @@ class PoolsPage:
     others: list[LockHolder] = field(default_factory=list)
 
 
+@cache
+def _py_revisions() -> tuple[int, ...]:
+    """This version's Python migrations (read from the package once: /healthz
+    checks them on every request)."""
+    return tuple(MigrationFiles().py_revisions())
+
+
 class Reader:
     """Runs the dashboard's statements on one connection."""
 
@@ -145,7 +153,7 @@ class Reader:
         applied = set()
         if found["py_migrations"]:
             applied = set((await self.row(queries.py_migrations) or {}).get("ids") or [])
-        missing = [n for n in MigrationFiles().py_revisions() if n not in applied]
+        missing = [n for n in _py_revisions() if n not in applied]
         if missing:
             return (
                 f"the schema {self.schema!r} lacks this version's Python migrations "

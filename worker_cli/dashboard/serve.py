@@ -1,15 +1,19 @@
 """``graphile-worker dashboard``: the dashboard served by uvicorn.
 
-Before it listens, it refuses an address other than loopback without
-authentication, and checks once that the database answers and holds a schema
-it can show, so a wrong URL fails at once with one line rather than as an
-error page later.
+Before it serves, it refuses an address other than loopback without
+authentication, binds its port (one taken fails with one line, not uvicorn's
+log), and checks once that the database answers and holds a schema it can
+show, so a wrong URL fails at once with one line rather than as an error page
+later.
 """
 
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
+import socket
+from collections.abc import Iterable
 
 import uvicorn
 
@@ -19,9 +23,9 @@ from ..db import connect
 from ..errors import ConfigurationError, GraphileWorkerError
 from .app import create_app
 from .reads import Reader
-from .security import AUTH_ENVVAR, BasicAuth, is_loopback
+from .security import AUTH_ENVVAR, AllowedHosts, BasicAuth, is_loopback
 
-__all__ = ["check_database", "serve"]
+__all__ = ["bind", "check_database", "serve"]
 
 logger = logging.getLogger("graphile_worker.dashboard")
 
@@ -34,6 +38,43 @@ def refuse_unprotected(host: str, auth: BasicAuth | None) -> None:
             f"can reach it could see and change the queue; set --auth USER:PASSWORD (or "
             f"{AUTH_ENVVAR}), or listen on 127.0.0.1"
         )
+
+
+def bind(host: str, port: int) -> list[socket.socket]:
+    """Sockets bound to every address ``host`` names (as asyncio would bind
+    them for uvicorn), not yet listening; ConfigurationError in one line when
+    the port is taken or the address cannot be used."""
+    shown = f"[{host}]" if ":" in host else host
+    where = f"cannot serve the dashboard on {shown}:{port}"
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except OSError as exc:
+        raise ConfigurationError(f"--host: {where}: {exc.strerror or exc}") from None
+    sockets: list[socket.socket] = []
+    try:
+        for family, kind, proto, _name, address in dict.fromkeys(infos):
+            sock = socket.socket(family, kind, proto)
+            sockets.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            try:
+                sock.bind(address)
+            except OSError as exc:
+                if exc.errno != errno.EADDRNOTAVAIL:  # else: that family is off here
+                    raise
+                sockets.pop().close()
+        if not sockets:
+            raise OSError(errno.EADDRNOTAVAIL, "no address to listen on")
+    except OSError as exc:
+        for sock in sockets:
+            sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise ConfigurationError(
+                f"--port: {where}: port {port} is already in use (choose another with --port)"
+            ) from None
+        raise ConfigurationError(f"--host: {where}: {exc.strerror or exc}") from None
+    return sockets
 
 
 async def check_database(connection_string: str, schema: str) -> None:
@@ -57,14 +98,34 @@ def serve(
     read_only: bool,
     auth: BasicAuth | None,
     refresh: float,
+    allowed_hosts: Iterable[str] = (),
 ) -> None:
-    """Serve the dashboard until interrupted (Ctrl-C, SIGTERM)."""
+    """Serve the dashboard until interrupted (Ctrl-C, SIGTERM). It answers
+    to its own address, ``localhost`` and ``allowed_hosts`` (a 400 to any
+    other ``Host``: DNS rebinding)."""
     refuse_unprotected(host, auth)
+    try:
+        hosts = AllowedHosts([host, *allowed_hosts])
+    except ValueError as exc:
+        raise ConfigurationError(f"--allowed-host: {exc}") from None
     conninfo = resolve_connection_string(connection_string)
     schema_name = resolve_schema(schema)
-    asyncio.run(check_database(conninfo, schema_name))
+    sockets = bind(host, port)
+    try:
+        asyncio.run(check_database(conninfo, schema_name))
+    except BaseException:
+        for sock in sockets:
+            sock.close()
+        raise
     logs.configure("text")
-    app = create_app(conninfo, schema=schema_name, read_only=read_only, auth=auth, refresh=refresh)
+    app = create_app(
+        conninfo,
+        schema=schema_name,
+        read_only=read_only,
+        auth=auth,
+        refresh=refresh,
+        allowed_hosts=sorted(hosts.names),
+    )
     shown = f"[{host}]" if ":" in host else host
     logger.info(
         "Dashboard of schema %r on http://%s:%d/%s%s",
@@ -82,4 +143,4 @@ def serve(
         server_header=False,
         lifespan="on",
     )
-    uvicorn.Server(config).run()
+    uvicorn.Server(config).run(sockets=sockets)
