@@ -106,3 +106,18 @@ def test_a_run_at_outside_the_years_1_to_9999_is_bad_input(db: str, url: str, ru
     assert_styled(reply, 400, "run at")
     assert job_row(db, job_id) == before
     assert http(f"{url}/jobs/{job_id}").status == 200
+
+
+@pytest.mark.parametrize("run_at", ["-infinity", "0044-03-15 BC", "infinity", "12000-01-01"])
+def test_a_job_due_outside_pythons_years_is_shown(db: str, url: str, run_at: str) -> None:
+    """add_job accepts such a run_at: every page showing the job still works."""
+    job_id = int(
+        value(db, "select id from graphile_worker.add_job('odd', run_at => %s)", (run_at,))
+    )
+    rows(db, "select graphile_worker.add_job('plain')")
+    for path in ("/", "/jobs", "/jobs?state=scheduled", f"/jobs/{job_id}", "/pools"):
+        reply = http(f"{url}{path}")
+        assert reply.status == 200, (path, reply.status, reply.body[-600:])
+    assert "odd" in http(f"{url}/jobs").body
+    bound = "after 9999-12-31" if run_at in ("infinity", "12000-01-01") else "before 0001-01-01"
+    assert bound in http(f"{url}/jobs/{job_id}").body

@@ -339,7 +339,7 @@ async def test_a_task_blocking_the_event_loop_is_named(db: str, caplog: Any) -> 
     async def blocker(payload: Any, helpers: Helpers) -> None:
         import time
 
-        time.sleep(1.6)  # blocks every job of the worker
+        time.sleep(1.6)  # noqa: ASYNC251  (the point: it blocks every job of the worker)
 
     with caplog.at_level(logging.WARNING, logger="graphile_worker"):
         assert await drain(db, {"blocker": blocker}) == 0

@@ -31,6 +31,7 @@ from starlette.staticfiles import StaticFiles
 from ..config import resolve_connection_string, resolve_schema
 from ..db import worker_conninfo
 from ..retry import one_line
+from ..timestamps import read_timestamps_leniently
 from ..worker_utils import WorkerUtils
 from . import actions, pages
 from .formatting import FILTERS
@@ -112,7 +113,7 @@ class Dashboard:
                     min_size=1,
                     max_size=self.max_connections,
                     kwargs={"autocommit": True},
-                    configure=self._configure if self.read_only else None,
+                    configure=self._configure,
                     open=False,
                     timeout=10,
                     name="graphile-worker-dashboard",
@@ -121,10 +122,13 @@ class Dashboard:
                 self._pool = pool
             return self._pool
 
-    @staticmethod
-    async def _configure(conn: psycopg.AsyncConnection[Any]) -> None:
-        """``--read-only``: the connections themselves refuse to write."""
-        await conn.execute("set default_transaction_read_only = on")
+    async def _configure(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        """Timestamps outside Python's range (a job due at ``-infinity``) read
+        as the earliest or latest datetime; with ``--read-only`` the
+        connections themselves refuse to write."""
+        read_timestamps_leniently(conn)
+        if self.read_only:
+            await conn.execute("set default_transaction_read_only = on")
 
     async def close(self) -> None:
         """Close the connection pool (opened again on the next request)."""

@@ -7,10 +7,12 @@ is on for every template), so a value holding HTML is shown as text.
 from __future__ import annotations
 
 import json
+import math
 from datetime import UTC, datetime
 from typing import Any
 
 from ..status import format_age
+from ..timestamps import EARLIEST, LATEST
 
 __all__ = ["FILTERS", "pretty_json"]
 
@@ -27,9 +29,14 @@ STATE_LABELS = {
 
 
 def when(moment: datetime | None) -> str:
-    """``2026-11-21 20:49:25 UTC`` (empty for None)."""
+    """``2026-11-21 20:49:25 UTC`` (empty for None); a time outside Python's
+    years (``-infinity``, BC, ``infinity``) as the bound it lies beyond."""
     if moment is None:
         return ""
+    if moment == EARLIEST:
+        return "before 0001-01-01 (-infinity or BC)"
+    if moment == LATEST:
+        return "after 9999-12-31 (infinity or later)"
     return moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
@@ -44,7 +51,7 @@ def datetime_input(moment: datetime | None) -> str:
 
 def relative(moment: datetime | None, now: datetime) -> str:
     """``3m 12s ago`` or ``in 5m 00s``."""
-    if moment is None:
+    if moment is None or moment in (EARLIEST, LATEST):
         return ""
     seconds = (now - moment).total_seconds()
     if abs(seconds) < 1:
@@ -55,7 +62,10 @@ def relative(moment: datetime | None, now: datetime) -> str:
 
 
 def age(seconds: float | None) -> str:
-    return "" if seconds is None else format_age(seconds)
+    """``3m 12s``; ``∞`` for a job due since ``-infinity``."""
+    if seconds is None:
+        return ""
+    return format_age(seconds) if math.isfinite(seconds) else "∞"
 
 
 def rate(per_second: float | None) -> str:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
@@ -30,6 +29,7 @@ from psycopg.pq import Format
 from ..errors import UnreadableJobError
 from ..job import Job, jobs_from_rows
 from ..statements import JOB_COLUMNS
+from ..timestamps import EARLIEST, LATEST
 
 __all__ = ["Unreadable", "read_jobs"]
 
@@ -42,8 +42,6 @@ _COLUMNS = (*JOB_COLUMNS, "queue_name")
 _PAYLOAD = JOB_COLUMNS.index("payload")
 _TASK_ID = JOB_COLUMNS.index("task_id")
 _TIMESTAMPTZ_OID = 1184
-_EARLIEST = datetime.min.replace(tzinfo=UTC)
-_LATEST = datetime.max.replace(tzinfo=UTC)
 
 
 async def read_jobs(
@@ -111,7 +109,7 @@ def _load(raw: bytes | None, loader: Loader | None, oid: int) -> tuple[Any, Exce
         return loader.load(raw), None
     except Exception as exc:
         if oid == _TIMESTAMPTZ_OID:
-            return (_EARLIEST if _before_year_1(raw, loader) else _LATEST), None
+            return (EARLIEST if _before_year_1(raw, loader) else LATEST), None
         return None, exc
 
 
