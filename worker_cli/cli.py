@@ -16,6 +16,11 @@ from click.core import ParameterSource
 
 from . import logs
 from ._version import __version__
+from .cli_params import (
+    MAX_PROGRESS_INTERVAL,
+    MAX_REFRESH,
+    number,
+)
 from .config import load_dotenv_file
 from .config_file import config_file_option, set_by_config_file
 from .errors import GraphileWorkerError, IncompatibleSchemaError
@@ -90,9 +95,7 @@ def worker_option(field: str) -> Callable[[F], F]:
         )
     kind: click.IntRange | click.FloatRange | None = None
     if flag.low is not None or flag.high is not None:
-        kind = (click.IntRange if flag.whole else click.FloatRange)(
-            flag.low, flag.high, min_open=flag.low_open
-        )
+        kind = number(flag.low, flag.high, whole=flag.whole, low_open=flag.low_open)
     return click.option(
         *flag.names,
         field,
@@ -172,13 +175,14 @@ SHARED_OPTIONS = ("connection", "schema")
 )
 @click.option(
     "--progress-interval",
-    type=click.FloatRange(min=0),
+    type=number(0, MAX_PROGRESS_INTERVAL),
     default=5.0,
     show_default=True,
     metavar="SECONDS",
     envvar="GRAPHILE_WORKER_PROGRESS_INTERVAL",
     show_envvar=True,
-    help="With --once: log jobs done, rate and jobs remaining this often (0: never).",
+    help="With --once: log jobs done, rate and jobs remaining this often (0: never; "
+    f"at most {MAX_PROGRESS_INTERVAL}).",
 )
 @click.option(
     "--metrics-port",
@@ -436,11 +440,11 @@ def _basic_auth(_ctx: click.Context, _param: click.Parameter, value: str | None)
 )
 @click.option(
     "--refresh",
-    type=click.FloatRange(min=0),
+    type=number(0, MAX_REFRESH),
     default=5.0,
     show_default=True,
     metavar="SECONDS",
-    help="Pages refresh themselves this often (0: never).",
+    help=f"Pages refresh themselves this often (0: never; at most {MAX_REFRESH}).",
 )
 @click.pass_context
 def dashboard(ctx: click.Context, /, connection: str | None, schema: str, **options: Any) -> None:

@@ -1,0 +1,162 @@
+"""Absurd values of the command's options: one line naming the option and
+what it allows, exit code 2, and nothing started (issue 23). Every number
+has a finite upper bound; NaN and infinity are refused."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+from dbhelpers import rows, run_cli, value
+
+from worker_cli import cli as cli_module
+from worker_cli.cli import command
+from worker_cli.options import WorkerOptions
+
+#: Never connected to: every case is refused before the command connects.
+NOWHERE = "postgres://nobody@127.0.0.1:1/nowhere"
+
+REFUSED = [
+    (("-j", "2147483648"), "Invalid value for '-j' / '--jobs': 2147483648 is not in the range "
+     "1<=x<=10000."),
+    (("-m", "262144"), "Invalid value for '-m' / '--max-pool-size': 262144 is not in the range "
+     "2<=x<=262143."),
+    (("--local-queue-size", "100001"), "Invalid value for '--local-queue-size' (env var: "
+     "'GRAPHILE_WORKER_LOCAL_QUEUE_SIZE'): 100001 is not in the range 0<=x<=100000."),
+    (("--poll-interval", "3600001"), "Invalid value for '--poll-interval': 3600001 is not in the "
+     "range 1<=x<=3600000."),
+    (("--heartbeat-interval", "inf"), "Invalid value for '--heartbeat-interval' (env var: "
+     "'GRAPHILE_WORKER_HEARTBEAT_INTERVAL'): inf is not in the range 0<=x<=3600."),
+    (("--heartbeat-interval", "1e300"), "Invalid value for '--heartbeat-interval' (env var: "
+     "'GRAPHILE_WORKER_HEARTBEAT_INTERVAL'): 1e+300 is not in the range 0<=x<=3600."),
+    (("--heartbeat-interval", "nan"), "Invalid value for '--heartbeat-interval' (env var: "
+     "'GRAPHILE_WORKER_HEARTBEAT_INTERVAL'): 'nan' is not a number in the range 0<=x<=3600."),
+    (("--heartbeat-timeout", "inf"), "Invalid value for '--heartbeat-timeout' (env var: "
+     "'GRAPHILE_WORKER_HEARTBEAT_TIMEOUT'): inf is not in the range 0<x<=86400."),
+    (("--heartbeat-timeout", "nan"), "Invalid value for '--heartbeat-timeout' (env var: "
+     "'GRAPHILE_WORKER_HEARTBEAT_TIMEOUT'): 'nan' is not a number in the range 0<x<=86400."),
+    (("--progress-interval", "inf"), "Invalid value for '--progress-interval' (env var: "
+     "'GRAPHILE_WORKER_PROGRESS_INTERVAL'): inf is not in the range 0<=x<=3600."),
+    (("--progress-interval", "nan"), "Invalid value for '--progress-interval' (env var: "
+     "'GRAPHILE_WORKER_PROGRESS_INTERVAL'): 'nan' is not a number in the range 0<=x<=3600."),
+    (("dashboard", "--refresh", "inf"), "Invalid value for '--refresh': inf is not in the range "
+     "0<=x<=3600."),
+    (("dashboard", "--refresh", "nan"), "Invalid value for '--refresh': 'nan' is not a number in "
+     "the range 0<=x<=3600."),
+]  # fmt: skip
+
+
+def _refused(result: Any, message: str) -> None:
+    """Exit code 2, and the error is one line: click's usage lines, then it."""
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1] == f"Error: {message}"
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(("args", "message"), REFUSED)
+def test_absurd_values_are_one_line_naming_the_option_and_its_limit(
+    args: tuple[str, ...], message: str, tmp_path: Path
+) -> None:
+    _refused(run_cli("-c", NOWHERE, *args, cwd=tmp_path), message)
+
+
+@pytest.mark.unit
+def test_absurd_values_from_the_environment_too(tmp_path: Path) -> None:
+    env = {"GRAPHILE_WORKER_HEARTBEAT_INTERVAL": "inf"}
+    result = run_cli("-c", NOWHERE, env=env, cwd=tmp_path)
+    _refused(
+        result,
+        "Invalid value for '--heartbeat-interval' (env var: "
+        "'GRAPHILE_WORKER_HEARTBEAT_INTERVAL'): inf is not in the range 0<=x<=3600.",
+    )
+
+
+@pytest.mark.db
+def test_a_huge_jobs_flag_never_reaches_the_database(db: str, tmp_path: Path) -> None:
+    """The findings as reported: -j beyond int4 and an infinite heartbeat
+    interval ran the worker into a traceback."""
+    (tmp_path / "tasks").mkdir()
+    (tmp_path / "tasks" / "t.py").write_text("async def task(payload, helpers):\n    pass\n")
+    rows(db, "select graphile_worker.add_job('t')")
+    for args in (["-j", "2147483648"], ["--heartbeat-interval", "inf"]):
+        result = run_cli("-c", db, "--once", *args, cwd=tmp_path)
+        assert result.returncode == 2, result.stderr
+        assert "Traceback" not in result.stderr
+        last = result.stderr.strip().splitlines()[-1]
+        assert last.startswith(f"Error: Invalid value for '{args[0]}'"), last
+    assert value(db, "select count(*) from graphile_worker.jobs") == 1  # nothing ran
+
+
+# --- the bounds themselves are accepted ------------------------------------
+
+
+class Captured:
+    """What the worker would have been started with (no database is involved)."""
+
+    def __init__(self) -> None:
+        self.settings: dict[str, Any] = {}
+
+    def __call__(self, connection: str | None, settings: dict[str, Any], **options: Any) -> None:
+        self.settings = {**settings, **options}
+
+
+@pytest.mark.unit
+def test_the_bounds_themselves_are_accepted(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.chdir(tmp_path)  # no pyproject.toml
+    captured = Captured()
+    monkeypatch.setattr(cli_module, "_run_worker", captured)
+    monkeypatch.setattr(cli_module.logs, "configure", lambda *args, **kwargs: None)
+    args = [
+        "-j", "10000", "-m", "262143", "--local-queue-size", "100000", "--poll-interval",
+        "3600000", "--heartbeat-interval", "3600", "--heartbeat-timeout", "86400",
+        "--progress-interval", "3600",
+    ]  # fmt: skip
+    result = CliRunner().invoke(command, args, env={"GRAPHILE_WORKER_CONFIG": None})
+    assert result.exit_code == 0, result.output
+    got = captured.settings
+    assert (got["concurrency"], got["max_pool_size"], got["local_queue_size"]) == (
+        10000,
+        262143,
+        100000,
+    )
+    assert (got["poll_interval"], got["heartbeat_interval"], got["heartbeat_timeout"]) == (
+        3600,
+        3600,
+        86400,
+    )
+    assert got["progress_interval"] == 3600
+
+
+# --- library mode: run() checks its options as the flags do -----------------
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"concurrency": 2**31}, "concurrency must be from 1 to 10000, not 2147483648"),
+        ({"max_pool_size": 10**6}, "max_pool_size must be from 2 to 262143, not 1000000"),
+        ({"local_queue_size": 10**6}, "local_queue_size must be from 0 to 100000, not 1000000"),
+        (
+            {"poll_interval": float("inf")},
+            "poll_interval must be more than 0s and at most 3600s, not inf",
+        ),
+        (
+            {"heartbeat_interval": float("nan")},
+            "heartbeat_interval must be more than 0s and at most 3600s, not nan",
+        ),
+        (
+            {"heartbeat_timeout": 1e300},
+            "heartbeat_timeout must be more than 0s and at most 86400s, not 1e+300",
+        ),
+    ],
+)
+def test_worker_options_refuse_what_the_flags_refuse(options: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError) as raised:
+        WorkerOptions(**options)
+    assert str(raised.value) == message

@@ -1,0 +1,46 @@
+"""What the command line accepts: click types and callbacks that turn a bad
+value into one line naming the option and what it allows (exit code 2),
+before anything reaches the worker or PostgreSQL."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import click
+
+__all__ = [
+    "MAX_PROGRESS_INTERVAL",
+    "MAX_REFRESH",
+    "Number",
+    "number",
+]
+
+#: Seconds between ``--once`` progress lines at most (an hour).
+MAX_PROGRESS_INTERVAL = 3600
+#: Seconds between the dashboard pages' refreshes at most (an hour; a browser
+#: timer cannot wait beyond about 24.8 days, and fires at once instead).
+MAX_REFRESH = 3600
+
+
+class Number(click.FloatRange):
+    """A number in a range, never NaN (every comparison with NaN is false, so
+    a plain FloatRange lets it through); give the range a finite ``max`` and
+    infinity is refused as well."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        converted = super().convert(value, param, ctx)
+        if isinstance(converted, float) and math.isnan(converted):
+            self.fail(
+                f"{value!r} is not a number in the range {self._describe_range()}.", param, ctx
+            )
+        return converted
+
+
+def number(
+    low: int | None, high: int | None, *, whole: bool = False, low_open: bool = False
+) -> click.IntRange | click.FloatRange:
+    """The click type of a whole number, or any number, from ``low`` to ``high``."""
+    if whole:
+        return click.IntRange(low, high, min_open=low_open)
+    return Number(low, high, min_open=low_open)
