@@ -1,6 +1,7 @@
 """Absurd values of the command's options: one line naming the option and
 what it allows, exit code 2, and nothing started (issue 23). Every number
-has a finite upper bound; NaN and infinity are refused."""
+has a finite upper bound; NaN and infinity are refused; schema names that
+PostgreSQL refuses or that would silently mean the default are refused."""
 
 from __future__ import annotations
 
@@ -41,6 +42,17 @@ REFUSED = [
      "'GRAPHILE_WORKER_PROGRESS_INTERVAL'): inf is not in the range 0<=x<=3600."),
     (("--progress-interval", "nan"), "Invalid value for '--progress-interval' (env var: "
      "'GRAPHILE_WORKER_PROGRESS_INTERVAL'): 'nan' is not a number in the range 0<=x<=3600."),
+    (("-s", ""), "Invalid value for '-s' / '--schema' (env var: 'GRAPHILE_WORKER_SCHEMA'): "
+     "a schema name must not be empty"),
+    (("-s", "pg_foo"), "Invalid value for '-s' / '--schema' (env var: 'GRAPHILE_WORKER_SCHEMA'): "
+     "schema name 'pg_foo' starts with pg_, which PostgreSQL reserves for system schemas"),
+    (("-s", "s" * 64), "Invalid value for '-s' / '--schema' (env var: 'GRAPHILE_WORKER_SCHEMA'): "
+     f"schema name '{'s' * 64}' is longer than PostgreSQL's 63-byte limit"),
+    (("status", "-s", "pg_catalog"), "Invalid value for '-s' / '--schema' (env var: "
+     "'GRAPHILE_WORKER_SCHEMA'): schema name 'pg_catalog' starts with pg_, which PostgreSQL "
+     "reserves for system schemas"),
+    (("add-job", "x", "-s", ""), "Invalid value for '-s' / '--schema' (env var: "
+     "'GRAPHILE_WORKER_SCHEMA'): a schema name must not be empty"),
     (("dashboard", "--refresh", "inf"), "Invalid value for '--refresh': inf is not in the range "
      "0<=x<=3600."),
     (("dashboard", "--refresh", "nan"), "Invalid value for '--refresh': 'nan' is not a number in "
@@ -77,11 +89,11 @@ def test_absurd_values_from_the_environment_too(tmp_path: Path) -> None:
 @pytest.mark.db
 def test_a_huge_jobs_flag_never_reaches_the_database(db: str, tmp_path: Path) -> None:
     """The findings as reported: -j beyond int4 and an infinite heartbeat
-    interval ran the worker into a traceback."""
+    interval ran the worker into a traceback; -s pg_foo reached PostgreSQL."""
     (tmp_path / "tasks").mkdir()
     (tmp_path / "tasks" / "t.py").write_text("async def task(payload, helpers):\n    pass\n")
     rows(db, "select graphile_worker.add_job('t')")
-    for args in (["-j", "2147483648"], ["--heartbeat-interval", "inf"]):
+    for args in (["-j", "2147483648"], ["--heartbeat-interval", "inf"], ["-s", "pg_foo"]):
         result = run_cli("-c", db, "--once", *args, cwd=tmp_path)
         assert result.returncode == 2, result.stderr
         assert "Traceback" not in result.stderr
@@ -114,7 +126,7 @@ def test_the_bounds_themselves_are_accepted(
     args = [
         "-j", "10000", "-m", "262143", "--local-queue-size", "100000", "--poll-interval",
         "3600000", "--heartbeat-interval", "3600", "--heartbeat-timeout", "86400",
-        "--progress-interval", "3600",
+        "--progress-interval", "3600", "-s", "s" * 63,
     ]  # fmt: skip
     result = CliRunner().invoke(command, args, env={"GRAPHILE_WORKER_CONFIG": None})
     assert result.exit_code == 0, result.output
@@ -129,7 +141,7 @@ def test_the_bounds_themselves_are_accepted(
         3600,
         86400,
     )
-    assert got["progress_interval"] == 3600
+    assert got["progress_interval"] == 3600 and got["schema"] == "s" * 63
 
 
 # --- library mode: run() checks its options as the flags do -----------------

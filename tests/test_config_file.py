@@ -225,6 +225,12 @@ ERRORS = [
         "progress-interval = inf\n",
         "w.toml: key 'progress-interval': expected a number from 0 to 3600, got inf",
     ),
+    ('schema = ""\n', "w.toml: key 'schema': a schema name must not be empty"),
+    (
+        'schema = "pg_temp_x"\n',
+        "w.toml: key 'schema': schema name 'pg_temp_x' starts with pg_, which PostgreSQL "
+        "reserves for system schemas",
+    ),
     ("once = 1\n", "w.toml: key 'once': expected true or false, got 1"),
     ('schema = ["a"]\n', "w.toml: key 'schema': expected a string, got an array"),
     ("tasks = { a = 1 }\n", "w.toml: key 'tasks': expected a string, got a table"),

@@ -20,6 +20,7 @@ from .cli_params import (
     MAX_PROGRESS_INTERVAL,
     MAX_REFRESH,
     number,
+    schema_name,
 )
 from .config import load_dotenv_file
 from .config_file import config_file_option, set_by_config_file
@@ -100,6 +101,7 @@ def worker_option(field: str) -> Callable[[F], F]:
         *flag.names,
         field,
         type=kind,
+        callback=schema_name if field == "schema" else None,
         default=flag.default,
         show_default=True,
         envvar=flag.envvar,

@@ -9,11 +9,14 @@ from typing import Any
 
 import click
 
+from .config import schema_name_problem
+
 __all__ = [
     "MAX_PROGRESS_INTERVAL",
     "MAX_REFRESH",
     "Number",
     "number",
+    "schema_name",
 ]
 
 #: Seconds between ``--once`` progress lines at most (an hour).
@@ -44,3 +47,14 @@ def number(
     if whole:
         return click.IntRange(low, high, min_open=low_open)
     return Number(low, high, min_open=low_open)
+
+
+def schema_name(_ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:
+    """``-s/--schema``: refuse what PostgreSQL would refuse or change (an empty
+    name too: it would silently mean the default schema)."""
+    if value is None:
+        return None
+    problem = schema_name_problem(value)
+    if problem:
+        raise click.BadParameter(problem)
+    return value
