@@ -53,6 +53,9 @@ REFUSED = [
      "reserves for system schemas"),
     (("add-job", "x", "-s", ""), "Invalid value for '-s' / '--schema' (env var: "
      "'GRAPHILE_WORKER_SCHEMA'): a schema name must not be empty"),
+    (("dashboard", "--auth", ""), "Invalid value for '--auth' (env var: "
+     "'GRAPHILE_WORKER_DASHBOARD_AUTH'): must not be empty: give USER:PASSWORD, or leave --auth "
+     "out for no authentication"),
     (("dashboard", "--refresh", "inf"), "Invalid value for '--refresh': inf is not in the range "
      "0<=x<=3600."),
     (("dashboard", "--refresh", "nan"), "Invalid value for '--refresh': 'nan' is not a number in "

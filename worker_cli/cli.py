@@ -415,8 +415,12 @@ def status(ctx: click.Context, connection: str | None, schema: str, as_json: boo
 
 
 def _basic_auth(_ctx: click.Context, _param: click.Parameter, value: str | None) -> Any:
-    if not value:
+    if value is None:
         return None
+    if not value:  # else it would silently mean "no authentication"
+        raise click.BadParameter(
+            "must not be empty: give USER:PASSWORD, or leave --auth out for no authentication"
+        )
     from .dashboard.security import BasicAuth
 
     try:
