@@ -60,6 +60,20 @@ REFUSED = [
      "0<=x<=3600."),
     (("dashboard", "--refresh", "nan"), "Invalid value for '--refresh': 'nan' is not a number in "
      "the range 0<=x<=3600."),
+    (("add-job", "x", "--priority", "32768"), "Invalid value for '--priority': 32768 is not in "
+     "the range -32768<=x<=32767."),
+    (("add-job", "x", "--priority", "-99999999999999999999"), "Invalid value for '--priority': "
+     "-99999999999999999999 is not in the range -32768<=x<=32767."),
+    (("add-job", "x", "--max-attempts", "32768"), "Invalid value for '--max-attempts': 32768 is "
+     "not in the range 1<=x<=32767."),
+    (("add-job", "x", "--run-at", "10000-01-01T00:00:00Z"), "Invalid value for '--run-at': not an "
+     "ISO 8601 date and time (years 1 to 9999): '10000-01-01T00:00:00Z'"),
+    (("add-job", "x", "--run-at", "9999-12-31T23:59:59-01:00"), "Invalid value for '--run-at': "
+     "9999-12-31T23:59:59-01:00 is not from 0001-01-02 to 9999-12-30 (UTC); a job's run_at must "
+     "be a datetime in every time zone it may be read back in"),
+    (("add-job", "x", "--run-at", "0001-01-01T00:00:00+01:00"), "Invalid value for '--run-at': "
+     "0001-01-01T00:00:00+01:00 is not from 0001-01-02 to 9999-12-30 (UTC); a job's run_at must "
+     "be a datetime in every time zone it may be read back in"),
 ]  # fmt: skip
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import math
 import os
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -73,8 +73,25 @@ BAD_OPTIONS: list[tuple[dict[str, Any], str]] = [
     ({"payload": {1, 2}}, r"payload: cannot be encoded as JSON .*set"),
     ({"run_at": datetime(2030, 1, 1)}, r"run_at: must be timezone-aware"),
     ({"run_at": "tomorrow"}, r"run_at: must be a datetime, not str"),
+    # Read back in UTC (or any time zone), these would not be datetimes any more.
+    (
+        {"run_at": datetime(9999, 12, 31, 23, tzinfo=timezone(timedelta(hours=-1)))},
+        r"run_at: 9999-12-31T23:00:00-01:00 is not from 0001-01-02 to 9999-12-30 \(UTC\)",
+    ),
+    (
+        {"run_at": datetime(1, 1, 1, 12, tzinfo=UTC)},
+        r"run_at: 0001-01-01T12:00:00\+00:00 is not from 0001-01-02 to 9999-12-30 \(UTC\)",
+    ),
     ({"flags": "abc"}, r"flags: must be a list of strings"),
 ]
+
+
+@pytest.mark.db
+async def test_the_earliest_and_latest_run_at_are_added_and_read_back(utils: WorkerUtils) -> None:
+    earliest = datetime(1, 1, 2, tzinfo=UTC)
+    latest = datetime(9999, 12, 30, 23, 59, 59, 999999, tzinfo=UTC)
+    assert (await utils.add_job("task", run_at=earliest)).run_at == earliest
+    assert (await utils.add_job("task", run_at=latest)).run_at == latest
 
 
 @pytest.mark.parametrize("options,message", BAD_OPTIONS)

@@ -19,12 +19,15 @@ from ._version import __version__
 from .cli_params import (
     MAX_PROGRESS_INTERVAL,
     MAX_REFRESH,
+    aware_datetime,
+    json_payload,
     number,
     schema_name,
 )
 from .config import load_dotenv_file
 from .config_file import config_file_option, set_by_config_file
 from .errors import GraphileWorkerError, IncompatibleSchemaError
+from .job_spec import SMALLINT_MAX, SMALLINT_MIN
 from .logs import LOG_FORMATS, LogFormat
 from .options import FLAGS, WorkerOptions
 
@@ -471,47 +474,26 @@ def dashboard(ctx: click.Context, /, connection: str | None, schema: str, **opti
         raise _failure(exc) from None
 
 
-def _json_payload(_ctx: click.Context, _param: click.Parameter, value: str | None) -> Any:
-    if value is None:
-        return None
-    import json
-
-    try:
-        return json.loads(value)
-    except ValueError as exc:
-        raise click.BadParameter(f"not JSON ({exc}): {value!r}") from None
-
-
-def _aware_datetime(_ctx: click.Context, _param: click.Parameter, value: str | None) -> Any:
-    if value is None:
-        return None
-    from datetime import datetime
-
-    try:
-        moment = datetime.fromisoformat(value)
-    except ValueError:
-        raise click.BadParameter(f"not an ISO 8601 date and time: {value!r}") from None
-    if moment.tzinfo is None:
-        raise click.BadParameter(
-            f"{value!r} has no time zone; add one, e.g. {value}+00:00 or {value}Z"
-        )
-    return moment
-
-
 @command.command("add-job", context_settings=CONTEXT_SETTINGS)
 @connection_option
 @schema_option
 @click.argument("identifier")
-@click.argument("payload", required=False, callback=_json_payload)
+@click.argument("payload", required=False, callback=json_payload)
 @click.option("-q", "--queue", "queue_name", metavar="NAME", help="Named queue (runs serially).")
 @click.option(
     "--run-at",
     metavar="DATETIME",
-    callback=_aware_datetime,
+    callback=aware_datetime,
     help="When to run it, ISO 8601 with a time zone. Default: now.",
 )
-@click.option("--max-attempts", type=click.IntRange(min=1), help="Default: 25.")
-@click.option("--priority", type=int, help="Lower runs first. Default: 0.")
+@click.option(
+    "--max-attempts", type=click.IntRange(1, SMALLINT_MAX), help="Default: 25 (at most 32767)."
+)
+@click.option(
+    "--priority",
+    type=click.IntRange(SMALLINT_MIN, SMALLINT_MAX),
+    help="Lower runs first, from -32768 to 32767. Default: 0.",
+)
 @click.option("--job-key", metavar="KEY", help="Replace or dedupe the pending job with this key.")
 @click.option(
     "--job-key-mode",

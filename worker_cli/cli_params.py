@@ -15,6 +15,8 @@ __all__ = [
     "MAX_PROGRESS_INTERVAL",
     "MAX_REFRESH",
     "Number",
+    "aware_datetime",
+    "json_payload",
     "number",
     "schema_name",
 ]
@@ -58,3 +60,41 @@ def schema_name(_ctx: click.Context, _param: click.Parameter, value: str | None)
     if problem:
         raise click.BadParameter(problem)
     return value
+
+
+def json_payload(_ctx: click.Context, _param: click.Parameter, value: str | None) -> Any:
+    if value is None:
+        return None
+    import json
+
+    try:
+        return json.loads(value)
+    except ValueError as exc:
+        raise click.BadParameter(f"not JSON ({exc}): {value!r}") from None
+
+
+def aware_datetime(_ctx: click.Context, _param: click.Parameter, value: str | None) -> Any:
+    """``--run-at``: ISO 8601 with a time zone, that a job read back in any time
+    zone can have (:func:`~worker_cli.job_spec.check_run_at_range`)."""
+    if value is None:
+        return None
+    from datetime import datetime
+
+    from .errors import JobSpecError
+    from .job_spec import check_run_at_range
+
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError:
+        raise click.BadParameter(
+            f"not an ISO 8601 date and time (years 1 to 9999): {value!r}"
+        ) from None
+    if moment.tzinfo is None:
+        raise click.BadParameter(
+            f"{value!r} has no time zone; add one, e.g. {value}+00:00 or {value}Z"
+        )
+    try:
+        check_run_at_range(moment)
+    except JobSpecError as exc:
+        raise click.BadParameter(exc.reason) from None
+    return moment
