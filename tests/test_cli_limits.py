@@ -66,6 +66,8 @@ REFUSED = [
      "-99999999999999999999 is not in the range -32768<=x<=32767."),
     (("add-job", "x", "--max-attempts", "32768"), "Invalid value for '--max-attempts': 32768 is "
      "not in the range 1<=x<=32767."),
+    (("add-job", "x", "[" * 10_000 + "]" * 10_000), "Invalid value for '[PAYLOAD]': JSON "
+     "nested too deeply to be read"),
     (("add-job", "x", "--run-at", "10000-01-01T00:00:00Z"), "Invalid value for '--run-at': not an "
      "ISO 8601 date and time (years 1 to 9999): '10000-01-01T00:00:00Z'"),
     (("add-job", "x", "--run-at", "9999-12-31T23:59:59-01:00"), "Invalid value for '--run-at': "

@@ -56,6 +56,13 @@ async def test_job_is_read_only(utils: WorkerUtils) -> None:
         job.attempts = 3  # type: ignore[misc]
 
 
+def _nested(depth: int) -> list[Any]:
+    value: list[Any] = []
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
 BAD_OPTIONS: list[tuple[dict[str, Any], str]] = [
     ({"identifier": "x" * 129}, r"identifier: is 129 characters long; the limit is 128"),
     ({"identifier": ""}, r"identifier: must not be empty"),
@@ -71,6 +78,7 @@ BAD_OPTIONS: list[tuple[dict[str, Any], str]] = [
     ({"payload": {"when": datetime.now()}}, r"payload: cannot be encoded as JSON .*datetime"),
     ({"payload": {"x": math.nan}}, r"payload: cannot be encoded as JSON .*Out of range float"),
     ({"payload": {1, 2}}, r"payload: cannot be encoded as JSON .*set"),
+    ({"payload": _nested(100_000)}, r"payload: cannot be encoded as JSON .*recursion"),
     ({"run_at": datetime(2030, 1, 1)}, r"run_at: must be timezone-aware"),
     ({"run_at": "tomorrow"}, r"run_at: must be a datetime, not str"),
     # Read back in UTC (or any time zone), these would not be datetimes any more.

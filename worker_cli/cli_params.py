@@ -71,6 +71,8 @@ def json_payload(_ctx: click.Context, _param: click.Parameter, value: str | None
         return json.loads(value)
     except ValueError as exc:
         raise click.BadParameter(f"not JSON ({exc}): {value!r}") from None
+    except RecursionError:
+        raise click.BadParameter("JSON nested too deeply to be read") from None
 
 
 def aware_datetime(_ctx: click.Context, _param: click.Parameter, value: str | None) -> Any:

@@ -189,7 +189,7 @@ def encode_payload(payload: Any, field: str = "payload") -> str | None:
         return None
     try:
         return json.dumps(payload, default=json_default, allow_nan=False, separators=(",", ":"))
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, RecursionError) as exc:
         raise JobSpecError(field, f"cannot be encoded as JSON ({exc})") from None
 
 
