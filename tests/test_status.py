@@ -240,6 +240,22 @@ def test_status_shows_run_at_times_python_cannot_hold(db: str) -> None:
     }
 
 
+def test_status_shows_a_queue_locked_since_minus_infinity(db: str) -> None:
+    """Only SQL can do it, but it made status fail as an infinite run_at did."""
+    rows(db, "select graphile_worker.add_job('q', queue_name => 'stuck')")
+    rows(
+        db,
+        "update graphile_worker._private_job_queues set locked_at = '-infinity', "
+        "locked_by = 'pool-gone' where queue_name = 'stuck'",
+    )
+    result = run_cli("status", "-c", db)
+    assert result.returncode == 0, result.stderr
+    assert _split(result.stdout)[-1] == ["stuck", "1", "1", "0", "0", "0", "0", "pool-gone"]
+    as_json = run_cli("status", "-c", db, "--json")
+    stuck = json.loads(as_json.stdout)["queues"]["stuck"]
+    assert (stuck["locked_by"], stuck["locked_for_seconds"]) == ("pool-gone", None)
+
+
 def test_worker_flags_before_status_are_refused(db: str) -> None:
     result = run_cli("--once", "-j", "3", "status", "-c", db)
     assert result.returncode == 2
