@@ -193,17 +193,43 @@ def test_a_flag_turned_on_in_the_file(worker: Captured, tmp_path: Path) -> None:
 
 
 ERRORS = [
-    ('jobs = "4"\n', "w.toml: key 'jobs': expected an integer >= 1, got \"4\""),
-    ("jobs = 0\n", "w.toml: key 'jobs': expected an integer >= 1, got 0"),
-    ("jobs = 2.5\n", "w.toml: key 'jobs': expected an integer >= 1, got 2.5"),
-    ("jobs = true\n", "w.toml: key 'jobs': expected an integer >= 1, got true"),
+    ('jobs = "4"\n', "w.toml: key 'jobs': expected an integer from 1 to 10000, got \"4\""),
+    ("jobs = 0\n", "w.toml: key 'jobs': expected an integer from 1 to 10000, got 0"),
+    ("jobs = 2.5\n", "w.toml: key 'jobs': expected an integer from 1 to 10000, got 2.5"),
+    ("jobs = true\n", "w.toml: key 'jobs': expected an integer from 1 to 10000, got true"),
     (
         "complete-job-batch-delay = 20000\n",
         "w.toml: key 'complete-job-batch-delay': expected an integer from 0 to 10000, got 20000",
     ),
     (
         "heartbeat-timeout = 0\n",
-        "w.toml: key 'heartbeat-timeout': expected a number > 0, got 0",
+        "w.toml: key 'heartbeat-timeout': expected a number > 0 and <= 86400, got 0",
+    ),
+    (
+        "jobs = 2147483648\n",
+        "w.toml: key 'jobs': expected an integer from 1 to 10000, got 2147483648",
+    ),
+    (
+        "heartbeat-interval = inf\n",
+        "w.toml: key 'heartbeat-interval': expected a number from 0 to 3600, got inf",
+    ),
+    (
+        "heartbeat-interval = nan\n",
+        "w.toml: key 'heartbeat-interval': expected a number from 0 to 3600, got nan",
+    ),
+    (
+        "poll-interval = 1e300\n",
+        "w.toml: key 'poll-interval': expected an integer from 1 to 3600000, got 1e+300",
+    ),
+    (
+        "progress-interval = inf\n",
+        "w.toml: key 'progress-interval': expected a number from 0 to 3600, got inf",
+    ),
+    ('schema = ""\n', "w.toml: key 'schema': a schema name must not be empty"),
+    (
+        'schema = "pg_temp_x"\n',
+        "w.toml: key 'schema': schema name 'pg_temp_x' starts with pg_, which PostgreSQL "
+        "reserves for system schemas",
     ),
     ("once = 1\n", "w.toml: key 'once': expected true or false, got 1"),
     ('schema = ["a"]\n', "w.toml: key 'schema': expected a string, got an array"),
@@ -346,7 +372,7 @@ def test_load_config_errors_are_the_command_lines(tmp_path: Path) -> None:
     (tmp_path / "w.toml").write_text("jobs = 0\n")
     with pytest.raises(ConfigFileError) as raised:
         load_config("w.toml")
-    assert str(raised.value) == "w.toml: key 'jobs': expected an integer >= 1, got 0"
+    assert str(raised.value) == "w.toml: key 'jobs': expected an integer from 1 to 10000, got 0"
     assert isinstance(raised.value, ConfigurationError) and raised.value.exit_code == 2
     with pytest.raises(ConfigFileError, match=r"^cannot read config file 'nope\.toml'"):
         load_config("nope.toml")

@@ -138,6 +138,31 @@ async def test_one_job_per_tick_with_payload_and_options(
     }
 
 
+async def test_an_item_at_the_crontabs_limits_is_registered_and_scheduled(
+    db: str, pool: AsyncConnectionPool[Any]
+) -> None:
+    """The crontab refuses longer identifiers, task names, queue names and job
+    keys at parse time (issue 23: a 10 MB identifier was retried for ever);
+    the longest it accepts go through."""
+    task_name, identifier, queue = "t" * 128, "i" * 128, "q" * 128
+    items = parse_crontab(
+        f"* * * * * {task_name} ?id={identifier}&queue={queue}&jobKey={'k' * 512}&fill=366d"
+    )
+    clock = FakeClock(START)
+    task = start(CronScheduler(items, pool, "graphile_worker", clock=clock))
+    try:
+        await settle(clock, task)
+        await clock.advance(timedelta(minutes=1))
+        await wait_for_jobs(db, 1)
+        await settle(clock, task)
+    finally:
+        await stop(task)
+    [job] = cron_jobs(db)
+    assert (job["task"], job["queue_name"]) == (task_name, queue)
+    known = "select identifier from graphile_worker._private_known_crontabs"
+    assert value(db, known) == identifier
+
+
 async def test_three_pools_with_one_crontab_add_one_job_per_tick(db: str) -> None:
     items = parse_crontab("* * * * * tick\n*/2 * * * * even ?id=even_minutes")
     clock = FakeClock(START)

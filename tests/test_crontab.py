@@ -6,6 +6,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from dbhelpers import run_cli
 
 from worker_cli import CronItem, CrontabError, parse_cron_items, parse_crontab
 from worker_cli.crontab import parse_time_phrase
@@ -116,6 +117,51 @@ INVALID = [
     ("* * * * * t {a: 1", "the payload '{a: 1' is not valid JSON5"),
     ("* * * * * t [1, 2]", "the payload '[1, 2]' must be a JSON5 object"),
     ("* * * * * t {a: 1} extra", "is not valid JSON5"),
+    # Issue 23: what the worker would retry for ever, or what crashed the parser.
+    (
+        "* * * * * t ?fill=99999999999w",
+        "fill '99999999999w' must be from 0 to 366d (a year), the longest backfill",
+    ),
+    ("* * * * * t ?fill=367d", "fill '367d' must be from 0 to 366d (a year), the longest backfill"),
+    (
+        "* * * * * t ?fill=" + "9" * 5000 + "s",
+        "fill '9999999999999999999999999999999999999999'... (5001 characters) must be from 0 "
+        "to 366d",
+    ),
+    (
+        "* * * * * t ?max=" + "9" * 5000,
+        "max '9999999999999999999999999999999999999999'... (5000 characters) must be a whole "
+        "number from 1 to 32767",
+    ),
+    (
+        "* * * * * t ?priority=-" + "9" * 5000,
+        "priority '-999999999999999999999999999999999999999'... (5001 characters) must be a "
+        "whole number from -32768 to 32767",
+    ),
+    (
+        "9" * 5000 + " * * * * t",
+        "minute value of over 12 digits in '9999999999999999999999999999999999999999'... "
+        "(5000 characters) is out of range 0-59",
+    ),
+    ("1-" + "9" * 5000 + " * * * * t", "minute value 60 in '1-99999999999999999999999999"),
+    ("* * * * 5-8 t", "day of week value 8 in '5-8' is out of range 0-6"),
+    (
+        "* * * * * t ?id=" + "i" * 10_000_000,
+        "id '" + "i" * 40 + "'... is 10000000 characters long; the limit is 128",
+    ),
+    ("* * * * * t ?id=" + "i" * 129, "is 129 characters long; the limit is 128"),
+    ("* * * * * " + "t" * 129, "task identifier '" + "t" * 40 + "'... is 129 characters long"),
+    ("* * * * * t ?queue=" + "q" * 129, "queue '" + "q" * 40 + "'... is 129 characters long"),
+    (
+        "* * * * * t {a: Infinity}",
+        "the payload cannot be sent as JSON (Out of range float values are not JSON compliant)",
+    ),
+    ("* * * * * t {a: NaN}", "the payload cannot be sent as JSON"),
+    ("* * * * * t {a: 1e999}", "the payload cannot be sent as JSON"),
+    (
+        "x" * 10_000_000,
+        "'" + "x" * 40 + "'... (10000000 characters) is not a crontab line",
+    ),
 ]
 
 
@@ -126,6 +172,16 @@ def test_invalid_lines_name_the_line_and_the_problem(line: str, message: str) ->
         parse_crontab(text)
     assert str(info.value).startswith("crontab line 3: "), str(info.value)
     assert message in str(info.value)
+
+
+def test_the_limits_themselves_are_accepted() -> None:
+    [item] = parse_crontab("* * * * * " + "t" * 128 + " ?fill=366d&id=" + "i" * 128)
+    assert item.backfill_period == timedelta(days=366) and item.identifier == "i" * 128
+    [item] = parse_crontab("*/99999999999999 * * * * t ?queue=" + "q" * 128 + "&priority=-32768")
+    assert item.minutes == {0} and item.queue_name == "q" * 128 and item.priority == -32768
+    assert parse_time_phrase("100000000w") == timedelta(weeks=100000000)
+    with pytest.raises(CrontabError, match=r"^time phrase '999999999999w' is longer than Python"):
+        parse_time_phrase("999999999999w")
 
 
 def test_duplicate_identifiers() -> None:
@@ -239,3 +295,39 @@ def test_cron_items_in_library_mode() -> None:
         parse_cron_items([{"task": "t", "pattern": "99 * * * *"}])
     with pytest.raises(CrontabError, match=r"cron item 0: .*unexpected keyword argument 'every'"):
         parse_cron_items([{"task": "t", "pattern": "* * * * *", "every": 5}])
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"backfill_period": timedelta(days=367)}, "backfill_period must be from 0 to 366d"),
+        ({"backfill_period": timedelta(-1)}, "backfill_period must be from 0 to 366d"),
+        ({"identifier": "i" * 129}, "identifier 'iiii"),
+        ({"task": "t" * 129}, "task identifier 'tttt"),
+        ({"queue_name": "q" * 129}, "queue name 'qqqq"),
+        ({"job_key": "k" * 513}, "job_key must be a string of 1 to 512 characters"),
+        ({"payload": {"a": float("nan")}}, "the payload cannot be sent as JSON (Out of range"),
+        ({"payload": {"a": {1}}}, "the payload cannot be sent as JSON (Object of type set"),
+    ],
+)
+def test_cron_items_in_library_mode_have_the_crontabs_limits(
+    fields: dict[str, object], message: str
+) -> None:
+    with pytest.raises(CrontabError) as raised:
+        parse_cron_items([{"task": "t", "pattern": "* * * * *", **fields}])
+    assert str(raised.value).startswith(f"cron item 0: {message}"), str(raised.value)
+
+
+def test_a_bad_crontab_stops_the_command_with_one_line_naming_file_and_line(
+    tmp_path: Path,
+) -> None:
+    """Before the worker connects: a traceback (an OverflowError) before issue 23."""
+    (tmp_path / "tasks").mkdir()
+    (tmp_path / "tasks" / "t.py").write_text("async def task(payload, helpers):\n    pass\n")
+    (tmp_path / "crontab").write_text("# every minute\n* * * * * t ?fill=99999999999w\n")
+    result = run_cli("-c", "postgres://nobody@127.0.0.1:1/nowhere", cwd=tmp_path)
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines() == [
+        "Error: crontab: crontab line 2: fill '99999999999w' must be from 0 to 366d (a year), "
+        "the longest backfill"
+    ]

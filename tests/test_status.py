@@ -203,6 +203,59 @@ def test_status_uses_the_schema_option_and_is_read_only(db: str, empty_db: str) 
     assert run_cli("status", "-c", empty_db).returncode == 1
 
 
+def test_status_shows_run_at_times_python_cannot_hold(db: str) -> None:
+    """Issue 23: a waiting job due since -infinity or a BC date, and one
+    scheduled for infinity (SQL's add_job takes them all), made status fail."""
+    bc = value(db, "select (graphile_worker.add_job('bc', run_at => '0044-03-15 BC')).id")
+    rows(db, "select graphile_worker.add_job('never', run_at => 'infinity')")
+    result = run_cli("status", "-c", db)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[1:4] == [
+        "Jobs: 2",
+        "  waiting: 1  (due now)",
+        "  scheduled: 1  (run_at in the future)",
+    ]
+    assert re.fullmatch(
+        rf"Oldest waiting job: {bc} \(bc\), due for \d+d \d\dh "
+        r"\(run_at 0044-03-1[45] [0-9:]+[-+][0-9:]+ BC\)",  # in the server's time zone
+        lines[7],
+    ), lines[7]
+
+    always = value(db, "select (graphile_worker.add_job('always', run_at => '-infinity')).id")
+    result = run_cli("status", "-c", db)
+    assert result.returncode == 0, result.stderr
+    assert (
+        result.stdout.splitlines()[7]
+        == f"Oldest waiting job: {always} (always), due since -infinity"
+    )
+    as_json = run_cli("status", "-c", db, "--json")
+    assert as_json.returncode == 0, as_json.stderr
+    assert json.loads(as_json.stdout)["oldest_waiting"] == {
+        "job_id": always,
+        "task_identifier": "always",
+        "queue_name": None,
+        "run_at": "-infinity",
+        "age_seconds": None,
+    }
+
+
+def test_status_shows_a_queue_locked_since_minus_infinity(db: str) -> None:
+    """Only SQL can do it, but it made status fail as an infinite run_at did."""
+    rows(db, "select graphile_worker.add_job('q', queue_name => 'stuck')")
+    rows(
+        db,
+        "update graphile_worker._private_job_queues set locked_at = '-infinity', "
+        "locked_by = 'pool-gone' where queue_name = 'stuck'",
+    )
+    result = run_cli("status", "-c", db)
+    assert result.returncode == 0, result.stderr
+    assert _split(result.stdout)[-1] == ["stuck", "1", "1", "0", "0", "0", "0", "pool-gone"]
+    as_json = run_cli("status", "-c", db, "--json")
+    stuck = json.loads(as_json.stdout)["queues"]["stuck"]
+    assert (stuck["locked_by"], stuck["locked_for_seconds"]) == ("pool-gone", None)
+
+
 def test_worker_flags_before_status_are_refused(db: str) -> None:
     result = run_cli("--once", "-j", "3", "status", "-c", db)
     assert result.returncode == 2

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import math
 import os
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +56,13 @@ async def test_job_is_read_only(utils: WorkerUtils) -> None:
         job.attempts = 3  # type: ignore[misc]
 
 
+def _nested(depth: int) -> list[Any]:
+    value: list[Any] = []
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
 BAD_OPTIONS: list[tuple[dict[str, Any], str]] = [
     ({"identifier": "x" * 129}, r"identifier: is 129 characters long; the limit is 128"),
     ({"identifier": ""}, r"identifier: must not be empty"),
@@ -71,10 +78,28 @@ BAD_OPTIONS: list[tuple[dict[str, Any], str]] = [
     ({"payload": {"when": datetime.now()}}, r"payload: cannot be encoded as JSON .*datetime"),
     ({"payload": {"x": math.nan}}, r"payload: cannot be encoded as JSON .*Out of range float"),
     ({"payload": {1, 2}}, r"payload: cannot be encoded as JSON .*set"),
+    ({"payload": _nested(100_000)}, r"payload: cannot be encoded as JSON .*recursion"),
     ({"run_at": datetime(2030, 1, 1)}, r"run_at: must be timezone-aware"),
     ({"run_at": "tomorrow"}, r"run_at: must be a datetime, not str"),
+    # Read back in UTC (or any time zone), these would not be datetimes any more.
+    (
+        {"run_at": datetime(9999, 12, 31, 23, tzinfo=timezone(timedelta(hours=-1)))},
+        r"run_at: 9999-12-31T23:00:00-01:00 is not from 0001-01-02 to 9999-12-30 \(UTC\)",
+    ),
+    (
+        {"run_at": datetime(1, 1, 1, 12, tzinfo=UTC)},
+        r"run_at: 0001-01-01T12:00:00\+00:00 is not from 0001-01-02 to 9999-12-30 \(UTC\)",
+    ),
     ({"flags": "abc"}, r"flags: must be a list of strings"),
 ]
+
+
+@pytest.mark.db
+async def test_the_earliest_and_latest_run_at_are_added_and_read_back(utils: WorkerUtils) -> None:
+    earliest = datetime(1, 1, 2, tzinfo=UTC)
+    latest = datetime(9999, 12, 30, 23, 59, 59, 999999, tzinfo=UTC)
+    assert (await utils.add_job("task", run_at=earliest)).run_at == earliest
+    assert (await utils.add_job("task", run_at=latest)).run_at == latest
 
 
 @pytest.mark.parametrize("options,message", BAD_OPTIONS)

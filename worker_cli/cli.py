@@ -18,9 +18,18 @@ from click.core import ParameterSource
 
 from . import logs
 from ._version import __version__
+from .cli_params import (
+    MAX_PROGRESS_INTERVAL,
+    MAX_REFRESH,
+    aware_datetime,
+    json_payload,
+    number,
+    schema_name,
+)
 from .config import load_dotenv_file
 from .config_file import config_file_option, set_by_config_file
 from .errors import GraphileWorkerError, IncompatibleSchemaError
+from .job_spec import SMALLINT_MAX, SMALLINT_MIN
 from .logs import LOG_FORMATS, LogFormat
 from .options import FLAGS, WorkerOptions
 
@@ -92,13 +101,12 @@ def worker_option(field: str) -> Callable[[F], F]:
         )
     kind: click.IntRange | click.FloatRange | None = None
     if flag.low is not None or flag.high is not None:
-        kind = (click.IntRange if flag.whole else click.FloatRange)(
-            flag.low, flag.high, min_open=flag.low_open
-        )
+        kind = number(flag.low, flag.high, whole=flag.whole, low_open=flag.low_open)
     return click.option(
         *flag.names,
         field,
         type=kind,
+        callback=schema_name if field == "schema" else None,
         default=flag.default,
         show_default=True,
         envvar=flag.envvar,
@@ -174,13 +182,14 @@ SHARED_OPTIONS = ("connection", "schema")
 )
 @click.option(
     "--progress-interval",
-    type=click.FloatRange(min=0),
+    type=number(0, MAX_PROGRESS_INTERVAL),
     default=5.0,
     show_default=True,
     metavar="SECONDS",
     envvar="GRAPHILE_WORKER_PROGRESS_INTERVAL",
     show_envvar=True,
-    help="With --once: log jobs done, rate and jobs remaining this often (0: never).",
+    help="With --once: log jobs done, rate and jobs remaining this often (0: never; "
+    f"at most {MAX_PROGRESS_INTERVAL}).",
 )
 @click.option(
     "--metrics-port",
@@ -429,8 +438,12 @@ def status(ctx: click.Context, connection: str | None, schema: str, as_json: boo
 
 
 def _basic_auth(_ctx: click.Context, _param: click.Parameter, value: str | None) -> Any:
-    if not value:
+    if value is None:
         return None
+    if not value:  # else it would silently mean "no authentication"
+        raise click.BadParameter(
+            "must not be empty: give USER:PASSWORD, or leave --auth out for no authentication"
+        )
     from .dashboard.security import BasicAuth
 
     try:
@@ -456,11 +469,11 @@ def _basic_auth(_ctx: click.Context, _param: click.Parameter, value: str | None)
 )
 @click.option(
     "--refresh",
-    type=click.FloatRange(min=0),
+    type=number(0, MAX_REFRESH),
     default=5.0,
     show_default=True,
     metavar="SECONDS",
-    help="Pages refresh themselves this often (0: never).",
+    help=f"Pages refresh themselves this often (0: never; at most {MAX_REFRESH}).",
 )
 @click.option(
     "--allowed-host",
@@ -491,47 +504,26 @@ def dashboard(ctx: click.Context, /, connection: str | None, schema: str, **opti
         raise _failure(exc) from None
 
 
-def _json_payload(_ctx: click.Context, _param: click.Parameter, value: str | None) -> Any:
-    if value is None:
-        return None
-    import json
-
-    try:
-        return json.loads(value)
-    except ValueError as exc:
-        raise click.BadParameter(f"not JSON ({exc}): {value!r}") from None
-
-
-def _aware_datetime(_ctx: click.Context, _param: click.Parameter, value: str | None) -> Any:
-    if value is None:
-        return None
-    from datetime import datetime
-
-    try:
-        moment = datetime.fromisoformat(value)
-    except ValueError:
-        raise click.BadParameter(f"not an ISO 8601 date and time: {value!r}") from None
-    if moment.tzinfo is None:
-        raise click.BadParameter(
-            f"{value!r} has no time zone; add one, e.g. {value}+00:00 or {value}Z"
-        )
-    return moment
-
-
 @command.command("add-job", context_settings=CONTEXT_SETTINGS)
 @connection_option
 @schema_option
 @click.argument("identifier")
-@click.argument("payload", required=False, callback=_json_payload)
+@click.argument("payload", required=False, callback=json_payload)
 @click.option("-q", "--queue", "queue_name", metavar="NAME", help="Named queue (runs serially).")
 @click.option(
     "--run-at",
     metavar="DATETIME",
-    callback=_aware_datetime,
+    callback=aware_datetime,
     help="When to run it, ISO 8601 with a time zone. Default: now.",
 )
-@click.option("--max-attempts", type=click.IntRange(min=1), help="Default: 25.")
-@click.option("--priority", type=int, help="Lower runs first. Default: 0.")
+@click.option(
+    "--max-attempts", type=click.IntRange(1, SMALLINT_MAX), help="Default: 25 (at most 32767)."
+)
+@click.option(
+    "--priority",
+    type=click.IntRange(SMALLINT_MIN, SMALLINT_MAX),
+    help="Lower runs first, from -32768 to 32767. Default: 0.",
+)
 @click.option("--job-key", metavar="KEY", help="Replace or dedupe the pending job with this key.")
 @click.option(
     "--job-key-mode",

@@ -24,6 +24,7 @@ __all__ = [
     "resolve_connection_string",
     "resolve_database",
     "resolve_schema",
+    "schema_name_problem",
 ]
 
 DEFAULT_SCHEMA: str = WorkerOptions.schema
@@ -68,11 +69,29 @@ def resolve_connection_string(connection_string: str | None = None) -> str:
     raise ConfigurationError(NO_CONNECTION_MESSAGE)
 
 
-def resolve_schema(schema: str | None = None) -> str:
-    """Return the schema name: the argument, ``GRAPHILE_WORKER_SCHEMA``, or the default."""
-    name = schema or os.environ.get("GRAPHILE_WORKER_SCHEMA") or DEFAULT_SCHEMA
+def schema_name_problem(name: str) -> str | None:
+    """What PostgreSQL would refuse (or silently change) in a schema name, or
+    None if it is fine: an empty name, one over 63 bytes (it would be
+    truncated), a NUL, or the prefix ``pg_`` (reserved for system schemas)."""
+    if not name:
+        return "a schema name must not be empty"
     if len(name.encode()) > 63:
-        raise ConfigurationError(f"schema name {name!r} is longer than PostgreSQL's 63-byte limit")
+        shown = repr(name) if len(name) <= 70 else f"{name[:70]!r}..."
+        return f"schema name {shown} is longer than PostgreSQL's 63-byte limit"
+    if "\x00" in name:
+        return f"schema name {name!r} holds a NUL character"
+    if name.startswith("pg_"):
+        return f"schema name {name!r} starts with pg_, which PostgreSQL reserves for system schemas"
+    return None
+
+
+def resolve_schema(schema: str | None = None) -> str:
+    """Return the schema name: the argument, ``GRAPHILE_WORKER_SCHEMA``, or the
+    default; a name PostgreSQL would refuse raises ConfigurationError."""
+    name = schema or os.environ.get("GRAPHILE_WORKER_SCHEMA") or DEFAULT_SCHEMA
+    problem = schema_name_problem(name)
+    if problem:
+        raise ConfigurationError(problem)
     return name
 
 

@@ -14,6 +14,7 @@ restricted, a day matching either matches, as in cron.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ from typing import Any
 from urllib.parse import parse_qsl
 
 from .errors import ConfigurationError
+from .job_spec import IDENTIFIER_MAX, KEY_MAX
 
 __all__ = [
     "CronItem",
@@ -31,6 +33,10 @@ __all__ = [
     "parse_crontab",
     "parse_time_phrase",
 ]
+
+#: The longest ``fill``: a year (a yearly item's missed run). At start-up the
+#: worker walks the period minute by minute (527,040 minutes for 366 days).
+MAX_FILL = timedelta(days=366)
 
 _TIME_FIELD = r"[0-9*/,-]+"
 _LINE = re.compile(
@@ -46,6 +52,10 @@ _ID = re.compile(r"^[_a-zA-Z][-_a-zA-Z0-9]*$")
 _QUEUE = re.compile(r"^[-a-zA-Z0-9_:]+$")
 _PHRASE_PART = re.compile(r"([0-9]+)([smhdw])")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+#: Digits a number of a crontab may have: more is out of every range (and
+#: Python refuses to read numbers of over 4300 digits).
+_DIGITS = 12
+_HUGE = 10**_DIGITS
 
 # (name, lowest, highest) of the five time fields.
 _FIELDS = (
@@ -148,20 +158,26 @@ def parse_cron_items(items: Iterable[CronItem | Mapping[str, Any]]) -> list[Pars
 
 def parse_time_phrase(phrase: str) -> timedelta:
     """``4w3d2h1m`` -> timedelta; units s, m, h, d, w."""
+    seconds = _phrase_seconds(phrase)
+    if seconds > timedelta.max.total_seconds():
+        raise CrontabError(f"time phrase {_shown(phrase)} is longer than Python can hold")
+    return timedelta(seconds=seconds)
+
+
+def _phrase_seconds(phrase: str) -> int:
     if not re.fullmatch(r"(?:[0-9]+[smhdw])+", phrase):
         raise CrontabError(
-            f"invalid time phrase {phrase!r}: expected numbers with units s, m, h, d or w "
+            f"invalid time phrase {_shown(phrase)}: expected numbers with units s, m, h, d or w "
             "(for example 2d or 1h30m)"
         )
-    seconds = sum(int(n) * _UNITS[unit] for n, unit in _PHRASE_PART.findall(phrase))
-    return timedelta(seconds=seconds)
+    return sum(_number(n) * _UNITS[unit] for n, unit in _PHRASE_PART.findall(phrase))
 
 
 def _parse_line(line: str) -> ParsedCronItem:
     match = _LINE.match(line)
     if not match:
         raise CrontabError(
-            f"{line!r} is not a crontab line: expected five time fields "
+            f"{_shown(line)} is not a crontab line: expected five time fields "
             "(minute hour day-of-month month day-of-week) and a task identifier"
         )
     fields = match.groups()[:5]
@@ -171,10 +187,11 @@ def _parse_line(line: str) -> ParsedCronItem:
     parts = _COMMAND.match(command)
     if not parts:
         raise CrontabError(
-            f"invalid task identifier in {command!r}: it must start with a letter or _ and "
-            "hold only letters, digits, _, -, : and /"
+            f"invalid task identifier in {_shown(command)}: it must start with a letter or _ "
+            "and hold only letters, digits, _, -, : and /"
         )
     task, options_text, payload_text = parts.groups()
+    _check_length("task identifier", task, IDENTIFIER_MAX)
     options = _parse_options(options_text or "")
     payload = _parse_payload(payload_text) if payload_text else {}
     ranges = _parse_fields(fields)
@@ -189,21 +206,34 @@ def _parse_line(line: str) -> ParsedCronItem:
 
 def _parse_item(item: CronItem) -> ParsedCronItem:
     if not isinstance(item.task, str) or not _TASK.match(item.task):
-        raise CrontabError(f"invalid task identifier {item.task!r}")
+        raise CrontabError(f"invalid task identifier {_shown(item.task)}")
+    _check_length("task identifier", item.task, IDENTIFIER_MAX)
     pattern = _PATTERN.match(item.pattern.strip()) if isinstance(item.pattern, str) else None
     if not pattern:
-        raise CrontabError(f"invalid cron pattern {item.pattern!r}: expected five time fields")
+        raise CrontabError(
+            f"invalid cron pattern {_shown(item.pattern)}: expected five time fields"
+        )
     identifier = item.identifier if item.identifier is not None else item.task
-    if not _ID.match(identifier) and identifier != item.task:
-        raise CrontabError(f"invalid identifier {identifier!r}")
+    if not isinstance(identifier, str) or (not _ID.match(identifier) and identifier != item.task):
+        raise CrontabError(f"invalid identifier {_shown(identifier)}")
+    _check_length("identifier", identifier, IDENTIFIER_MAX)
     if item.payload is not None and not isinstance(item.payload, Mapping):
         raise CrontabError("payload must be a dict")
-    if item.queue_name is not None and not _QUEUE.match(item.queue_name):
-        raise CrontabError(f"invalid queue name {item.queue_name!r}")
+    _check_json(item.payload or {})
+    if item.queue_name is not None and not (
+        isinstance(item.queue_name, str) and _QUEUE.match(item.queue_name)
+    ):
+        raise CrontabError(f"invalid queue name {_shown(item.queue_name)}")
+    _check_length("queue name", item.queue_name, IDENTIFIER_MAX)
+    if item.job_key is not None and not (
+        isinstance(item.job_key, str) and 1 <= len(item.job_key) <= KEY_MAX
+    ):
+        raise CrontabError(f"job_key must be a string of 1 to {KEY_MAX} characters")
     if item.job_key_mode not in (None, "replace", "preserve_run_at"):
         raise CrontabError(f"jobKeyMode {item.job_key_mode!r} must be replace or preserve_run_at")
     _check_small_int("max_attempts", item.max_attempts, 1)
     _check_small_int("priority", item.priority, -32768)
+    _check_fill(item.backfill_period, "backfill_period")
     return ParsedCronItem(
         identifier=identifier,
         task=item.task,
@@ -235,27 +265,32 @@ def _parse_field(text: str, name: str, low: int, high: int) -> frozenset[int]:
         if wraps and value == high + 1:
             value = low
         if not low <= value <= high:
-            raise CrontabError(f"{name} value {value} in {part!r} is out of range {low}-{high}")
+            shown = value if value < _HUGE else f"of over {_DIGITS} digits"
+            raise CrontabError(
+                f"{name} value {shown} in {_shown(part)} is out of range {low}-{high}"
+            )
         values.add(value)
 
     for part in text.split(","):
         if re.fullmatch(r"[0-9]+", part):
-            add(int(part), part)
+            add(_number(part), part)
         elif match := re.fullmatch(r"([0-9]+)-([0-9]+)", part):
-            start, end = int(match.group(1)), int(match.group(2))
+            start, end = _number(match.group(1)), _number(match.group(2))
             if start >= end:
                 raise CrontabError(
-                    f"{name} range {part!r} must go from a smaller to a larger value"
+                    f"{name} range {_shown(part)} must go from a smaller to a larger value"
                 )
-            for value in range(start, end + 1):
+            for value in range(start, min(end, high + 2) + 1):  # high + 2: out of range
                 add(value, part)
         elif match := re.fullmatch(r"\*(?:/([0-9]+))?", part):
-            step = int(match.group(1) or 1)
+            step = _number(match.group(1) or "1")
             if step < 1:
-                raise CrontabError(f"{name} step in {part!r} must be at least 1")
+                raise CrontabError(f"{name} step in {_shown(part)} must be at least 1")
             values.update(range(low, high + 1, step))
         else:
-            raise CrontabError(f"{name} field {part!r} is not a number, a range (a-b), * or */n")
+            raise CrontabError(
+                f"{name} field {_shown(part)} is not a number, a range (a-b), * or */n"
+            )
     return frozenset(values)
 
 
@@ -269,35 +304,42 @@ def _parse_options(text: str) -> dict[str, Any]:
         if key == "id":
             if not _ID.match(val):
                 raise CrontabError(
-                    f"id {val!r} must start with a letter or _ and hold only letters, "
+                    f"id {_shown(val)} must start with a letter or _ and hold only letters, "
                     "digits, _ and -"
                 )
+            _check_length("id", val, IDENTIFIER_MAX)
             result["identifier"] = val
         elif key == "fill":
-            result["backfill_period"] = parse_time_phrase(val)
+            seconds = _phrase_seconds(val)
+            if seconds > MAX_FILL.total_seconds():
+                raise _fill_error(f"fill {_shown(val)}")
+            result["backfill_period"] = timedelta(seconds=seconds)
         elif key == "max":
-            if not re.fullmatch(r"[0-9]+", val) or not 1 <= int(val) <= 32767:
-                raise CrontabError(f"max {val!r} must be a whole number from 1 to 32767")
-            result["max_attempts"] = int(val)
+            if not re.fullmatch(r"[0-9]+", val) or not 1 <= _number(val) <= 32767:
+                raise CrontabError(f"max {_shown(val)} must be a whole number from 1 to 32767")
+            result["max_attempts"] = _number(val)
         elif key == "queue":
             if not _QUEUE.match(val):
-                raise CrontabError(f"queue {val!r} may only hold letters, digits, _, - and :")
+                raise CrontabError(f"queue {_shown(val)} may only hold letters, digits, _, - and :")
+            _check_length("queue", val, IDENTIFIER_MAX)
             result["queue_name"] = val
         elif key == "priority":
-            if not re.fullmatch(r"-?[0-9]+", val) or not -32768 <= int(val) <= 32767:
-                raise CrontabError(f"priority {val!r} must be a whole number from -32768 to 32767")
-            result["priority"] = int(val)
+            if not re.fullmatch(r"-?[0-9]+", val) or not -32768 <= _number(val) <= 32767:
+                raise CrontabError(
+                    f"priority {_shown(val)} must be a whole number from -32768 to 32767"
+                )
+            result["priority"] = _number(val)
         elif key == "jobKey":
             if not 1 <= len(val) <= 512:
                 raise CrontabError("jobKey must be 1 to 512 characters long")
             result["job_key"] = val
         elif key == "jobKeyMode":
             if val not in ("replace", "preserve_run_at"):
-                raise CrontabError(f"jobKeyMode {val!r} must be replace or preserve_run_at")
+                raise CrontabError(f"jobKeyMode {_shown(val)} must be replace or preserve_run_at")
             result["job_key_mode"] = val
         else:
             raise CrontabError(
-                f"unknown option {key!r}; known options: id, fill, max, queue, priority, "
+                f"unknown option {_shown(key)}; known options: id, fill, max, queue, priority, "
                 "jobKey, jobKeyMode"
             )
     return result
@@ -305,16 +347,57 @@ def _parse_options(text: str) -> dict[str, Any]:
 
 def _parse_payload(text: str) -> dict[str, Any]:
     if not text.startswith("{"):
-        raise CrontabError(f"the payload {text!r} must be a JSON5 object: {{...}}")
+        raise CrontabError(f"the payload {_shown(text)} must be a JSON5 object: {{...}}")
     import json5  # only crontabs with a payload need it
 
     try:
         payload = json5.loads(text)
-    except ValueError as exc:
-        raise CrontabError(f"the payload {text!r} is not valid JSON5: {exc}") from None
+    except (ValueError, RecursionError) as exc:
+        raise CrontabError(f"the payload {_shown(text)} is not valid JSON5: {exc}") from None
     if not isinstance(payload, dict):
         raise CrontabError("the payload must be an object ({...})")
+    _check_json(payload)
     return payload
+
+
+def _check_json(payload: Mapping[str, Any]) -> None:
+    """The payload must be JSON, which PostgreSQL takes: no Infinity or NaN
+    (JSON5 has them), nothing json cannot encode."""
+    try:
+        json.dumps(payload, allow_nan=False)
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise CrontabError(f"the payload cannot be sent as JSON ({exc})") from None
+
+
+def _check_fill(period: object, what: str) -> None:
+    if not isinstance(period, timedelta) or not timedelta(0) <= period <= MAX_FILL:
+        raise _fill_error(what)
+
+
+def _fill_error(what: str) -> CrontabError:
+    return CrontabError(f"{what} must be from 0 to {MAX_FILL.days}d (a year), the longest backfill")
+
+
+def _check_length(what: str, value: str | None, limit: int) -> None:
+    if value is not None and len(value) > limit:
+        raise CrontabError(
+            f"{what} {value[:40]!r}... is {len(value)} characters long; the limit is {limit}"
+        )
+
+
+def _number(text: str) -> int:
+    """A (whole, optionally negative) number of a crontab; one of more than
+    ``_DIGITS`` digits is read as ``±_HUGE``, out of every range."""
+    digits = text.lstrip("-").lstrip("0") or "0"
+    value = int(digits) if len(digits) <= _DIGITS else _HUGE
+    return -value if text.startswith("-") else value
+
+
+def _shown(text: object) -> str:
+    """A value as a message quotes it: a long one cut to its start and length."""
+    if isinstance(text, str) and len(text) > 60:
+        return f"{text[:40]!r}... ({len(text)} characters)"
+    return repr(text)
 
 
 def _check_small_int(name: str, value: object, low: int) -> None:

@@ -185,7 +185,7 @@ def encode_specs(records: Sequence[dict[str, Any]], offset: int = 0) -> str:
     by its index (``offset``: the index of ``records[0]`` in the call)."""
     try:
         return json.dumps(records, default=json_default, allow_nan=False, separators=(",", ":"))
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, RecursionError):
         for index, record in enumerate(records, offset):
             encode_payload(record["payload"], field=f"specs[{index}].payload")
         raise

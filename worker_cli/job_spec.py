@@ -21,6 +21,7 @@ __all__ = [
     "JobSpec",
     "TaskOptions",
     "TaskSpec",
+    "check_run_at_range",
     "encode_payload",
     "local_run_at",
     "with_local_run_at",
@@ -32,6 +33,9 @@ JOB_KEY_MODES: tuple[str, ...] = ("replace", "preserve_run_at", "unsafe_dedupe")
 IDENTIFIER_MAX = 128  # _private_tasks.identifier and _private_job_queues.queue_name
 KEY_MAX = 512  # _private_jobs.key
 SMALLINT_MIN, SMALLINT_MAX = -32768, 32767
+#: The earliest and latest run_at (see check_run_at_range).
+RUN_AT_MIN = datetime(1, 1, 2, tzinfo=UTC)
+RUN_AT_MAX = datetime(9999, 12, 30, 23, 59, 59, 999999, tzinfo=UTC)
 
 
 class TaskOptions(TypedDict, total=False):
@@ -71,6 +75,8 @@ class TaskSpec:
                 raise JobSpecError(
                     "run_at", "must be timezone-aware (for example datetime.now(timezone.utc))"
                 )
+            if self.run_at.year in (1, 9999):  # the only years it can be out of range in
+                check_run_at_range(self.run_at)
         _check_int("max_attempts", self.max_attempts, 1, SMALLINT_MAX)
         _check_int("priority", self.priority, SMALLINT_MIN, SMALLINT_MAX)
         if self.job_key_mode is not None and self.job_key_mode not in JOB_KEY_MODES:
@@ -183,8 +189,20 @@ def encode_payload(payload: Any, field: str = "payload") -> str | None:
         return None
     try:
         return json.dumps(payload, default=json_default, allow_nan=False, separators=(",", ":"))
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, RecursionError) as exc:
         raise JobSpecError(field, f"cannot be encoded as JSON ({exc})") from None
+
+
+def check_run_at_range(run_at: datetime) -> None:
+    """A job is read back with its run_at in the session's time zone, which
+    must still be a datetime (years 1 to 9999): refuse a run_at a day or less
+    from those ends (time zones are at most 16 hours from UTC)."""
+    if not RUN_AT_MIN <= run_at <= RUN_AT_MAX:
+        raise JobSpecError(
+            "run_at",
+            f"{run_at.isoformat()} is not from {RUN_AT_MIN.date()} to {RUN_AT_MAX.date()} (UTC); "
+            "a job's run_at must be a datetime in every time zone it may be read back in",
+        )
 
 
 def _check_text(field: str, value: object, minimum: int, maximum: int) -> None:

@@ -13,7 +13,19 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, TypeAlias
 
-__all__ = ["FLAGS", "Flag", "ForbiddenFlags", "WorkerOptions"]
+__all__ = [
+    "FLAGS",
+    "MAX_BATCH_DELAY",
+    "MAX_CONCURRENCY",
+    "MAX_HEARTBEAT_INTERVAL",
+    "MAX_HEARTBEAT_TIMEOUT",
+    "MAX_LOCAL_QUEUE_SIZE",
+    "MAX_POLL_INTERVAL",
+    "MAX_POOL_SIZE",
+    "Flag",
+    "ForbiddenFlags",
+    "WorkerOptions",
+]
 
 #: A fixed list of flags, or a function (sync or async) called before each fetch.
 ForbiddenFlags: TypeAlias = (
@@ -22,6 +34,27 @@ ForbiddenFlags: TypeAlias = (
     | Callable[[], Awaitable[Sequence[str] | None]]
     | None
 )
+
+# The most each numeric setting accepts (in the fields' units: seconds for
+# times). Beyond these a value is absurd, or overflows where it is used: each
+# slot is an asyncio task (a --once run with -j 100000 took 3 s and 320 MB
+# before it could fetch a job, -j 1000000 31 s and 2.8 GB); the fetch's limit
+# (idle slots plus the local queue) and the heartbeat's concurrency are
+# PostgreSQL integers; a heartbeat's timeout becomes a timedelta and an interval.
+#: Slots (``-j``).
+MAX_CONCURRENCY = 10_000
+#: Connections (``-m``): PostgreSQL's max_connections can be no higher.
+MAX_POOL_SIZE = 262_143
+#: Jobs held ahead (``--local-queue-size``).
+MAX_LOCAL_QUEUE_SIZE = 100_000
+#: Seconds between polls (``--poll-interval``, an hour).
+MAX_POLL_INTERVAL = 3600
+#: Seconds a batch of results may wait (``--complete-job-batch-delay``).
+MAX_BATCH_DELAY = 10
+#: Seconds between heartbeats (``--heartbeat-interval``, an hour).
+MAX_HEARTBEAT_INTERVAL = 3600
+#: Seconds of silence before a pool is declared dead (``--heartbeat-timeout``, a day).
+MAX_HEARTBEAT_TIMEOUT = 86_400
 
 
 @dataclass(frozen=True)
@@ -82,26 +115,52 @@ class WorkerOptions:
     use_local_time: bool = False
 
     def __post_init__(self) -> None:
-        if self.concurrency < 1:
-            raise ValueError("concurrency must be at least 1")
-        if self.poll_interval <= 0:
-            raise ValueError("poll_interval must be positive")
-        if self.max_pool_size < 2:
-            raise ValueError("max_pool_size must be at least 2")
-        if self.local_queue_size < 0:
-            raise ValueError("local_queue_size must not be negative")
-        if not 0 <= self.complete_job_batch_delay <= 10:
-            raise ValueError("complete_job_batch_delay must be between 0 and 10 seconds")
+        _check_range("concurrency", self.concurrency, 1, MAX_CONCURRENCY)
+        _check_range("poll_interval", self.poll_interval, 0, MAX_POLL_INTERVAL, "s", low_open=True)
+        _check_range("max_pool_size", self.max_pool_size, 2, MAX_POOL_SIZE)
+        _check_range("local_queue_size", self.local_queue_size, 0, MAX_LOCAL_QUEUE_SIZE)
+        _check_range(
+            "complete_job_batch_delay", self.complete_job_batch_delay, 0, MAX_BATCH_DELAY, "s"
+        )
         if not self.forced_shutdown_timeout >= 0:
             raise ValueError("forced_shutdown_timeout must not be negative")
         if self.heartbeat_interval:
-            if not self.heartbeat_interval > 0:
-                raise ValueError("heartbeat_interval must not be negative")
+            _check_range(
+                "heartbeat_interval",
+                self.heartbeat_interval,
+                0,
+                MAX_HEARTBEAT_INTERVAL,
+                "s",
+                low_open=True,
+            )
+            _check_range(
+                "heartbeat_timeout",
+                self.heartbeat_timeout,
+                0,
+                MAX_HEARTBEAT_TIMEOUT,
+                "s",
+                low_open=True,
+            )
             if not self.heartbeat_timeout >= 2 * self.heartbeat_interval:
                 raise ValueError(
                     f"heartbeat_timeout ({self.heartbeat_timeout:g}s) must be at least twice "
                     f"heartbeat_interval ({self.heartbeat_interval:g}s)"
                 )
+
+
+def _check_range(
+    name: str, value: float, low: float, high: float, unit: str = "", *, low_open: bool = False
+) -> None:
+    """A ValueError naming the field and its range if ``value`` is outside it
+    (NaN is outside every range)."""
+    above_low = value > low if low_open else value >= low
+    if not (above_low and value <= high):
+        bounds = (
+            f"more than {low:g}{unit} and at most {high:g}{unit}"
+            if low_open
+            else f"from {low:g}{unit} to {high:g}{unit}"
+        )
+        raise ValueError(f"{name} must be {bounds}, not {value!r}")
 
 
 @dataclass(frozen=True)
@@ -155,12 +214,14 @@ FLAGS: tuple[Flag, ...] = (
         "concurrency",
         ("-j", "--jobs"),
         low=1,
+        high=MAX_CONCURRENCY,
         help="How many jobs to run at the same time.",
     ),
     Flag(
         "max_pool_size",
         ("-m", "--max-pool-size"),
         low=2,
+        high=MAX_POOL_SIZE,
         help="Largest number of PostgreSQL connections in the pool.",
     ),
     Flag(
@@ -168,6 +229,7 @@ FLAGS: tuple[Flag, ...] = (
         ("--local-queue-size",),
         envvar="GRAPHILE_WORKER_LOCAL_QUEUE_SIZE",
         low=0,
+        high=MAX_LOCAL_QUEUE_SIZE,
         help="Most jobs fetched ahead of free slots (about 50 ms of work at the current "
         "rate is kept; 0: fetch only for idle slots). A crashed worker holds at most "
         "this many plus -j jobs until their locks expire.",
@@ -179,7 +241,7 @@ FLAGS: tuple[Flag, ...] = (
         metavar="MS",
         scale=1000,
         low=0,
-        high=10000,
+        high=MAX_BATCH_DELAY * 1000,
         help="While the worker is busy, how long finished jobs may wait for others to be "
         "written back with them (one statement and one commit); 0: write as soon as "
         "the previous write is done.",
@@ -190,6 +252,7 @@ FLAGS: tuple[Flag, ...] = (
         metavar="MS",
         scale=1000,
         low=1,
+        high=MAX_POLL_INTERVAL * 1000,
         help="Milliseconds between polls for due jobs (scheduled jobs and retries) when idle.",
     ),
     Flag(
@@ -204,6 +267,7 @@ FLAGS: tuple[Flag, ...] = (
         metavar="SECONDS",
         whole=False,
         low=0,
+        high=MAX_HEARTBEAT_INTERVAL,
         help="Record a heartbeat this often, and release the jobs of worker pools whose "
         "heartbeat stopped (crashed workers). 0 turns heartbeats off.",
     ),
@@ -215,6 +279,7 @@ FLAGS: tuple[Flag, ...] = (
         whole=False,
         low=0,
         low_open=True,
+        high=MAX_HEARTBEAT_TIMEOUT,
         help="A pool without a heartbeat for this long is declared dead by the others and "
         "its jobs run again; keep it well above any pause a worker may have (at least "
         "twice the interval).",

@@ -15,6 +15,9 @@ from typing import Any
 
 import psycopg
 from psycopg import IsolationLevel
+from psycopg.abc import AdaptContext, Buffer
+from psycopg.adapt import Loader
+from psycopg.types.datetime import TimestamptzLoader
 
 from . import statements, status_statements
 from .config import resolve_connection_string, resolve_schema
@@ -60,8 +63,10 @@ class OldestWaiting:
     job_id: int
     task_identifier: str
     queue_name: str | None
-    run_at: datetime
-    age_seconds: float
+    #: PostgreSQL's text for a time Python cannot hold (``-infinity``, a BC date).
+    run_at: datetime | str
+    #: None when ``run_at`` is ``-infinity``.
+    age_seconds: float | None
 
 
 @dataclass
@@ -81,6 +86,7 @@ async def read_status(connection_string: str | None = None, *, schema: str | Non
     schema_name = resolve_schema(schema)
     try:
         async with await connect(conninfo) as conn:
+            conn.adapters.register_loader("timestamptz", DatetimeOrText)
             await conn.set_read_only(True)
             await conn.set_isolation_level(IsolationLevel.REPEATABLE_READ)
             async with conn.transaction():
@@ -110,6 +116,23 @@ async def read_status(connection_string: str | None = None, *, schema: str | Non
     return _assemble(schema_name, revision, now, counts, oldest, locked_queues)
 
 
+class DatetimeOrText(Loader):
+    """A ``timestamptz`` as a datetime, or as PostgreSQL's text when a datetime
+    cannot hold it (``infinity``, ``-infinity``, before year 1 or after 9999):
+    a job's ``run_at`` may be any of these (``add_job(..., run_at =>
+    '-infinity')``), and status must still report it."""
+
+    def __init__(self, oid: int, context: AdaptContext | None = None) -> None:
+        super().__init__(oid, context)
+        self._datetime = TimestamptzLoader(oid, context)
+
+    def load(self, data: Buffer) -> datetime | str:
+        try:
+            return self._datetime.load(data)
+        except psycopg.DataError:
+            return bytes(data).decode()
+
+
 def _assemble(
     schema: str,
     revision: int | None,
@@ -128,11 +151,11 @@ def _assemble(
     for queue_name, locked_by, locked_for in locked_queues:
         queue = status.queues.setdefault(queue_name, QueueStatus())
         queue.locked_by = locked_by
-        queue.locked_for_seconds = round(float(locked_for), 3)
+        queue.locked_for_seconds = None if locked_for is None else round(float(locked_for), 3)
     if oldest:
         job_id, identifier, queue_name, run_at, age = oldest[0]
         status.oldest_waiting = OldestWaiting(
-            job_id, identifier, queue_name, run_at, round(float(age), 3)
+            job_id, identifier, queue_name, run_at, None if age is None else round(float(age), 3)
         )
     status.tasks = dict(sorted(status.tasks.items()))
     status.queues = dict(sorted(status.queues.items()))
@@ -185,7 +208,7 @@ def format_text(status: Status) -> str:
         queue = f", queue {oldest.queue_name}" if oldest.queue_name else ""
         lines.append(
             f"Oldest waiting job: {oldest.job_id} ({oldest.task_identifier}{queue}), "
-            f"due for {format_age(oldest.age_seconds)}"
+            + _due(oldest)
         )
     if status.tasks:
         lines.append("")
@@ -199,12 +222,23 @@ def format_text(status: Status) -> str:
                 [
                     "-"
                     if q.locked_by is None
-                    else f"{q.locked_by} ({format_age(q.locked_for_seconds or 0)})"
+                    else q.locked_by
+                    if q.locked_for_seconds is None
+                    else f"{q.locked_by} ({format_age(q.locked_for_seconds)})"
                     for q in status.queues.values()
                 ],
             )
         )
     return "\n".join(lines)
+
+
+def _due(oldest: OldestWaiting) -> str:
+    """How long a job has been due; a run_at a datetime cannot hold is shown
+    as PostgreSQL writes it."""
+    if oldest.age_seconds is None:
+        return f"due since {oldest.run_at}"
+    due = f"due for {format_age(oldest.age_seconds)}"
+    return due if isinstance(oldest.run_at, datetime) else f"{due} (run_at {oldest.run_at})"
 
 
 def _table(kind: str, groups: Iterable[tuple[str, Counts]], locks: list[str]) -> list[str]:

@@ -67,9 +67,12 @@ status_counts = (
 """
 )
 
-# The job that has been due the longest without being taken.
+# The job that has been due the longest without being taken, and for how many
+# seconds (null for a run_at of -infinity: PostgreSQL before 17 cannot subtract
+# it, and no age would mean anything).
 status_oldest_waiting = """
-  select j.id, t.identifier, q.queue_name, j.run_at, extract(epoch from now() - j.run_at)
+  select j.id, t.identifier, q.queue_name, j.run_at,
+    case when isfinite(j.run_at) then extract(epoch from now() - j.run_at) end
   from {schema}._private_jobs as j
   join {schema}._private_tasks as t on t.id = j.task_id
   left join {schema}._private_job_queues as q on q.id = j.job_queue_id
@@ -80,7 +83,8 @@ status_oldest_waiting = """
 
 # Named queues that are locked (one of their jobs is running), with the holder.
 status_locked_queues = """
-  select q.queue_name, q.locked_by, extract(epoch from now() - q.locked_at)
+  select q.queue_name, q.locked_by,
+    case when isfinite(q.locked_at) then extract(epoch from now() - q.locked_at) end
   from {schema}._private_job_queues as q
   where q.locked_at is not null
 """
