@@ -16,7 +16,7 @@ from node_worker import NodeUnavailable, NodeWorker, install
 from pg_server import PgServer, start_server
 
 from worker_cli import WorkerUtils, make_worker_utils
-from worker_cli.migrate import migrate
+from worker_cli.schema.migrate import migrate
 
 NODE_VERSION = "0.18.0"
 

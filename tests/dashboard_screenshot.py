@@ -19,7 +19,7 @@ from dashboard_helpers import chromium, serve_app, wait_for
 from pg_server import start_server
 
 from worker_cli.dashboard import create_app
-from worker_cli.migrate import migrate
+from worker_cli.schema.migrate import migrate
 
 OUTPUT = Path(__file__).resolve().parent / "screenshots" / "dashboard-overview.png"
 

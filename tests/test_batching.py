@@ -19,7 +19,8 @@ import psycopg
 import pytest
 from dbhelpers import rows, value
 
-from worker_cli import Helpers, Runner, WorkerUtils, run, run_once, statements
+from worker_cli import Helpers, Runner, WorkerUtils, run, run_once
+from worker_cli.schema import statements
 from worker_cli.worker.fetcher import Fetcher
 
 pytestmark = pytest.mark.db

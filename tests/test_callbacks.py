@@ -18,7 +18,7 @@ from dbhelpers import rows, value
 from workers import Recorder, until, worker
 
 from worker_cli import Helpers, WorkerUtils
-from worker_cli.events import Events
+from worker_cli.observe.events import Events
 
 pytestmark = pytest.mark.db
 

@@ -12,9 +12,9 @@ import pytest
 from click.testing import CliRunner
 from dbhelpers import rows, run_cli, value
 
-from worker_cli import cli as cli_module
-from worker_cli.cli import command
-from worker_cli.options import WorkerOptions
+from worker_cli.cli import commands as cli_module
+from worker_cli.cli.commands import command
+from worker_cli.config.options import WorkerOptions
 
 #: Never connected to: every case is refused before the command connects.
 NOWHERE = "postgres://nobody@127.0.0.1:1/nowhere"

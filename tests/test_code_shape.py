@@ -1,8 +1,12 @@
-"""The package stays readable: bounded sizes and no import cycles.
+"""The package stays readable: bounded sizes, no import cycles, and layers.
 
 Limits from the redesign (issue 14): no class longer than ~300 lines, no
-function longer than ~80, no module longer than ~600, no import cycle
-between modules (imports only for type checking do not count).
+function longer than ~80, no module longer than ~600. No import cycle between
+modules, imports made only for type checking included (issue 24). And the
+subpackages are layers (their ``__init__.py`` docstrings say so): a module
+imports only from its own subpackage, from the layers below it, and from
+``errors`` and ``_version``; the entry points (``cli``, ``runner``, the public
+``logs``, ``metrics`` and ``tracing`` modules, ``embedded``) sit on top.
 """
 
 from __future__ import annotations
@@ -18,10 +22,26 @@ PACKAGE = Path(__file__).resolve().parent.parent / "worker_cli"
 MAX_MODULE, MAX_CLASS, MAX_FUNCTION = 600, 300, 80
 
 
-def _modules() -> dict[str, Path]:
+#: The layers, bottom first. A module may import from its own subpackage and
+#: from the layers below its own; worker and dashboard share a layer and
+#: import neither each other nor anything above.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("config",),
+    ("db",),
+    ("schema",),
+    ("jobs",),
+    ("tasks",),
+    ("observe",),
+    ("worker", "dashboard"),
+)
+#: Top-level modules any layer may import.
+BASE = ("errors", "_version")
+
+
+def _modules(package: Path = PACKAGE) -> dict[str, Path]:
     names = {}
-    for path in sorted(PACKAGE.rglob("*.py")):
-        parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    for path in sorted(package.rglob("*.py")):
+        parts = list(path.relative_to(package.parent).with_suffix("").parts)
         if parts[-1] == "__init__":
             parts.pop()
         names[".".join(parts)] = path
@@ -48,20 +68,13 @@ def test_modules_classes_and_functions_are_short() -> None:
 
 
 def _imports(name: str, path: Path, known: set[str]) -> set[str]:
-    """Modules of the package that ``name`` imports when it is imported
-    (not those imported under ``if TYPE_CHECKING:``)."""
+    """Modules of the package that ``name`` imports, anywhere in it (inside
+    functions, and under ``if TYPE_CHECKING:`` too)."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found: set[str] = set()
     tree = ast.parse(path.read_text())
-    skipped = {
-        id(child)
-        for node in ast.walk(tree)
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
-        for stmt in node.body
-        for child in ast.walk(stmt)
-    }
     for node in ast.walk(tree):
-        if id(node) in skipped or not isinstance(node, ast.ImportFrom | ast.Import):
+        if not isinstance(node, ast.ImportFrom | ast.Import):
             continue
         if isinstance(node, ast.Import):
             targets = [alias.name for alias in node.names]
@@ -74,6 +87,67 @@ def _imports(name: str, path: Path, known: set[str]) -> set[str]:
             targets = [root] + [f"{root}.{alias.name}" for alias in node.names]
         found.update(target for target in targets if target in known and target != name)
     return found
+
+
+def _layer(name: str) -> int | None:
+    """The layer of a module (None: a top-level entry point or base module)."""
+    parts = name.split(".")
+    if len(parts) < 3 and not (len(parts) == 2 and _is_package(parts[1])):
+        return None
+    for index, layer in enumerate(LAYERS):
+        if parts[1] in layer:
+            return index
+    return None
+
+
+def _is_package(part: str) -> bool:
+    return any(part in layer for layer in LAYERS)
+
+
+def layer_violations(package: Path = PACKAGE) -> list[str]:
+    """Every import that goes against :data:`LAYERS`."""
+    modules = _modules(package)
+    root = package.name
+    problems = []
+    for name, path in modules.items():
+        layer = _layer(name)
+        if layer is None:
+            continue
+        own = name.split(".")[1]
+        for dep in sorted(_imports(name, path, set(modules))):
+            parts = dep.split(".")
+            if dep == root or (len(parts) == 2 and parts[1] in BASE):
+                continue
+            if parts[1] == own:
+                continue
+            dep_layer = _layer(dep)
+            if dep_layer is None or dep_layer >= layer:
+                problems.append(f"{name} imports {dep}")
+    return problems
+
+
+def test_the_layers_hold() -> None:
+    assert not layer_violations(), "\n".join(layer_violations())
+
+
+def test_a_planted_violation_is_found(tmp_path: Path) -> None:
+    package = tmp_path / "worker_cli"
+    for folder in ("jobs", "worker", "observe"):
+        (package / folder).mkdir(parents=True)
+        (package / folder / "__init__.py").write_text("")
+    (package / "__init__.py").write_text("")
+    (package / "errors.py").write_text("")
+    (package / "cli.py").write_text("")
+    (package / "worker" / "pool.py").write_text("from ..jobs import job\nfrom ..observe import x\n")
+    (package / "jobs" / "job.py").write_text(
+        "from typing import TYPE_CHECKING\nfrom .. import errors\n"
+        "if TYPE_CHECKING:\n    from ..worker.pool import Pool\n"
+    )
+    (package / "observe" / "x.py").write_text("def f():\n    from ..cli import main\n")
+    assert layer_violations(package) == [
+        "worker_cli.jobs.job imports worker_cli.worker.pool",
+        "worker_cli.observe.x imports worker_cli.cli",
+    ]
 
 
 def test_no_import_cycles() -> None:

@@ -13,10 +13,10 @@ import pytest
 from click.testing import CliRunner
 
 from worker_cli import ConfigurationError, load_config
-from worker_cli import cli as cli_module
-from worker_cli.cli import command
-from worker_cli.config_file import ConfigFileError, option_keys
-from worker_cli.options import FLAGS
+from worker_cli.cli import commands as cli_module
+from worker_cli.cli.commands import command
+from worker_cli.config.file import ConfigFileError, option_keys
+from worker_cli.config.options import FLAGS
 
 pytestmark = pytest.mark.unit
 

@@ -10,7 +10,7 @@ from dbhelpers import rows
 from psycopg.conninfo import conninfo_to_dict
 
 from worker_cli import Events, Helpers, run
-from worker_cli.db import WorkerConnections, connect
+from worker_cli.db.connections import WorkerConnections, connect
 
 
 @pytest.mark.unit

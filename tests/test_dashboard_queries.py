@@ -14,7 +14,7 @@ from psycopg.types.json import Jsonb
 
 from worker_cli.dashboard import queries
 from worker_cli.dashboard.census import sample_percent
-from worker_cli.statements import compose
+from worker_cli.schema.statements import compose
 
 pytestmark = pytest.mark.db
 

@@ -173,7 +173,7 @@ def test_the_command_without_its_extra_names_it() -> None:
     script = (
         "import sys; sys.modules['starlette'] = None; "
         "sys.argv = ['graphile-worker', 'dashboard', '-c', 'postgres://nowhere/x']; "
-        "from worker_cli.cli import main; main()"
+        "from worker_cli.cli.commands import main; main()"
     )
     result = subprocess.run(
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False

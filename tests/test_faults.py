@@ -38,7 +38,7 @@ from pg_server import PgServer
 from workers import Recorder
 
 from worker_cli import Helpers, make_worker_utils, run, run_once
-from worker_cli.events import Events
+from worker_cli.observe.events import Events
 
 pytestmark = pytest.mark.db
 
@@ -56,8 +56,8 @@ import asyncio, signal, sys
 from datetime import timedelta
 from pathlib import Path
 
-from worker_cli.options import WorkerOptions
-from worker_cli.tasks import load_task_directory
+from worker_cli.config.options import WorkerOptions
+from worker_cli.tasks.loader import load_task_directory
 from worker_cli.worker import WorkerPool
 
 

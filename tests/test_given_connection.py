@@ -19,12 +19,7 @@ from psycopg.rows import dict_row
 from psycopg.types.string import TextLoader
 from psycopg_pool import ConnectionPool
 
-from worker_cli import (
-    ConfigurationError,
-    JobSpecError,
-    make_sync_worker_utils,
-    make_worker_utils,
-)
+from worker_cli import ConfigurationError, JobSpecError, make_sync_worker_utils, make_worker_utils
 
 pytestmark = pytest.mark.db
 

@@ -29,8 +29,8 @@ from node_worker import NodeWorker
 
 import worker_cli
 from worker_cli import Helpers, run
-from worker_cli.options import WorkerOptions
-from worker_cli.tasks import make_task_list
+from worker_cli.config.options import WorkerOptions
+from worker_cli.tasks.loader import make_task_list
 from worker_cli.worker import WorkerPool
 
 pytestmark = pytest.mark.db

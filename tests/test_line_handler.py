@@ -1,5 +1,5 @@
 """Success lines of one event-loop iteration go out in one write
-(worker_cli.line_handler), in the order logging would have written them."""
+(worker_cli.observe.line_handler), in the order logging would have written them."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ from contextlib import contextmanager
 import pytest
 from test_log_fast_path import JOBS, SECOND, _clock, _Recording, _through_logging, configured
 
-from worker_cli import logs
-from worker_cli.job import Job
+from worker_cli.jobs.job import Job
+from worker_cli.observe import logs
 
 pytestmark = pytest.mark.unit
 
@@ -168,8 +168,8 @@ def test_logging_shutdown_at_exit_writes_the_queued_lines() -> None:
     queued in that iteration are written."""
     script = (
         "import asyncio, logging, os\n"
-        "from worker_cli import logs\n"
-        "from worker_cli.job import Job\n"
+        "from worker_cli.observe import logs\n"
+        "from worker_cli.jobs.job import Job\n"
         "logs.configure('text', debug=False)\n"
         "values = dict.fromkeys(Job._fields)\n"
         "values.update(id=7, task_identifier='noop', attempts=1, max_attempts=25)\n"

@@ -11,8 +11,8 @@ from datetime import UTC, datetime
 
 import pytest
 
-from worker_cli.events import Events
-from worker_cli.job import Job
+from worker_cli.jobs.job import Job
+from worker_cli.observe.events import Events
 from worker_cli.worker.fetcher import Fetcher, FetchSettings
 from worker_cli.worker.local_queue import LocalQueue, Rate, plan_fetch
 

@@ -1,4 +1,4 @@
-"""The success line's fast path (worker_cli.logs): it prints the bytes logging
+"""The success line's fast path (worker_cli.observe.logs): it prints the bytes logging
 would, and steps aside whenever anything else could see or change the line."""
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from worker_cli import logs
-from worker_cli.job import Job
+from worker_cli.jobs.job import Job
+from worker_cli.observe import logs
 
 pytestmark = pytest.mark.unit
 

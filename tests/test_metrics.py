@@ -23,9 +23,10 @@ from dbhelpers import cli_path, rows, run_cli, value
 from prometheus_client.parser import text_string_to_metric_families
 from workers import until, worker
 
-from worker_cli import Helpers, WorkerUtils, queue_depth
-from worker_cli.metrics import MetricsServer, serve_metrics
-from worker_cli.status import read_status
+from worker_cli import Helpers, WorkerUtils
+from worker_cli.observe import queue_depth
+from worker_cli.observe.metrics import MetricsServer, serve_metrics
+from worker_cli.observe.status import read_status
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
@@ -385,8 +386,9 @@ async def main():
     for name in ("job:start", "job:success", "job:error", "job:complete", "stop"):
         assert not runner.events.wants(name), "a listener of " + name
     await runner
+    ours = ("metrics", "tracing", "observe.metrics", "observe.tracing", "observe.queue_depth")
     loaded = [m for m in sys.modules if m.split(".")[0] in ("prometheus_client", "opentelemetry")
-              or m in ("worker_cli.metrics", "worker_cli.tracing", "worker_cli.queue_depth")]
+              or m in ["worker_cli." + name for name in ours]]
     assert not loaded, loaded
 
 asyncio.run(main())

@@ -15,7 +15,12 @@ from dbhelpers import cli_path, rows, run_cli, value
 from pg_server import PgServer
 
 from worker_cli import IncompatibleSchemaError, MigrationError, UnsupportedPostgresError
-from worker_cli.migrate import BREAKING_REVISIONS, MigrationFiles, check_server_version, migrate
+from worker_cli.schema.migrate import (
+    BREAKING_REVISIONS,
+    MigrationFiles,
+    check_server_version,
+    migrate,
+)
 
 EXPECTED_BREAKING = {1, 3, 11, 13, 14, 16, 19}
 

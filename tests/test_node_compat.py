@@ -13,7 +13,7 @@ from node_worker import NodeWorker
 from pg_server import PgServer
 
 from worker_cli import JobSpec, make_worker_utils
-from worker_cli.migrate import MigrationFiles, migrate
+from worker_cli.schema.migrate import MigrationFiles, migrate
 
 pytestmark = [pytest.mark.db, pytest.mark.node]
 

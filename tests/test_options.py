@@ -8,8 +8,8 @@ import inspect
 import click
 import pytest
 
-from worker_cli.cli import command
-from worker_cli.options import FLAGS, WorkerOptions
+from worker_cli.cli.commands import command
+from worker_cli.config.options import FLAGS, WorkerOptions
 from worker_cli.runner import run
 
 pytestmark = pytest.mark.unit

@@ -64,7 +64,7 @@ def test_wheel_ships_migrations_and_installed_copy_migrates(tmp_path: Path, empt
     assert install.returncode == 0, install.stderr
     # Run from a folder with no source tree in sight, importing the installed copy.
     script = (
-        "import asyncio, worker_cli, worker_cli.migrate as m;"
+        "import asyncio, worker_cli, worker_cli.schema.migrate as m;"
         "print(worker_cli.__file__);"
         "print(m.MigrationFiles().directory);"
         f"print(asyncio.run(worker_cli.run_migrations({empty_db!r})).revision)"

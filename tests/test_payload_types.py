@@ -16,16 +16,16 @@ import pydantic
 import pytest
 
 from worker_cli import JobSpecError, PayloadError, TaskLoadError, typed_task_list
-from worker_cli.job_queries import spec_record
-from worker_cli.job_spec import encode_payload
-from worker_cli.payload_types import (
+from worker_cli.jobs.job_queries import spec_record
+from worker_cli.jobs.job_spec import encode_payload
+from worker_cli.jobs.payloads import job_identity
+from worker_cli.tasks.loader import Task, load_task_directory, make_task_list
+from worker_cli.tasks.payload_types import (
     UnsupportedAnnotation,
     compile_decoder,
     decode,
     names_a_payload_class,
 )
-from worker_cli.payloads import job_identity
-from worker_cli.tasks import Task, load_task_directory, make_task_list
 
 pytestmark = pytest.mark.unit
 

@@ -356,7 +356,7 @@ async def test_a_nul_in_an_error_goes_escaped_into_the_log(utils: WorkerUtils, d
         def emit(self, record: logging.LogRecord) -> None:
             handler_lines.append(self.format(record))
 
-    from worker_cli.logs import TEXT_FORMAT
+    from worker_cli.observe.logs import TEXT_FORMAT
 
     handler = Collect()
     handler.setFormatter(logging.Formatter(TEXT_FORMAT))

@@ -16,7 +16,7 @@ import pytest
 from dbhelpers import run_cli
 
 import worker_cli
-from worker_cli.cli import command
+from worker_cli.cli.commands import command
 
 pytestmark = pytest.mark.unit
 
@@ -24,7 +24,7 @@ pytestmark = pytest.mark.unit
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text(encoding="utf-8")
 SOURCE = "\n".join(
-    p.read_text(encoding="utf-8") for p in Path(worker_cli.__file__).parent.glob("*.py")
+    p.read_text(encoding="utf-8") for p in Path(worker_cli.__file__).parent.rglob("*.py")
 )
 
 Row = tuple[frozenset[str], frozenset[str]]  # (flags, environment variables)

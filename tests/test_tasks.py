@@ -11,7 +11,7 @@ import pytest
 from dbhelpers import rows
 
 from worker_cli import TaskLoadError, WorkerUtils, run_once
-from worker_cli.tasks import load_task_directory
+from worker_cli.tasks.loader import load_task_directory
 
 
 def write(path: Path, text: str, executable: bool = False) -> Path:

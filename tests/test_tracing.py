@@ -21,8 +21,9 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, StatusCode
 from workers import until, worker
 
-from worker_cli import Helpers, WorkerUtils, trace_context
-from worker_cli.tracing import propagate_trace_context
+from worker_cli import Helpers, WorkerUtils
+from worker_cli.jobs import trace_context
+from worker_cli.observe.tracing import propagate_trace_context
 
 pytestmark = pytest.mark.db
 

@@ -17,10 +17,10 @@ import asyncio, sys
 from datetime import UTC, datetime
 from types import SimpleNamespace
 from opentelemetry import propagate
-from worker_cli.job import Job
-from worker_cli.tasks import Task
-from worker_cli.trace_context import JobContexts
-from worker_cli.tracing import JobTracer
+from worker_cli.jobs.job import Job
+from worker_cli.tasks.loader import Task
+from worker_cli.jobs.trace_context import JobContexts
+from worker_cli.observe.tracing import JobTracer
 
 seen = {}
 

@@ -27,8 +27,8 @@ from worker_cli import (
     quick_add_job,
     run_once,
 )
-from worker_cli.options import WorkerOptions
-from worker_cli.tasks import make_task_list
+from worker_cli.config.options import WorkerOptions
+from worker_cli.tasks.loader import make_task_list
 from worker_cli.worker import WorkerPool
 
 LOCKS = "graphile_worker._private_py_unique_locks"

@@ -14,10 +14,11 @@ import pytest
 from dbhelpers import rows, value
 from workers import Recorder, worker
 
-from worker_cli import Events, Helpers, Job, WorkerUtils, run, run_once, statements
-from worker_cli.job import jobs_from_rows
-from worker_cli.options import WorkerOptions
-from worker_cli.tasks import make_task_list
+from worker_cli import Events, Helpers, Job, WorkerUtils, run, run_once
+from worker_cli.config.options import WorkerOptions
+from worker_cli.jobs.job import jobs_from_rows
+from worker_cli.schema import statements
+from worker_cli.tasks.loader import make_task_list
 from worker_cli.worker import WorkerPool
 from worker_cli.worker.fetcher import configure_fetch_connection
 

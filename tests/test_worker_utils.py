@@ -25,8 +25,8 @@ from worker_cli import (
     make_worker_utils,
     quick_add_job,
 )
-from worker_cli.options import WorkerOptions
-from worker_cli.tasks import load_task_directory
+from worker_cli.config.options import WorkerOptions
+from worker_cli.tasks.loader import load_task_directory
 from worker_cli.worker import WorkerPool
 
 

@@ -9,7 +9,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from worker_cli import Runner, run
-from worker_cli.events import Events
+from worker_cli.observe.events import Events
 
 
 class Recorder:

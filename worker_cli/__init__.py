@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ._version import __version__
+from .config.options import WorkerOptions
 from .errors import (
     ConfigurationError,
     DatabaseConnectionError,
@@ -19,18 +20,17 @@ from .errors import (
     SchemaNotInstalledError,
     UnsupportedPostgresError,
 )
-from .events import Events
-from .helpers import Helpers
-from .job import Job
-from .job_spec import JobKeyMode, JobSpec, TaskSpec
-from .migrate import LATEST_REVISION, MigrationReport
-from .options import WorkerOptions
-from .payloads import NamedPayload
+from .jobs.job import Job
+from .jobs.job_spec import JobKeyMode, JobSpec, TaskSpec
+from .jobs.payloads import NamedPayload
+from .jobs.unique import UniqueJobResult, UniqueRule, UniqueRuleError
+from .jobs.worker_utils import CleanupTask, WorkerUtils, make_worker_utils, quick_add_job
+from .observe.events import Events
 from .runner import Runner, run, run_migrations, run_once
-from .tasks import Task, TaskLoadError
-from .typed_tasks import TypedTaskFunction, typed_task_list
-from .unique import UniqueJobResult, UniqueRule, UniqueRuleError
-from .worker_utils import CleanupTask, WorkerUtils, make_worker_utils, quick_add_job
+from .schema.migrate import LATEST_REVISION, MigrationReport
+from .tasks.helpers import Helpers
+from .tasks.loader import Task, TaskLoadError
+from .tasks.typed_tasks import TypedTaskFunction, typed_task_list
 
 __all__ = [
     "LATEST_REVISION",
@@ -80,9 +80,15 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from .crontab import CronItem, CrontabError, ParsedCronItem, parse_cron_items, parse_crontab
-    from .run_config import load_config
-    from .sync_worker_utils import SyncWorkerUtils, make_sync_worker_utils, quick_add_job_sync
+    from .cli.run_config import load_config
+    from .jobs.sync_worker_utils import SyncWorkerUtils, make_sync_worker_utils, quick_add_job_sync
+    from .tasks.crontab import (
+        CronItem,
+        CrontabError,
+        ParsedCronItem,
+        parse_cron_items,
+        parse_crontab,
+    )
 
 _LAZY = {"CronItem", "CrontabError", "ParsedCronItem", "parse_cron_items", "parse_crontab"}
 _LAZY_SYNC = {"SyncWorkerUtils", "make_sync_worker_utils", "quick_add_job_sync"}
@@ -92,15 +98,15 @@ def __getattr__(name: str) -> Any:
     # The crontab parser is imported on first use: a worker without a crontab
     # starts faster.
     if name in _LAZY:
-        from . import crontab
+        from .tasks import crontab
 
         return getattr(crontab, name)
     if name in _LAZY_SYNC:  # the synchronous utilities: a worker does not use them
-        from . import sync_worker_utils
+        from .jobs import sync_worker_utils
 
         return getattr(sync_worker_utils, name)
     if name == "load_config":  # the command line's options: imported when used
-        from .run_config import load_config
+        from .cli.run_config import load_config
 
         return load_config
     raise AttributeError(f"module 'worker_cli' has no attribute {name!r}")

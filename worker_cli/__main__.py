@@ -1,5 +1,5 @@
 """``python -m worker_cli``: the same as the ``graphile-worker`` command."""
 
-from .cli import main
+from .cli.commands import main
 
 main()

@@ -15,23 +15,23 @@ from collections.abc import Callable, Generator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, overload
 
-from .config import DatabaseConfig, resolve_database
-from .db import connect
+from .config.database import DatabaseConfig, resolve_database
+from .config.options import ForbiddenFlags, WorkerOptions
+from .db.connections import connect
 from .errors import ConfigurationError
-from .events import Events
-from .job import Job
-from .migrate import MigrationReport, migrate
-from .options import ForbiddenFlags, WorkerOptions
-from .payloads import NamedPayload, job_identity
-from .progress import ProgressReporter
-from .tasks import Task, TaskFunction, load_task_directory, make_task_list
-from .unique import UniqueJobResult, UniqueSpec
+from .jobs.job import Job
+from .jobs.payloads import NamedPayload, job_identity
+from .jobs.unique import UniqueJobResult, UniqueSpec
+from .observe.events import Events
+from .observe.progress import ProgressReporter
+from .schema.migrate import MigrationReport, migrate
+from .tasks.loader import Task, TaskFunction, load_task_directory, make_task_list
 from .worker import WorkerPool
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
-    from .crontab import ParsedCronItem
+    from .tasks.crontab import ParsedCronItem
 
 __all__ = ["Runner", "run", "run_migrations", "run_once"]
 
@@ -169,8 +169,8 @@ async def run(
     Heartbeats: every ``heartbeat_interval`` seconds (30; None or 0: off) the
     pool records that it is alive; a pool silent for its ``heartbeat_timeout``
     (300 s) is declared dead and its jobs are released. ``use_local_time``: see
-    WorkerOptions. ``tracing`` (``worker_cli.tracing``) and ``metrics_registry``
-    (``worker_cli.metrics``) need their extras; off, none of their code runs."""
+    WorkerOptions. ``tracing`` (``worker_cli.observe.tracing``) and ``metrics_registry``
+    (``worker_cli.observe.metrics``) need their extras; off, none of their code runs."""
     database = resolve_database(connection_string, schema)
     tasks = load_tasks(task_list, task_directory)
     cron_items = load_cron_items(crontab, crontab_file, parsed_cron_items)
@@ -222,10 +222,10 @@ def _make_pool(
     **kwargs: Any,
 ) -> WorkerPool:
     """The worker pool; with ``tracing``, its tasks run in spans and its
-    fetches read the jobs' trace contexts (``worker_cli.tracing``)."""
+    fetches read the jobs' trace contexts (``worker_cli.observe.tracing``)."""
     on_fetched = None
     if tracing:
-        from .tracing import trace_tasks
+        from .observe.tracing import trace_tasks
 
         tasks, contexts = trace_tasks(tasks, database.schema)
         on_fetched = contexts.load
@@ -253,12 +253,12 @@ async def _start(
     and wait until it is ready; returns its task. The pool's metrics go into
     ``metrics_registry`` (if any) until it stops."""
     if logger.isEnabledFor(logging.DEBUG):
-        from .debug_log import attach_debug_logging
+        from .observe.debug_log import attach_debug_logging
 
         attach_debug_logging(pool.events)
     metrics = None
     if metrics_registry is not None:
-        from .metrics import attach_metrics
+        from .observe.metrics import attach_metrics
 
         metrics = attach_metrics(pool, metrics_registry)
     # Signals are handled from here on: one during start-up stops the worker as
@@ -320,7 +320,7 @@ def load_cron_items(
     given = [x for x in (crontab, crontab_file, parsed_cron_items) if x is not None]
     if not given:
         return []
-    from .crontab import CrontabError, parse_crontab  # only imported when cron is used
+    from .tasks.crontab import CrontabError, parse_crontab
 
     if len(given) > 1:
         raise ConfigurationError("give at most one of crontab, crontab_file and parsed_cron_items")

@@ -25,7 +25,7 @@ from .inputs import SMALLINT, BadInput, checked_text, parse_int, parse_job_id, p
 from .security import Csrf, foreign_post
 
 if TYPE_CHECKING:
-    from .app import Dashboard
+    from .site import Site
 
 __all__ = ["ACTIONS", "routes"]
 
@@ -45,7 +45,7 @@ DEFAULT_FAIL_REASON = "permanently failed from the dashboard"
 MAX_FORM = 16 * 1024
 
 
-def routes(dashboard: Dashboard) -> list[Route]:
+def routes(dashboard: Site) -> list[Route]:
     actions = _Actions(dashboard)
     return [
         Route("/jobs/{job_id}/{action}", actions.confirm_job, methods=["GET"]),
@@ -74,7 +74,7 @@ async def read_form(request: Request) -> dict[str, str] | None:
 
 
 class _Actions:
-    def __init__(self, dashboard: Dashboard) -> None:
+    def __init__(self, dashboard: Site) -> None:
         self.dashboard = dashboard
 
     def _refused(self, request: Request, reason: str) -> Response:

@@ -28,11 +28,11 @@ from starlette.responses import HTMLResponse, Response
 from starlette.routing import Mount
 from starlette.staticfiles import StaticFiles
 
-from ..config import resolve_connection_string, resolve_schema
-from ..db import worker_conninfo
-from ..retry import one_line
-from ..timestamps import read_timestamps_leniently
-from ..worker_utils import WorkerUtils
+from ..config.database import resolve_connection_string, resolve_schema
+from ..db.connections import worker_conninfo
+from ..db.retry import one_line
+from ..jobs.timestamps import read_timestamps_leniently
+from ..jobs.worker_utils import WorkerUtils
 from . import actions, pages
 from .formatting import FILTERS
 from .inputs import BIGINT, BadInput, parse_job_id, shown

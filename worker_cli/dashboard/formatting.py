@@ -11,8 +11,8 @@ import math
 from datetime import UTC, datetime
 from typing import Any
 
-from ..status import format_age
-from ..timestamps import EARLIEST, LATEST
+from ..jobs.timestamps import EARLIEST, LATEST
+from ..observe.status import format_age
 
 __all__ = ["FILTERS", "pretty_json"]
 

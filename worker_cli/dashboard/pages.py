@@ -18,7 +18,7 @@ from .queries import JOB_STATES, WINDOW
 from .reads import NEWEST, PAGE_SIZE, JobFilter
 
 if TYPE_CHECKING:
-    from .app import Dashboard
+    from .site import Site
 
 __all__ = ["NOTICES", "routes"]
 
@@ -41,7 +41,7 @@ NOTICES = {
 }
 
 
-def routes(dashboard: Dashboard) -> list[Route]:
+def routes(dashboard: Site) -> list[Route]:
     pages = _Pages(dashboard)
     return [
         Route("/", pages.overview, name="overview"),
@@ -89,7 +89,7 @@ def job_filter_of(request: Request) -> tuple[JobFilter, list[str]]:
 
 
 class _Pages:
-    def __init__(self, dashboard: Dashboard) -> None:
+    def __init__(self, dashboard: Site) -> None:
         self.dashboard = dashboard
 
     async def overview(self, request: Request) -> Response:

@@ -1,6 +1,6 @@
 """Every SQL statement the dashboard sends, and the index each one reads.
 
-Templates over the schema name, composed with :func:`worker_cli.statements.compose`
+Templates over the schema name, composed with :func:`worker_cli.schema.statements.compose`
 (the name quoted by ``psycopg.sql.Identifier``), as the worker's own statements.
 
 The rule: on a queue of millions of jobs, every statement is bounded (it
@@ -78,7 +78,7 @@ def _retrying(j: LiteralString) -> LiteralString:
 # --- The schema ---------------------------------------------------------------
 
 # Whether the queue's tables exist (the schema name is a bound value here, as
-# in worker_cli.status_statements.status_installed). Catalog lookups only.
+# in worker_cli.observe.status_statements.status_installed). Catalog lookups only.
 installed = """
   select to_regclass(format('%%I._private_jobs', %(schema)s::text)) is not null as jobs,
     to_regclass(format('%%I._private_py_migrations', %(schema)s::text)) is not null

@@ -16,8 +16,8 @@ from typing import Any, LiteralString
 import psycopg
 from psycopg.rows import dict_row
 
-from ..migrate import MigrationFiles
-from ..statements import compose
+from ..schema.migrate import MigrationFiles
+from ..schema.statements import compose
 from . import queries
 from .census import Census, Count, sample_percent
 

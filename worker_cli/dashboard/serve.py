@@ -17,10 +17,10 @@ from collections.abc import Iterable
 
 import uvicorn
 
-from .. import logs
-from ..config import resolve_connection_string, resolve_schema
-from ..db import connect
+from ..config.database import resolve_connection_string, resolve_schema
+from ..db.connections import connect
 from ..errors import ConfigurationError, GraphileWorkerError
+from ..observe import logs
 from .app import create_app
 from .reads import Reader
 from .security import AUTH_ENVVAR, AllowedHosts, BasicAuth, is_loopback

@@ -29,11 +29,12 @@ from typing import Any
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from .. import statements
-from ..events import Events
-from ..job import Job
-from ..retry import retry_until_done
-from .outcome import Failure, storable
+from ..db.retry import retry_until_done
+from ..jobs.job import Job
+from ..jobs.last_error import storable
+from ..observe.events import Events
+from ..schema import statements
+from .outcome import Failure
 
 __all__ = ["WRITE_AT_MOST", "Completer", "refused", "write_now"]
 

@@ -21,9 +21,9 @@ from typing import Any, Protocol
 
 from psycopg_pool import AsyncConnectionPool
 
-from .. import statements
-from ..crontab import ParsedCronItem
-from ..retry import CRON, retry_until_done
+from ..db.retry import CRON, retry_until_done
+from ..schema import statements
+from ..tasks.crontab import ParsedCronItem
 
 __all__ = ["Clock", "CronScheduler", "SystemClock", "cron_timestamp"]
 

@@ -31,12 +31,13 @@ from typing import Any
 
 import psycopg
 
-from .. import statements
-from ..db import WorkerConnections
-from ..events import Events
-from ..job import Job, read_payloads_raw
-from ..options import ForbiddenFlags, WorkerOptions
-from ..retry import DEFAULT, one_line
+from ..config.options import ForbiddenFlags, WorkerOptions
+from ..db.connections import WorkerConnections
+from ..db.raw_json import read_payloads_raw
+from ..db.retry import DEFAULT, one_line
+from ..jobs.job import Job
+from ..observe.events import Events
+from ..schema import statements
 from .local_queue import LocalQueue, Rate, plan_fetch
 from .unreadable import Unreadable, read_jobs
 

@@ -53,10 +53,10 @@ from typing import Any
 
 import psycopg
 
-from .. import statements
 from .._version import __version__
-from ..db import WorkerConnections
-from ..retry import DEFAULT, one_line
+from ..db.connections import WorkerConnections
+from ..db.retry import DEFAULT, one_line
+from ..schema import statements
 
 __all__ = ["Heartbeat", "PoolReport"]
 

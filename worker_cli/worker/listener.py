@@ -17,10 +17,10 @@ from collections.abc import Awaitable, Callable
 
 import psycopg
 
-from .. import statements
-from ..db import WorkerConnections
-from ..events import Events
-from ..retry import RECONNECT, one_line
+from ..db.connections import WorkerConnections
+from ..db.retry import RECONNECT, one_line
+from ..observe.events import Events
+from ..schema import statements
 
 __all__ = ["Listener"]
 

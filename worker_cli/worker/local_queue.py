@@ -20,7 +20,7 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from ..job import Job
+from ..jobs.job import Job
 
 __all__ = ["FetchPlan", "LocalQueue", "Rate", "Refill", "plan_fetch"]
 

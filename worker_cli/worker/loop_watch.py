@@ -18,7 +18,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from ..job import Job
+from ..jobs.job import Job
 
 __all__ = ["BLOCKED_AFTER", "LoopWatch"]
 

@@ -20,8 +20,8 @@ from datetime import UTC, datetime, timedelta
 
 import psycopg
 
-from .. import statements
-from ..worker_utils import WorkerUtils, sweep_unique_locks
+from ..jobs.worker_utils import WorkerUtils, sweep_unique_locks
+from ..schema import statements
 
 __all__ = ["Poller", "Sweeper"]
 

@@ -7,9 +7,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import PayloadError
-from ..job import Job
+from ..jobs.job import Job
+from ..jobs.last_error import describe
 
-__all__ = ["Failure", "batch_failures", "describe"]
+__all__ = ["Failure", "batch_failures"]
 
 logger = logging.getLogger("graphile_worker")
 
@@ -21,7 +22,7 @@ class Failure:
     job: Job
     worker_id: str
     error: BaseException
-    #: The text stored as the job's last_error (see :func:`describe`).
+    #: The text stored as the job's last_error (see :func:`~worker_cli.jobs.last_error.describe`).
     message: str
     #: A batch job's failed items, by position (0-based): its payload becomes
     #: them, as they are stored (None: the payload is unchanged).
@@ -35,35 +36,6 @@ class Failure:
         self.permanent = (
             isinstance(self.error, PayloadError) or self.job.attempts >= self.job.max_attempts
         )
-
-
-#: The longest last_error written (characters): a message longer than this is
-#: cut short, saying how long it was. A batch of results is one statement, so
-#: an unbounded message (a task raising with a whole response body) would make
-#: every result of its batch as large.
-MAX_ERROR_LENGTH = 65_536
-
-
-def describe(error: BaseException) -> str:
-    """The text stored as a job's last_error. Never raises: an exception whose
-    ``__str__`` fails is described as ``<unprintable ...>``. See :func:`storable`."""
-    name = type(error).__name__
-    try:
-        text = str(error)
-    except BaseException:
-        text = f"<unprintable {name} object>"
-    return storable(f"{name}: {text}" if text else name)
-
-
-def storable(text: str) -> str:
-    """``text`` as a PostgreSQL text value can hold it: NUL characters and lone
-    surrogates (refused by the server, they would fail the write of every
-    result in the batch) written as escapes, and at most
-    :data:`MAX_ERROR_LENGTH` characters."""
-    if len(text) > MAX_ERROR_LENGTH:
-        cut = text[: MAX_ERROR_LENGTH - 64]
-        text = f"{cut}... (cut short: {len(text)} characters in all)"
-    return text.encode("utf-8", "backslashreplace").decode().replace("\x00", "\\x00")
 
 
 def batch_failures(job: Job, result: list[Any]) -> tuple[Exception | None, list[int] | None]:

@@ -28,11 +28,11 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from ..db import WorkerConnections
-from ..events import Events
-from ..options import WorkerOptions
-from ..tasks import Task
-from ..worker_utils import WorkerUtils
+from ..config.options import WorkerOptions
+from ..db.connections import WorkerConnections
+from ..jobs.worker_utils import WorkerUtils
+from ..observe.events import Events
+from ..tasks.loader import Task
 from .completer import Completer
 from .fetcher import Fetcher, FetchSettings, OnFetched
 from .heartbeat import Heartbeat, PoolReport
@@ -44,7 +44,7 @@ from .stopping import cancel_and_wait, log_unwritten, wait_for_running, wait_unt
 from .unreadable import Unreadable
 
 if TYPE_CHECKING:
-    from ..crontab import ParsedCronItem
+    from ..tasks.crontab import ParsedCronItem
 
 __all__ = ["PoolLoad", "WorkerPool"]
 

@@ -24,16 +24,17 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from .. import logs
-from ..events import Events
-from ..helpers import Helpers
-from ..job import Job
-from ..tasks import Task
-from ..worker_utils import WorkerUtils
+from ..jobs.job import Job
+from ..jobs.last_error import describe
+from ..jobs.worker_utils import WorkerUtils
+from ..observe import logs
+from ..observe.events import Events
+from ..tasks.helpers import Helpers
+from ..tasks.loader import Task
 from .completer import Completer
 from .local_queue import LocalQueue, Refill
 from .loop_watch import LoopWatch
-from .outcome import Failure, batch_failures, describe
+from .outcome import Failure, batch_failures
 from .task_threads import (
     TASK_THREAD_PREFIX,
     Back,

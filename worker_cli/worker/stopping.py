@@ -7,7 +7,7 @@ import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..options import WorkerOptions
+from ..config.options import WorkerOptions
 
 if TYPE_CHECKING:
     from .slots import Slots

@@ -35,10 +35,10 @@ from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
-from ..helpers import Helpers
-from ..job import Job
-from ..tasks import Task
-from ..worker_utils import WorkerUtils
+from ..jobs.job import Job
+from ..jobs.worker_utils import WorkerUtils
+from ..tasks.helpers import Helpers
+from ..tasks.loader import Task
 from .local_queue import LocalQueue, Refill
 from .outcome import batch_failures
 

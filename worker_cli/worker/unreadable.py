@@ -1,6 +1,6 @@
 """Reading fetched jobs when one row of the batch cannot be read.
 
-A fetch is read in one go (:func:`~worker_cli.job.jobs_from_rows`: psycopg
+A fetch is read in one go (:func:`~worker_cli.jobs.job.jobs_from_rows`: psycopg
 loads the rows, one ``json.loads`` parses every payload). Values PostgreSQL
 and ``add_job`` accept can still break that read: a payload nested thousands
 of levels deep or holding an integer of thousands of digits (Python refuses
@@ -27,9 +27,9 @@ from psycopg.abc import Loader
 from psycopg.pq import Format
 
 from ..errors import UnreadableJobError
-from ..job import Job, jobs_from_rows
-from ..statements import JOB_COLUMNS
-from ..timestamps import EARLIEST, LATEST
+from ..jobs.job import Job, jobs_from_rows
+from ..jobs.timestamps import EARLIEST, LATEST
+from ..schema.statements import JOB_COLUMNS
 
 __all__ = ["Unreadable", "read_jobs"]
 

@@ -1,0 +1,16 @@
+"""The command line: ``graphile-worker`` and its subcommands (click).
+
+``commands`` holds the click commands, ``params`` what their options accept
+(bounded numbers, schema names, ``--run-at``), ``run_config`` the
+configuration file read the command's way for ``run()`` (``load_config``).
+
+Layer: the top, with ``runner``. It may import every other part of the
+package; nothing imports it but ``worker_cli/__init__.py`` (lazily) and
+``__main__``.
+"""
+
+from __future__ import annotations
+
+from .commands import command, main
+
+__all__ = ["command", "main"]

@@ -1,0 +1,588 @@
+"""The ``graphile-worker`` command: the same flags as graphile-worker (Node) 0.18."""
+
+from __future__ import annotations
+
+import gc
+import logging
+import os
+import re
+import sys
+import threading
+import time
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+from click.core import ParameterSource
+
+from .._version import __version__
+from ..config.database import load_dotenv_file
+from ..config.file import config_file_option, set_by_config_file
+from ..config.options import FLAGS, WorkerOptions
+from ..errors import GraphileWorkerError, IncompatibleSchemaError
+from ..jobs.job_spec import SMALLINT_MAX, SMALLINT_MIN
+from ..observe import logs
+from ..observe.logs import LOG_FORMATS, LogFormat
+from .params import (
+    MAX_PROGRESS_INTERVAL,
+    MAX_REFRESH,
+    aware_datetime,
+    json_payload,
+    number,
+    schema_name,
+)
+
+__all__ = ["command", "main"]
+
+T = TypeVar("T")
+F = TypeVar("F", bound=Callable[..., Any])
+
+CLEANUP_TASKS = (
+    "GC_TASK_IDENTIFIERS",
+    "GC_JOB_QUEUES",
+    "DELETE_PERMAFAILED_JOBS",
+    "GC_UNIQUE_LOCKS",
+)
+
+
+class SchemaIncompatible(click.ClickException):
+    """The database's schema is newer and breaking: exit code 57, as Node's."""
+
+    exit_code = IncompatibleSchemaError.exit_code
+
+
+def _failure(error: GraphileWorkerError) -> click.ClickException:
+    """The error as click shows it: one line, exit code 1 (57 for the schema)."""
+    if isinstance(error, IncompatibleSchemaError):
+        return SchemaIncompatible(str(error))
+    return click.ClickException(str(error))
+
+
+def _run(coroutine: Coroutine[Any, Any, T]) -> T:
+    import uvloop
+
+    try:
+        return uvloop.run(coroutine)
+    except GraphileWorkerError as exc:
+        raise _failure(exc) from None
+
+
+def _parse_cleanup(_ctx: click.Context, _param: click.Parameter, value: str | None) -> list[str]:
+    if value is None:
+        return []
+    names = [name.strip().upper() for name in value.split(",") if name.strip()]
+    unknown = [name for name in names if name not in CLEANUP_TASKS]
+    if not names or unknown:
+        raise click.BadParameter(
+            f"unknown cleanup task {', '.join(unknown) or repr(value)}; "
+            f"choose from {', '.join(CLEANUP_TASKS)}"
+        )
+    return names
+
+
+CONTEXT_SETTINGS: dict[str, Any] = {"help_option_names": ["-h", "--help"]}
+
+_FLAGS = {flag.field: flag for flag in FLAGS}
+
+
+def worker_option(field: str) -> Callable[[F], F]:
+    """The click option of a WorkerOptions field, from its row in ``FLAGS``:
+    its default is the field's, and its value is passed to the field's name."""
+    flag = _FLAGS[field]
+    if isinstance(flag.default, bool):
+        return click.option(
+            *flag.names,
+            field,
+            is_flag=True,
+            envvar=flag.envvar,
+            show_envvar=flag.envvar is not None,
+            help=flag.help,
+        )
+    kind: click.IntRange | click.FloatRange | None = None
+    if flag.low is not None or flag.high is not None:
+        kind = number(flag.low, flag.high, whole=flag.whole, low_open=flag.low_open)
+    return click.option(
+        *flag.names,
+        field,
+        type=kind,
+        callback=schema_name if field == "schema" else None,
+        default=flag.default,
+        show_default=True,
+        envvar=flag.envvar,
+        show_envvar=flag.envvar is not None,
+        metavar=flag.metavar,
+        help=flag.help,
+    )
+
+
+#: Options the worker and its subcommands share (given before a subcommand,
+#: they apply to it; -C/--config may come before a subcommand too).
+connection_option = click.option(
+    "-c",
+    "--connection",
+    metavar="URL",
+    envvar="DATABASE_URL",
+    show_envvar=True,
+    help="PostgreSQL connection string. Default: DATABASE_URL, else the libpq PG* variables.",
+)
+schema_option = worker_option("schema")
+SHARED_OPTIONS = ("connection", "schema")
+
+
+@click.group(
+    context_settings=CONTEXT_SETTINGS,
+    invoke_without_command=True,
+    subcommand_metavar="[COMMAND [ARGS]...]",
+)
+@connection_option
+@schema_option
+@click.option("--schema-only", is_flag=True, help="Install or upgrade the schema, then exit.")
+@click.option("--once", is_flag=True, help="Run until no runnable job is left, then exit.")
+@worker_option("concurrency")
+@worker_option("max_pool_size")
+@worker_option("local_queue_size")
+@worker_option("complete_job_batch_delay")
+@worker_option("poll_interval")
+@worker_option("no_prepared_statements")
+@click.option(
+    "--cleanup",
+    metavar="TASKS",
+    callback=_parse_cleanup,
+    help="Clean the database, then exit: a comma-separated list of "
+    + ", ".join(CLEANUP_TASKS)
+    + ".",
+)
+@click.option(
+    "--crontab",
+    "crontab_path",
+    type=click.Path(path_type=Path, dir_okay=False),
+    default=None,
+    help="Crontab file of recurring jobs. Default: ./crontab, if there is one.",
+)
+@worker_option("heartbeat_interval")
+@worker_option("heartbeat_timeout")
+@worker_option("use_local_time")
+@click.option(
+    "--tasks",
+    "tasks_dir",
+    type=click.Path(path_type=Path, file_okay=False),
+    default=Path("tasks"),
+    show_default=True,
+    help="Folder of task files (.py modules with a `task` function, or executables).",
+)
+@click.option(
+    "--log-format",
+    type=click.Choice(LOG_FORMATS),
+    default="text",
+    show_default=True,
+    envvar="GRAPHILE_WORKER_LOG_FORMAT",
+    show_envvar=True,
+    help="Log lines as text, or as JSON objects (one per line, with the job's fields).",
+)
+@click.option(
+    "--progress-interval",
+    type=number(0, MAX_PROGRESS_INTERVAL),
+    default=5.0,
+    show_default=True,
+    metavar="SECONDS",
+    envvar="GRAPHILE_WORKER_PROGRESS_INTERVAL",
+    show_envvar=True,
+    help="With --once: log jobs done, rate and jobs remaining this often (0: never; "
+    f"at most {MAX_PROGRESS_INTERVAL}).",
+)
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(0, 65535),
+    metavar="PORT",
+    envvar="GRAPHILE_WORKER_METRICS_PORT",
+    show_envvar=True,
+    help="Serve Prometheus metrics at http://HOST:PORT/metrics (0: any free port, logged). "
+    "Needs graphile-worker[metrics].",
+)
+@click.option(
+    "--metrics-host",
+    metavar="HOST",
+    default="127.0.0.1",
+    show_default=True,
+    envvar="GRAPHILE_WORKER_METRICS_HOST",
+    show_envvar=True,
+    help="Address the metrics are served on (0.0.0.0: every interface).",
+)
+@click.option(
+    "--tracing",
+    is_flag=True,
+    envvar="GRAPHILE_WORKER_TRACING",
+    show_envvar=True,
+    help="An OpenTelemetry span per job, child of the span that added it. Needs "
+    "graphile-worker[otel] and an SDK (e.g. run under opentelemetry-instrument).",
+)
+@click.option(
+    "--embedded-db",
+    metavar="DIR",
+    type=click.Path(path_type=Path, file_okay=False),
+    help="Start a private PostgreSQL with its data in DIR (created on first use, kept) "
+    "and use it; for trying and developing. Needs graphile-worker[embedded].",
+)
+@click.version_option(__version__, "--version", prog_name="graphile-worker")
+@config_file_option
+@click.pass_context
+def command(
+    ctx: click.Context,
+    /,
+    connection: str | None,
+    schema_only: bool,
+    once: bool,
+    cleanup: list[str],
+    crontab_path: Path | None,
+    tasks_dir: Path,
+    log_format: LogFormat,
+    progress_interval: float,
+    metrics_port: int | None,
+    metrics_host: str,
+    tracing: bool,
+    embedded_db: Path | None,
+    **worker_flags: Any,
+) -> None:
+    """Run jobs from a PostgreSQL queue shared with graphile-worker (Node).
+
+    Without a COMMAND, run the worker with the options below; `status` prints
+    what is in the queue.
+    """
+    if ctx.invoked_subcommand is not None:
+        _check_shared_options_only(ctx)
+        return
+    if once and schema_only:
+        raise click.UsageError("--once and --schema-only cannot be used together")
+    settings = _worker_settings(ctx, worker_flags)
+    logs.configure(log_format)
+    if embedded_db is not None:  # runs until the command ends
+        from ..embedded import use_embedded_database
+
+        connection = use_embedded_database(embedded_db, connection)
+    if schema_only:
+        _migrate_only(connection, settings["schema"])
+    elif cleanup:
+        _clean(connection, settings["schema"], cleanup)
+    else:
+        crontab_file = crontab_path
+        if crontab_file is None and Path("crontab").is_file():
+            crontab_file = Path("crontab")
+        if metrics_port is not None:
+            settings["metrics_registry"] = _serve_metrics(metrics_port, metrics_host)
+        _run_worker(
+            connection,
+            settings,
+            task_directory=tasks_dir,
+            once=once,
+            progress_interval=progress_interval,
+            crontab_file=crontab_file,
+            tracing=tracing,
+        )
+
+
+def _worker_settings(ctx: click.Context, flags: dict[str, Any]) -> dict[str, Any]:
+    """The worker flags' values as ``run()`` keywords (in the fields' units),
+    checked together as WorkerOptions checks them; an error also names the
+    config file's keys among the fields it names."""
+    settings = {field: _FLAGS[field].to_field(value) for field, value in flags.items()}
+    try:
+        WorkerOptions(**settings)
+    except ValueError as exc:
+        message = str(exc)
+        named = [field for field in flags if re.search(rf"\b{field}\b", message)]
+        from_file = set_by_config_file(ctx, named)
+        raise click.UsageError(f"{message} ({from_file})" if from_file else message) from None
+    return settings
+
+
+def _serve_metrics(port: int, host: str) -> Any:
+    """``--metrics-port``: serve /metrics (from a thread, until the process
+    ends); returns the registry the worker's metrics go into."""
+    try:
+        from ..observe.metrics import serve_metrics
+
+        return serve_metrics(port, host).registry
+    except GraphileWorkerError as exc:
+        raise _failure(exc) from None
+
+
+def _migrate_only(connection: str | None, schema: str) -> None:
+    """``--schema-only``."""
+    from ..runner import run_migrations
+
+    report = _run(run_migrations(connection, schema=schema))
+    if report.applied or report.applied_py:
+        click.echo(f"Schema {schema!r} migrated to revision {report.revision}.")
+    else:
+        click.echo(f"Schema {schema!r} is up to date (revision {report.revision}).")
+
+
+def _clean(connection: str | None, schema: str, tasks: list[str]) -> None:
+    """``--cleanup``."""
+    from ..jobs.worker_utils import make_worker_utils
+
+    async def clean() -> None:
+        async with make_worker_utils(connection, schema=schema) as utils:
+            await utils.migrate()
+            await utils.cleanup(tasks)  # type: ignore[arg-type]
+
+    _run(clean())
+    click.echo(f"Cleanup done: {', '.join(tasks)}.")
+
+
+def _run_worker(connection: str | None, settings: dict[str, Any], **run_options: Any) -> None:
+    """The worker (``--once`` too); exits with its exit code."""
+    from ..runner import run
+
+    async def work() -> int:
+        worker = await run(connection, **settings, **run_options)
+        await worker
+        return worker.exit_code
+
+    # Everything imported so far lives until the process ends: the collector
+    # need not traverse it again, neither in the worker's collections nor in
+    # the interpreter's at exit (~60 ms of a --once run here).
+    gc.freeze()
+    code = _run(work())
+    _exit_despite_stuck_task_threads(code)
+    if code:
+        sys.exit(code)
+
+
+def _exit_despite_stuck_task_threads(code: int) -> None:
+    """A plain ``def`` task that ignored a forced shutdown still runs in its
+    thread, and Python would wait for it forever at exit. Its job is already
+    failed and written back, so leave without it. So do threads a task
+    started and left running (not daemon threads, which Python would wait
+    for): they get a second to end, then they are named and left behind."""
+    from ..worker import busy_task_threads
+
+    log = logging.getLogger("graphile_worker")
+    stuck = busy_task_threads()
+    if stuck:
+        log.warning(
+            "%d task thread(s) still running (a plain `def` task that ignored the shutdown); "
+            "exiting without waiting for them",
+            stuck,
+        )
+    deadline = time.monotonic() + 1.0
+    left = []
+    for thread in threading.enumerate():
+        if thread is threading.main_thread() or thread.daemon:
+            continue
+        thread.join(max(0.0, deadline - time.monotonic()))
+        if thread.is_alive():
+            left.append(thread.name)
+    if left:
+        log.warning(
+            "Thread(s) %s, left running by a task, did not end: exiting without waiting for "
+            "them (a task should join the threads it starts, or make them daemon threads)",
+            ", ".join(repr(name) for name in left),
+        )
+    if not stuck and not left:
+        return
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def _check_shared_options_only(ctx: click.Context) -> None:
+    """Before a subcommand, only the shared options (-c, -s) and -C may be given."""
+    given = [
+        param
+        for param in ctx.command.params
+        if param.name not in (*SHARED_OPTIONS, "config_file")
+        and param.name is not None
+        and ctx.get_parameter_source(param.name) is ParameterSource.COMMANDLINE
+    ]
+    if given:
+        names = ", ".join(param.opts[-1] for param in given)
+        raise click.UsageError(
+            f"{names} cannot be used with the {ctx.invoked_subcommand} command", ctx
+        )
+
+
+def _shared(ctx: click.Context, connection: str | None, schema: str) -> tuple[str | None, str]:
+    """A subcommand's connection and schema: its own, unless an option was only
+    given (on the command line) before the subcommand."""
+    parent = ctx.parent
+
+    def value(name: str, own: Any) -> Any:
+        if (
+            parent is not None
+            and ctx.get_parameter_source(name) is not ParameterSource.COMMANDLINE
+            and parent.get_parameter_source(name) is ParameterSource.COMMANDLINE
+        ):
+            return parent.params[name]
+        return own
+
+    return value("connection", connection), value("schema", schema)
+
+
+@command.command(context_settings=CONTEXT_SETTINGS)
+@connection_option
+@schema_option
+@click.option("--json", "as_json", is_flag=True, help="Print the figures as one JSON document.")
+@click.pass_context
+def status(ctx: click.Context, connection: str | None, schema: str, as_json: bool) -> None:
+    """Print what is in the queue (read-only): jobs waiting, scheduled, locked
+    and permanently failed, by task and by named queue, and the oldest waiting
+    job."""
+    from ..observe.status import format_json, format_text, read_status
+
+    connection, schema = _shared(ctx, connection, schema)
+    figures = _run(read_status(connection, schema=schema))
+    click.echo(format_json(figures) if as_json else format_text(figures))
+
+
+def _basic_auth(_ctx: click.Context, _param: click.Parameter, value: str | None) -> Any:
+    if value is None:
+        return None
+    if not value:  # else it would silently mean "no authentication"
+        raise click.BadParameter(
+            "must not be empty: give USER:PASSWORD, or leave --auth out for no authentication"
+        )
+    from ..dashboard.security import BasicAuth
+
+    try:
+        return BasicAuth.parse(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+@command.command(context_settings=CONTEXT_SETTINGS)
+@connection_option
+@schema_option
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", type=click.IntRange(1, 65535), default=8080, show_default=True)
+@click.option("--read-only", is_flag=True, help="Show the queue; hide and refuse the actions.")
+@click.option(
+    "--auth",
+    metavar="USER:PASSWORD",
+    envvar="GRAPHILE_WORKER_DASHBOARD_AUTH",
+    show_envvar=True,
+    callback=_basic_auth,
+    help="Ask for these HTTP Basic credentials (required on a non-loopback --host). "
+    "Prefer the variable: a flag is visible to every user in the process list.",
+)
+@click.option(
+    "--refresh",
+    type=number(0, MAX_REFRESH),
+    default=5.0,
+    show_default=True,
+    metavar="SECONDS",
+    help=f"Pages refresh themselves this often (0: never; at most {MAX_REFRESH}).",
+)
+@click.option(
+    "--allowed-host",
+    "allowed_hosts",
+    multiple=True,
+    metavar="HOST",
+    envvar="GRAPHILE_WORKER_DASHBOARD_ALLOWED_HOSTS",
+    show_envvar=True,
+    help="Also answer requests for this host name (repeatable); any other Host but the "
+    "listening address and localhost gets a 400 (DNS rebinding).",
+)
+@click.pass_context
+def dashboard(ctx: click.Context, /, connection: str | None, schema: str, **options: Any) -> None:
+    """Serve the web dashboard: the queue by task, state and named queue, jobs,
+    worker pools, crontab, and (unless --read-only) actions on jobs."""
+    try:
+        from ..dashboard.serve import serve
+    except ImportError as exc:
+        if (exc.name or "").partition(".")[0] not in ("starlette", "uvicorn", "jinja2"):
+            raise
+        raise click.ClickException(
+            "the dashboard needs its extra: pip install 'graphile-worker[dashboard]'"
+        ) from None
+    connection, schema = _shared(ctx, connection, schema)
+    try:
+        serve(connection, schema=schema, **options)
+    except GraphileWorkerError as exc:
+        raise _failure(exc) from None
+
+
+@command.command("add-job", context_settings=CONTEXT_SETTINGS)
+@connection_option
+@schema_option
+@click.argument("identifier")
+@click.argument("payload", required=False, callback=json_payload)
+@click.option("-q", "--queue", "queue_name", metavar="NAME", help="Named queue (runs serially).")
+@click.option(
+    "--run-at",
+    metavar="DATETIME",
+    callback=aware_datetime,
+    help="When to run it, ISO 8601 with a time zone. Default: now.",
+)
+@click.option(
+    "--max-attempts", type=click.IntRange(1, SMALLINT_MAX), help="Default: 25 (at most 32767)."
+)
+@click.option(
+    "--priority",
+    type=click.IntRange(SMALLINT_MIN, SMALLINT_MAX),
+    help="Lower runs first, from -32768 to 32767. Default: 0.",
+)
+@click.option("--job-key", metavar="KEY", help="Replace or dedupe the pending job with this key.")
+@click.option(
+    "--job-key-mode",
+    type=click.Choice(["replace", "preserve_run_at", "unsafe_dedupe"]),
+    help="How --job-key treats an existing job. Default: replace.",
+)
+@click.option("--flag", "flags", multiple=True, metavar="FLAG", help="A flag (repeatable).")
+@click.pass_context
+def add_job(
+    ctx: click.Context,
+    connection: str | None,
+    schema: str,
+    identifier: str,
+    payload: Any,
+    queue_name: str | None,
+    run_at: Any,
+    max_attempts: int | None,
+    priority: int | None,
+    job_key: str | None,
+    job_key_mode: Any,
+    flags: tuple[str, ...],
+) -> None:
+    """Add a job: IDENTIFIER is the task, PAYLOAD a JSON document (default {}).
+
+    The schema must be installed (run the worker or --schema-only first).
+    """
+    from ..jobs.worker_utils import make_worker_utils
+
+    connection, schema = _shared(ctx, connection, schema)
+
+    async def add() -> Any:
+        async with make_worker_utils(connection, schema=schema) as utils:
+            return await utils.add_job(
+                identifier,
+                payload,
+                queue_name=queue_name,
+                run_at=run_at,
+                max_attempts=max_attempts,
+                priority=priority,
+                job_key=job_key,
+                job_key_mode=job_key_mode,
+                flags=list(flags) or None,
+            )
+
+    try:
+        job = _run(add())
+    except ValueError as exc:  # JobSpecError names the field
+        raise click.UsageError(str(exc), ctx) from None
+    where = f" in queue {job.queue_name!r}" if job.queue_name else ""
+    click.echo(
+        f"Added job {job.id} ({job.task_identifier}){where}, run at {job.run_at.isoformat()}."
+    )
+
+
+def main() -> None:
+    """Console entry point: read ``.env`` first, so it can set any option's variable."""
+    load_dotenv_file()
+    try:
+        command(prog_name="graphile-worker")
+    except KeyboardInterrupt:  # Ctrl-C before the worker could install its handlers
+        click.echo("Interrupted.", err=True)
+        sys.exit(130)

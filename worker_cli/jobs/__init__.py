@@ -1,0 +1,14 @@
+"""Adding and administering jobs, and what a job is.
+
+``worker_utils`` and ``sync_worker_utils`` (the async facade and its sync
+twin: ``add_job``, the admin functions), ``utils_plans`` (what each of their
+methods does, once for both), ``job_queries`` (plans of the job statements),
+``job_spec`` and ``payloads`` (checking and encoding a job's options and
+payload), ``unique`` (unique-job rules), ``job`` (``Job`` and the decoder of
+job rows), ``timestamps`` (times outside Python's years), ``trace_context``
+(the trace context carried beside a job), ``last_error`` (the text stored as
+a job's ``last_error``).
+
+Layer: above ``schema`` and ``db``; it never imports ``tasks``, ``observe``,
+``worker``, ``dashboard`` or the entry points.
+"""

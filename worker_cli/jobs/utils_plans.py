@@ -1,0 +1,234 @@
+"""What each WorkerUtils method does, once, for the async and the sync facade.
+
+:class:`UtilsPlans` has one method per method of
+:class:`~worker_cli.jobs.worker_utils.WorkerUtils` and
+:class:`~worker_cli.jobs.sync_worker_utils.SyncWorkerUtils`, with the same
+arguments. Each checks its arguments at once (a bad call raises before any
+I/O), builds the statement's parameters, and returns a plan
+(:mod:`worker_cli.db.plan`) that the facade runs with its driver. So validation,
+payload encoding (:func:`~worker_cli.jobs.job_spec.encode_payload`), SQL and
+decoding exist once; the facades only choose a connection and wait.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+from ..db.plan import Plan
+from ..errors import JobSpecError
+from ..schema import statements
+from ..schema.cleanup import (
+    CLEANUP_STATEMENTS,
+    CleanupTask,
+    check_cleanup_tasks,
+    delete_unique_locks,
+)
+from ..schema.migrate import MigrationReport, migration_plan
+from ..schema.probe import unique_installed
+from .job import Job
+from .job_queries import encode_specs, execute_statement, insert_jobs, jobs, spec_record
+from .job_queries import unique_results as unique_results_plan
+from .job_spec import (
+    JobSpec,
+    TaskSpec,
+    encode_payload,
+    local_run_at,
+    validate_identifier,
+    with_local_run_at,
+)
+from .payloads import NamedPayload, job_identity
+from .trace_context import carry
+from .unique import UniqueJobResult, UniqueRule, UniqueSpec, check_keys_payload, rules_for_specs
+
+__all__ = ["UtilsPlans", "add_job_params"]
+
+
+def add_job_params(
+    identifier: str, payload: Any, options: TaskSpec, use_local_time: bool = False
+) -> dict[str, Any]:
+    """The checked parameters of ``add_job`` (statements.add_job): the one place
+    they are built, for every way of adding one job. With ``use_local_time`` a
+    missing ``run_at`` is this process's time (see :func:`local_run_at`)."""
+    validate_identifier(identifier)
+    options.validate()
+    return {
+        "identifier": identifier,
+        "payload": encode_payload(payload),
+        "queue_name": options.queue_name,
+        "run_at": local_run_at(options.run_at, use_local_time),
+        "max_attempts": options.max_attempts,
+        "job_key": options.job_key,
+        "priority": options.priority,
+        "flags": list(options.flags) if options.flags is not None else None,
+        "job_key_mode": options.job_key_mode or "replace",
+    }
+
+
+class UtilsPlans:
+    """The plans of the WorkerUtils methods for one schema.
+
+    It also remembers whether the schema has the unique-jobs table (checked
+    once, on the connection of the first call that needs to know). Shared by
+    the threads of a SyncWorkerUtils: the worst a race does is check twice.
+    """
+
+    def __init__(self, schema: str, *, use_local_time: bool = False) -> None:
+        self.schema = schema
+        #: A job added without ``run_at`` gets this process's time (UTC), not
+        #: the database's now() (graphile-worker's ``useNodeTime``).
+        self.use_local_time = use_local_time
+        # Whether the unique-jobs table exists (None: not checked yet).
+        self._unique_tables: bool | None = None
+
+    def add_job(
+        self,
+        identifier: str | NamedPayload,
+        payload: Any,
+        options: TaskSpec,
+        unique: UniqueSpec | None,
+    ) -> Plan[Job | UniqueJobResult]:
+        """``add_job``, its keyword arguments but ``unique`` gathered in ``options``
+        (``identifier`` may be the payload, whose class names its task)."""
+        identifier, payload = job_identity(identifier, payload)
+        params = add_job_params(identifier, payload, options, self.use_local_time)
+        if unique is None:
+            statement, trace = carry(statements.add_job)  # the caller's trace context, if carried
+            return _first(jobs(self.schema, statement, {**params, **trace}))
+        rule = UniqueRule.coerce(unique).to_json()
+        check_keys_payload(rule, payload)
+        params["unique_rule"] = json.dumps(rule)
+        statement, trace = carry(statements.add_unique_job, unique=True)
+        return _first(unique_results_plan(self.schema, statement, {**params, **trace}))
+
+    def add_jobs(
+        self,
+        specs: Sequence[JobSpec | Mapping[str, Any]],
+        *,
+        job_key_preserve_run_at: bool,
+        unique: UniqueSpec | Sequence[UniqueSpec | None] | None,
+    ) -> Plan[list[Job] | list[UniqueJobResult]]:
+        """``add_jobs``."""
+        if self.use_local_time:
+            specs = with_local_run_at(specs)
+        if unique is None:
+            if not specs:
+                return _nothing([])
+            return insert_jobs(self.schema, specs, job_key_preserve_run_at)
+        records = [spec_record(raw, index) for index, raw in enumerate(specs)]
+        rules = rules_for_specs(unique, [record["payload"] for record in records])
+        if not records:
+            return _nothing([])
+        params = {
+            "specs": encode_specs(records),
+            "unique_rules": json.dumps(rules),
+            "job_key_preserve_run_at": job_key_preserve_run_at,
+        }
+        statement, trace = carry(statements.add_unique_jobs, unique=True, order_by="spec_index")
+        return unique_results_plan(self.schema, statement, {**params, **trace})
+
+    def remove_job(self, job_key: str) -> Plan[Job | None]:
+        """``remove_job``."""
+        if not isinstance(job_key, str) or not job_key:
+            raise JobSpecError("job_key", "must be a non-empty string")
+        return self._remove_job(job_key)
+
+    def _remove_job(self, job_key: str) -> Plan[Job | None]:
+        # A job an administrator removed no longer blocks its duplicates.
+        statement = (
+            statements.remove_job_releasing_unique_lock
+            if (yield from self._unique_installed())
+            else statements.remove_job
+        )
+        found = yield from jobs(self.schema, statement, {"job_key": job_key})
+        return found[0] if found else None
+
+    def complete_jobs(self, job_ids: Sequence[int]) -> Plan[list[Job]]:
+        """``complete_jobs``."""
+        return jobs(self.schema, statements.complete_jobs, {"job_ids": list(job_ids)})
+
+    def permanently_fail_jobs(self, job_ids: Sequence[int], reason: str | None) -> Plan[list[Job]]:
+        """``permanently_fail_jobs``."""
+        params = {"job_ids": list(job_ids), "error_message": reason}
+        return jobs(self.schema, statements.permanently_fail_jobs, params)
+
+    def reschedule_jobs(
+        self,
+        job_ids: Sequence[int],
+        *,
+        run_at: datetime | None,
+        priority: int | None,
+        attempts: int | None,
+        max_attempts: int | None,
+    ) -> Plan[list[Job]]:
+        """``reschedule_jobs``."""
+        TaskSpec(run_at=run_at, priority=priority, max_attempts=max_attempts).validate()
+        if attempts is not None and (isinstance(attempts, bool) or not 0 <= attempts <= 32767):
+            raise JobSpecError("attempts", f"is {attempts}; it must be between 0 and 32767")
+        params = {
+            "job_ids": list(job_ids),
+            "run_at": run_at,
+            "priority": priority,
+            "attempts": attempts,
+            "max_attempts": max_attempts,
+        }
+        return jobs(self.schema, statements.reschedule_jobs, params)
+
+    def force_unlock_workers(self, worker_ids: Sequence[str]) -> Plan[None]:
+        """``force_unlock_workers``."""
+        params = {"worker_ids": list(worker_ids)}
+        return execute_statement(self.schema, statements.force_unlock_workers, params)
+
+    def cleanup(
+        self, tasks: Sequence[CleanupTask], *, task_identifiers_to_keep: Sequence[str]
+    ) -> Plan[None]:
+        """``cleanup``: each task's statement, in :data:`CLEANUP_STATEMENTS`' order
+        (the facades run it in autocommit mode on their own connections)."""
+        check_cleanup_tasks(tasks)
+        return self._cleanup(tasks, list(task_identifiers_to_keep))
+
+    def _cleanup(self, tasks: Sequence[CleanupTask], keep: list[str]) -> Plan[None]:
+        for name, statement in CLEANUP_STATEMENTS.items():
+            if name not in tasks:
+                continue
+            if name == "GC_UNIQUE_LOCKS":
+                yield from self.gc_unique_locks()
+                continue
+            if name == "DELETE_PERMAFAILED_JOBS" and (yield from self._unique_installed()):
+                # A deleted job would otherwise look like a success to its lock.
+                statement = statements.delete_permafailed_jobs_releasing_unique_locks
+            yield from execute_statement(self.schema, statement, {"keep": keep})
+
+    def gc_unique_locks(self) -> Plan[int]:
+        """``gc_unique_locks`` (the facades run it in autocommit mode on their own
+        connections, so each batch is a transaction of its own)."""
+        if not (yield from self._unique_installed()):
+            return 0
+        return (yield from delete_unique_locks(self.schema))
+
+    def migrate(self) -> Plan[MigrationReport]:
+        """``migrate`` (in autocommit mode on the facades' own connections)."""
+        try:
+            return (yield from migration_plan(self.schema))
+        finally:
+            self._unique_tables = None
+
+    def _unique_installed(self) -> Plan[bool]:
+        """Whether this schema has the unique-jobs table (checked once)."""
+        if self._unique_tables is None:
+            self._unique_tables = yield from unique_installed(self.schema)
+        return self._unique_tables
+
+
+def _first(plan: Plan[list[Any]]) -> Plan[Any]:
+    """The first result of ``plan`` (a statement adding one job returns one row)."""
+    results = yield from plan
+    return results[0]
+
+
+def _nothing(value: Any) -> Plan[Any]:
+    """A plan that sends nothing and returns ``value``."""
+    return value
+    yield  # a generator

@@ -1,0 +1,192 @@
+"""The queue's depth by task and state, for metrics: one bounded query, cached.
+
+By task means the worker's own tasks, each on its own, and every other task
+of the queue together under :data:`OTHER_TASKS`: the number of series stays
+bounded by the worker's code, not by the task names found in the table.
+
+However often the metrics are scraped, and however large the queue, a worker
+sends at most one depth query every :data:`CACHE_SECONDS`, and that query
+reads at most :data:`SCAN_LIMIT` rows of the jobs table (more: the figures
+are lower bounds, and say so). It runs on the worker's connection pool, on
+the event loop; a scrape from another thread (prometheus-client's HTTP
+server, a threaded web app) waits for it, up to :data:`WAIT_SECONDS`. A
+scrape on the event loop's own thread (an ASGI app sharing the worker's
+loop) cannot wait: it gets the figures of the previous query, and the next
+scrape the new ones.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import threading
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from psycopg_pool import AsyncConnectionPool
+
+from ..db.retry import one_line
+from ..schema import statements
+from .status_statements import STATE_COUNTS
+
+if TYPE_CHECKING:
+    from .pool_view import ObservedPool
+
+__all__ = ["CACHE_SECONDS", "OTHER_TASKS", "SCAN_LIMIT", "STATES", "Depth", "QueueDepth"]
+
+logger = logging.getLogger("graphile_worker.metrics")
+
+#: The states of a job, as ``graphile-worker status`` counts them: every job is
+#: one of the first four; retrying counts the waiting and scheduled jobs that
+#: failed before.
+STATES = ("waiting", "scheduled", "locked", "permanently_failed", "retrying")
+#: The ``task`` label of the jobs of every task the worker does not run (in
+#: parentheses, unlike a usual task name; a task of the worker's so named
+#: would add up with them).
+OTHER_TASKS = "(other)"
+#: Seconds the figures are reused for.
+CACHE_SECONDS = 5.0
+#: Rows of the jobs table the query reads at most.
+SCAN_LIMIT = 100_000
+#: Seconds a scrape waits for a query (then it gets the previous figures).
+WAIT_SECONDS = 5.0
+
+# At most %(limit)s rows of the jobs table, in their physical order (a
+# sequential scan that stops there, no index: the cost is bounded whatever the
+# queue holds), counted by task id in the states of `graphile-worker status`
+# (status_statements.STATE_COUNTS), then in all; then each task id named, and
+# added up: the worker's tasks (%(tasks)s) one row each, every other task in
+# one row whose name is null. At most one row more than the worker has tasks,
+# whatever task names the table holds.
+_DEPTH = (
+    """
+  select
+    case when t.identifier = any(%(tasks)s::text[]) then t.identifier end,
+    sum(c.waiting)::bigint, sum(c.scheduled)::bigint, sum(c.locked)::bigint,
+    sum(c.permanently_failed)::bigint, sum(c.retrying)::bigint, sum(c.total)::bigint
+  from (
+    select
+      j.task_id,"""
+    + STATE_COUNTS
+    + """,
+      count(*)
+    from (
+      select j.task_id, j.run_at, j.attempts, j.max_attempts, j.locked_at
+      from {schema}._private_jobs as j
+      limit %(limit)s
+    ) as j
+    group by j.task_id
+  ) as c (task_id, waiting, scheduled, locked, permanently_failed, retrying, total)
+  join {schema}._private_tasks as t on t.id = c.task_id
+  group by 1
+"""
+)
+
+# The query gives up rather than hold a connection for long.
+_TIMEOUT = "set local statement_timeout = 5000"
+
+#: The clock of the cache (a module global, so that a test can move it).
+_clock = time.monotonic
+
+
+@dataclass(frozen=True)
+class Depth:
+    """Jobs by task: counts in the order of :data:`STATES`, for the worker's
+    tasks that have jobs and :data:`OTHER_TASKS` (the others' jobs, if any)."""
+
+    counts: dict[str, tuple[int, ...]]
+    #: The table held more rows than the query reads: the counts are lower bounds.
+    truncated: bool
+
+
+class QueueDepth:
+    """The cached depth figures of one worker pool's queue."""
+
+    def __init__(self, pool: ObservedPool, loop: asyncio.AbstractEventLoop) -> None:
+        self._pool = pool
+        self._loop = loop
+        self._loop_thread = threading.get_ident()
+        self._statement = statements.compose(_DEPTH, pool.options.schema)
+        self._lock = threading.Lock()
+        self._figures: Depth | None = None
+        self._read_at = -math.inf
+        #: Set when the query in flight is done (None: none in flight).
+        self._pending: threading.Event | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._closed = False
+        #: Queries sent so far.
+        self.queries = 0
+
+    def read(self) -> Depth | None:
+        """The figures (any thread), queried again when older than
+        :data:`CACHE_SECONDS`; None when they could not be read."""
+        with self._lock:
+            if self._closed or _clock() - self._read_at < CACHE_SECONDS:
+                return self._figures
+            pending = self._pending
+            if pending is None:
+                pending = self._pending = threading.Event()
+                try:
+                    self._loop.call_soon_threadsafe(self._start)
+                except RuntimeError:  # the loop is closed: the worker is gone
+                    self._pending = None
+                    return self._figures
+        if threading.get_ident() != self._loop_thread:
+            pending.wait(WAIT_SECONDS)
+        return self._figures
+
+    async def aclose(self) -> None:
+        """No more queries; the one in flight is cancelled and awaited."""
+        with self._lock:
+            self._closed = True
+            task = self._task
+        if task is not None:
+            task.cancel()
+            await asyncio.wait({task})
+
+    def _start(self) -> None:
+        """On the loop: start the query :meth:`read` asked for."""
+        if self._closed:
+            self._done(self._figures, -math.inf)
+            return
+        self._task = self._loop.create_task(self._refresh())
+
+    async def _refresh(self) -> None:
+        figures: Depth | None = None
+        read_at = -math.inf
+        try:
+            utils = self._pool.utils
+            if utils is not None:  # else the pool is not running: ask again next time
+                self.queries += 1
+                read_at = _clock()
+                figures = await self._query(utils.pool)
+        except Exception as exc:
+            logger.warning("Could not read the queue depth for the metrics: %s", one_line(exc))
+        finally:
+            self._done(figures, read_at)
+
+    def _done(self, figures: Depth | None, read_at: float) -> None:
+        with self._lock:
+            self._figures = figures
+            self._read_at = read_at
+            pending, self._pending = self._pending, None
+            self._task = None
+        if pending is not None:
+            pending.set()
+
+    async def _query(self, pool: AsyncConnectionPool[Any]) -> Depth:
+        params = {"limit": SCAN_LIMIT + 1, "tasks": sorted(self._pool.tasks)}
+        async with pool.connection() as conn, conn.transaction():
+            await conn.execute(_TIMEOUT)
+            cur = await conn.execute(self._statement, params)
+            rows = await cur.fetchall()
+        counts: dict[str, tuple[int, ...]] = {}
+        for row in rows:
+            # A worker's own task named like the bucket adds up with it.
+            task = OTHER_TASKS if row[0] is None else str(row[0])
+            before = counts.get(task, (0,) * len(STATES))
+            counts[task] = tuple(a + int(b) for a, b in zip(before, row[1:6], strict=True))
+        scanned = sum(int(row[6]) for row in rows)
+        return Depth(counts, truncated=scanned > SCAN_LIMIT)

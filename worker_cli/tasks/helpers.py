@@ -1,0 +1,185 @@
+"""What a task receives besides its payload: the job, a logger, the database."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
+from contextlib import asynccontextmanager
+from functools import cached_property
+from typing import Any, TypeVar, overload
+
+import psycopg
+from psycopg.rows import dict_row
+
+from ..jobs.job import Job
+from ..jobs.job_spec import JobSpec
+from ..jobs.payloads import NamedPayload, job_identity
+from ..jobs.unique import UniqueJobResult, UniqueSpec
+from ..jobs.worker_utils import WorkerUtils
+
+__all__ = ["Helpers", "JobLogger"]
+
+T = TypeVar("T")
+
+
+class JobLogger(logging.LoggerAdapter):  # type: ignore[type-arg]
+    """A logger whose lines start with ``[job(worker-…: task{id})]``; the records
+    also carry ``worker_id``, ``task_identifier``, ``job_id``, ``attempt`` and
+    ``max_attempts`` as attributes (fields of ``--log-format json``)."""
+
+    def process(self, msg: Any, kwargs: Any) -> tuple[Any, Any]:
+        extra = self.extra or {}
+        prefix = f"[job({extra['worker_id']}: {extra['task_identifier']}{{{extra['job_id']}}})]"
+        kwargs["extra"] = {**extra, **kwargs["extra"]} if kwargs.get("extra") else extra
+        return f"{prefix} {msg}", kwargs
+
+
+class Helpers:
+    """Per-job helpers, passed to ``task(payload, helpers)``.
+
+    - ``job``: the job being run (read-only; ``job.id``, ``job.attempts``, ...)
+    - ``logger``: a logger whose lines name the worker, the task and the job
+    - ``abort_signal``: an ``asyncio.Event`` set when the job must stop
+      (graceful-shutdown timeout); check ``abort_signal.is_set()``
+    - ``with_pg_client()``, ``query(sql, params)``: the worker's database pool
+    - ``add_job(...)``, ``add_jobs(...)``: as in WorkerUtils
+    - ``run(awaitable)``: from a plain (threaded) task, run one of the above on
+      the worker's event loop and return its result
+    """
+
+    def __init__(
+        self,
+        job: Job,
+        *,
+        worker_id: str,
+        utils: WorkerUtils,
+        abort_signal: asyncio.Event,
+        loop: asyncio.AbstractEventLoop | None = None,
+    ) -> None:
+        self.job = job
+        self.worker_id = worker_id
+        self.abort_signal = abort_signal
+        self._utils = utils
+        self._loop = loop or asyncio.get_running_loop()
+
+    @cached_property
+    def logger(self) -> JobLogger:
+        """A logger whose lines name the worker, the task and the job (made on first use)."""
+        job = self.job
+        return JobLogger(
+            logging.getLogger("graphile_worker.job"),
+            {
+                "worker_id": self.worker_id,
+                "task_identifier": job.task_identifier,
+                "job_id": job.id,
+                "attempt": job.attempts,
+                "max_attempts": job.max_attempts,
+            },
+        )
+
+    def get_queue_name(self) -> str | None:
+        """The name of the job's queue, or None."""
+        return self.job.queue_name
+
+    @asynccontextmanager
+    async def with_pg_client(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+        """A connection from the worker's pool for the duration of the block.
+
+        Helpers called inside the block (``query``, ``add_job``, a nested
+        ``with_pg_client``) use this same connection, and so any transaction open
+        on it, instead of waiting for another from a pool that may be exhausted.
+        """
+        async with self._utils.holding_connection() as conn:
+            yield conn
+
+    async def query(
+        self, sql: str, params: Sequence[Any] | Mapping[str, Any] | None = None
+    ) -> list[dict[str, Any]]:
+        """Run one statement on the worker's pool; returns its rows as dicts."""
+        async with self._utils.connection() as conn:
+            cur = await conn.cursor(row_factory=dict_row).execute(sql, params)
+            return await cur.fetchall() if cur.description else []
+
+    @overload
+    async def add_job(
+        self, identifier: str, payload: Any = None, *, unique: None = None, **options: Any
+    ) -> Job: ...
+
+    @overload
+    async def add_job(
+        self, identifier: str, payload: Any = None, *, unique: UniqueSpec, **options: Any
+    ) -> UniqueJobResult: ...
+
+    @overload
+    async def add_job(
+        self, payload: NamedPayload, /, *, unique: None = None, **options: Any
+    ) -> Job: ...
+
+    @overload
+    async def add_job(
+        self, payload: NamedPayload, /, *, unique: UniqueSpec, **options: Any
+    ) -> UniqueJobResult: ...
+
+    # mypy: with **options, the overloads taking the payload first would also
+    # take identifier= as an option; the implementation refuses that, as it should.
+    async def add_job(  # type: ignore[misc]
+        self,
+        identifier: str | NamedPayload,
+        payload: Any = None,
+        *,
+        unique: UniqueSpec | None = None,
+        **options: Any,
+    ) -> Job | UniqueJobResult:
+        """Add a job (options as WorkerUtils.add_job, ``unique`` included); a
+        payload whose class names its task needs no identifier."""
+        identifier, payload = job_identity(identifier, payload)
+        if unique is None:
+            job: Job = await self._utils.add_job(identifier, payload, **options)
+            return job
+        result: UniqueJobResult = await self._utils.add_job(
+            identifier, payload, unique=unique, **options
+        )
+        return result
+
+    @overload
+    async def add_jobs(
+        self,
+        specs: Sequence[JobSpec | Mapping[str, Any]],
+        *,
+        job_key_preserve_run_at: bool = False,
+        unique: None = None,
+    ) -> list[Job]: ...
+
+    @overload
+    async def add_jobs(
+        self,
+        specs: Sequence[JobSpec | Mapping[str, Any]],
+        *,
+        job_key_preserve_run_at: bool = False,
+        unique: UniqueSpec | Sequence[UniqueSpec | None],
+    ) -> list[UniqueJobResult]: ...
+
+    async def add_jobs(
+        self,
+        specs: Sequence[JobSpec | Mapping[str, Any]],
+        *,
+        job_key_preserve_run_at: bool = False,
+        unique: UniqueSpec | Sequence[UniqueSpec | None] | None = None,
+    ) -> list[Job] | list[UniqueJobResult]:
+        """Add several jobs (as WorkerUtils.add_jobs, ``unique`` included)."""
+        if unique is None:
+            return await self._utils.add_jobs(
+                specs, job_key_preserve_run_at=job_key_preserve_run_at
+            )
+        return await self._utils.add_jobs(
+            specs, job_key_preserve_run_at=job_key_preserve_run_at, unique=unique
+        )
+
+    def run(self, awaitable: Awaitable[T]) -> T:
+        """From a plain task's thread: run ``awaitable`` on the worker's loop, wait for it."""
+
+        async def wrapper() -> T:
+            return await awaitable
+
+        return asyncio.run_coroutine_threadsafe(wrapper(), self._loop).result()
