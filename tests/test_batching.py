@@ -345,7 +345,9 @@ async def test_a_fetch_whose_commit_fails_starts_no_job(
 
     caplog.set_level("INFO")
     await run_once(db, task_list={"t": t}, no_handle_signals=True, concurrency=2)
-    assert value(db, "select nextval('test_locking_commits')") > 2  # the fault happened
+    # The fault happened: the first locking commit failed (one row seen by the
+    # trigger, 1), then each job's lock committed once (2, 3, 4).
+    assert value(db, "select nextval('test_locking_commits')") == 5
     assert sorted(ran) == [(0, True), (1, True), (2, True)]  # each once, while locked
     assert value(db, "select count(*) from graphile_worker.jobs") == 0
     assert any("Failed to fetch jobs" in r.getMessage() for r in caplog.records)
@@ -364,6 +366,10 @@ async def test_a_named_queue_job_never_starts_before_its_lock_is_committed(
 
     caplog.set_level("INFO")
     await run_once(db, task_list={"t": t}, no_handle_signals=True, concurrency=2)
+    # The fault happened: the first locking commit was refused (one row seen
+    # by the trigger, 1), then each job's lock committed once (2, 3).
+    assert value(db, "select nextval('test_locking_commits')") == 4
+    assert any("Failed to fetch jobs" in r.getMessage() for r in caplog.records)
     # The first job in order is in a named queue: nothing started before the
     # (refused) commit, and each job ran once after the fetch was retried.
     assert sorted(ran) == [0, 1]
