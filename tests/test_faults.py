@@ -287,9 +287,9 @@ def test_sigterm_under_load_finishes_running_and_returns_fetched_jobs(
     assert code == 0, worker.log()
     assert "returned 500 unstarted job(s)" in worker.log()
     # The 50 running jobs finished (once each); the rest are as if never fetched.
-    assert rows(db, "select count(distinct job_id) as jobs, max(attempt) from public.runs") == [
-        {"jobs": 50, "max": 1}
-    ]
+    assert rows(
+        db, "select count(*) as runs, count(distinct job_id) as jobs, max(attempt) from public.runs"
+    ) == [{"runs": 50, "jobs": 50, "max": 1}]
     assert rows(
         db,
         "select count(*), max(attempts), count(locked_by) as locked "
