@@ -163,25 +163,40 @@ def test_released_job_keeps_its_attempt_and_says_why(db: str, tmp_path: Path) ->
     # Only the one attempt it had: once released it is failed for good, with the reason.
     folder = hanging_task(tmp_path)
     create_runs(db)
-    job_id = int(
-        value(
-            db,
-            "select id from graphile_worker.add_job('hang', '{\"sleep\": 60}', max_attempts => 1)",
-        )
+    [added] = rows(
+        db,
+        "select id, run_at from graphile_worker.add_job('hang', '{\"sleep\": 60}', "
+        "max_attempts => 1)",
     )
+    job_id = added["id"]
     doomed = Worker(db, folder, *HEARTBEAT)
     wait_until(lambda: locked_by(db, job_id) is not None, 30, "the job to be taken")
     dead_pool = locked_by(db, job_id)
     kill(db, doomed)
     survivor = Worker(db, folder, *HEARTBEAT)
     wait_until(lambda: locked_by(db, job_id) is None, TIMEOUT + 10, "the release")
-    time.sleep(0.5)  # the survivor must not run it: no attempt is left
+    # The survivor must not run it: no attempt is left (and its run_at is kept,
+    # checked below: were it runnable, it would be at once). A job added now,
+    # behind it (a lower priority), runs on the survivor's single slot only
+    # after the released one would have: once that one has run, the released
+    # one had its chance.
+    marker = int(
+        value(db, "select id from graphile_worker.add_job('hang', '{\"sleep\": 0}', priority => 1)")
+    )
+    wait_until(
+        lambda: value(db, "select count(*) from public.runs where job_id = %s", (marker,)) == 1,
+        15,
+        "the job added after the release to run",
+    )
     assert sigterm_all([survivor]) == [0]
-    [job] = rows(db, "select attempts, max_attempts, last_error from graphile_worker.jobs")
-    assert (job["attempts"], job["max_attempts"]) == (1, 1)
+    assert rows(db, "select job_id from public.runs") == [{"job_id": marker}]
+    [job] = rows(
+        db, "select id, attempts, max_attempts, run_at, last_error from graphile_worker.jobs"
+    )
+    assert (job["id"], job["attempts"], job["max_attempts"]) == (job_id, 1, 1)
+    assert job["run_at"] == added["run_at"]
     assert job["last_error"].startswith(f"the worker pool {dead_pool} (host ")
     assert "was declared dead: no heartbeat since" in job["last_error"]
-    assert value(db, "select count(*) from public.runs") == 0
 
 
 @pytest.mark.node
