@@ -814,7 +814,22 @@ def test_clock_skew_does_not_run_future_jobs_early(db: str, tmp_path: Path) -> N
             Worker(db, folder, "--poll-interval", "200", *beat, env=faketime_env(offset))
         )
     wait_until(lambda: value(db, "select count(*) from public.runs") == 4, 20, "4 due jobs")
-    time.sleep(1.0)  # enough for a 'later' job to be taken if anything trusted the clocks
+    # A job due now, behind the 'later' ones (a lower priority), for each
+    # worker: a 'later' job that a worker trusting its clock took for due would
+    # be fetched before it and run first on the worker's single slot. Once both
+    # have run, the fetches that took them had their chance to take it.
+    for task in ("ahead", "behind"):
+        jobs[task, "marker"] = value(
+            db, "select id from graphile_worker.add_job(%s, priority => 1)", (task,)
+        )
+    markers = [jobs["ahead", "marker"], jobs["behind", "marker"]]
+    wait_until(
+        lambda: (
+            value(db, "select count(*) from public.runs where job_id = any(%s)", (markers,)) == 2
+        ),
+        20,
+        "the 2 markers to run",
+    )
     assert sigterm_all(workers) == [0, 0]
     runs = rows(
         db,
@@ -822,7 +837,7 @@ def test_clock_skew_does_not_run_future_jobs_early(db: str, tmp_path: Path) -> N
         "from public.runs as r left join graphile_worker._private_jobs as j on j.id = r.job_id",
     )
     assert sorted(r["job_id"] for r in runs) == sorted(
-        jobs[task, label] for task in ("ahead", "behind") for label in ("past", "soon")
+        jobs[task, label] for task in ("ahead", "behind") for label in ("past", "soon", "marker")
     )
     for one in runs:
         offset = (one["worker_clock"] - one["started"]).total_seconds()
