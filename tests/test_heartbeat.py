@@ -23,6 +23,7 @@ from fault_helpers import (
     record_tasks,
     sigkill_drain,
     sigterm_all,
+    started_worker,
     wait_until,
 )
 from node_worker import NodeWorker
@@ -288,16 +289,55 @@ def test_a_frozen_pool_declared_dead_says_so_and_beats_again(db: str, tmp_path: 
     assert rows(db, HEARTBEATS) == []
 
 
+# Runs until the test inserts into public.go (it ignores abort_signal), then
+# records its run.
+RUNS_UNTIL_GO = """\
+import asyncio, os
+
+
+async def task(payload, helpers):
+    while not (await helpers.query("select count(*) as n from public.go"))[0]["n"]:
+        await asyncio.sleep(0.05)
+    await helpers.query(
+        "insert into public.runs (job_id, pool, pid, attempt, finished) "
+        "values (%s, %s, %s, %s, clock_timestamp())",
+        (helpers.job.id, helpers.job.locked_by, os.getpid(), helpers.job.attempts),
+    )
+"""
+
+
 def test_a_long_graceful_shutdown_keeps_beating(db: str, tmp_path: Path) -> None:
     """A pool finishing a job for longer than the timeout after SIGTERM is not dead."""
-    folder = hanging_task(tmp_path)
+    (tmp_path / "tasks").mkdir()
+    (tmp_path / "tasks" / "until_go.py").write_text(RUNS_UNTIL_GO)
+    rows(db, "create table public.go (n int)")
     create_runs(db)
-    stopping = Worker(db, folder, *HEARTBEAT)
-    job_id = add_hanging_job(db, TIMEOUT + 2 * INTERVAL + 1)
+    stopping = Worker(db, tmp_path, *HEARTBEAT)
+    job_id = int(value(db, "select id from graphile_worker.add_job('until_go')"))
     wait_until(lambda: locked_by(db, job_id) is not None, 30, "the job to be taken")
-    watcher = Worker(db, folder, "--poll-interval", "100", *HEARTBEAT)
+    watcher = started_worker(db, Worker(db, tmp_path, "--poll-interval", "100", *HEARTBEAT))
     stopping.signal(signal.SIGTERM)  # the job ignores abort_signal: the stop waits for it
-    assert stopping.wait(TIMEOUT + 15) == 0
+    wait_until(lambda: "stopping (SIGTERM received)" in stopping.log(), 10, "the graceful stop")
+    stop_began_by = value(db, "select now()")
+    # Until the watcher has been beating (and looking for dead pools) for longer
+    # than a timeout plus two intervals since the stop began, by the database's
+    # clock: a pool that stopped beating then would have been declared dead.
+    wait_until(
+        lambda: (
+            value(
+                db,
+                "select coalesce(max(extract(epoch from beat_at - greatest(started_at, %s))), 0) "
+                "from graphile_worker._private_py_heartbeats where pid = %s",
+                (stop_began_by, watcher.pid),
+            )
+            > TIMEOUT + 2 * INTERVAL
+        ),
+        TIMEOUT + 30,
+        "the watcher to watch the stopping pool for longer than a timeout",
+    )
+    assert stopping.proc.poll() is None  # still waiting for its job
+    rows(db, "insert into public.go values (1)")
+    assert stopping.wait(30) == 0
     assert sigterm_all([watcher]) == [0]
     assert rows(db, "select attempt from public.runs") == [{"attempt": 1}]  # ran once
     assert "declared worker pool" not in watcher.log()
