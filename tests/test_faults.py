@@ -208,11 +208,12 @@ def test_database_outage_loses_nothing_and_listen_resumes(
 
 
 LIBRARY_WORKER = """\
-import asyncio, json, logging, os, sys
+import asyncio, json, logging, os, signal, sys
 
 from worker_cli import run
 
 logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+GO = asyncio.Event()  # set by SIGUSR1
 
 
 async def slow(payload, helpers):
@@ -223,8 +224,9 @@ async def slow(payload, helpers):
             await conn.execute(started, (helpers.job.id,))
             await helpers.abort_signal.wait()
     else:
+        # Run until the worker gets SIGUSR1.
         await helpers.query(started, (helpers.job.id,))
-        await asyncio.sleep(payload["sleep"])
+        await GO.wait()
     await helpers.query(
         "insert into public.runs (job_id, pool, pid, attempt, started, finished) "
         "values (%s, %s, %s, %s, %s, clock_timestamp())",
@@ -234,6 +236,7 @@ async def slow(payload, helpers):
 
 
 async def main():
+    asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, GO.set)
     runner = await run(sys.argv[1], task_list={"slow": slow}, **json.loads(sys.argv[2]))
     await runner
     sys.exit(runner.exit_code)
@@ -267,7 +270,7 @@ def test_sigterm_under_load_finishes_running_and_returns_fetched_jobs(
     db: str, tmp_path: Path
 ) -> None:
     create_runs(db)
-    add_slow_jobs(db, 600, '{"sleep": 1.5}')
+    add_slow_jobs(db, 600, "{}")
     worker = library_worker(
         db,
         tmp_path,
@@ -281,7 +284,10 @@ def test_sigterm_under_load_finishes_running_and_returns_fetched_jobs(
     assert value(db, "select count(*) from public.runs") == 0  # none has finished yet
     worker.signal(signal.SIGTERM)
     signalled = time.monotonic()
+    # The jobs run until SIGUSR1: the unstarted ones come back meanwhile.
     returned_in = wait_until(lambda: value(db, LOCKED) <= 50, 5, "the unstarted jobs' return")
+    assert value(db, LOCKED) == 50
+    worker.signal(signal.SIGUSR1)
     code = worker.wait(10)
     exited_in = time.monotonic() - signalled
     assert code == 0, worker.log()
