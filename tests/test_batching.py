@@ -5,10 +5,12 @@ from __future__ import annotations
 import asyncio
 import math
 import os
+import queue
 import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -84,6 +86,27 @@ async def test_a_fetch_never_locks_a_job_of_a_named_queue_it_does_not_hold(
 CRASHING_WORKER = """
 import asyncio, sys
 from worker_cli import run
+from worker_cli.worker.fetcher import Fetcher
+from worker_cli.worker.listener import Listener
+
+# One line each time the fetcher decides how many jobs to fetch ("plan 0": none),
+# and each time a notification comes in.
+plan, notified = Fetcher._plan, Listener._notified
+
+
+def reported_plan(self):
+    count = plan(self)
+    print("plan", count, flush=True)
+    return count
+
+
+def reported_notification(self, channel, payload):
+    print("notified", channel, flush=True)
+    notified(self, channel, payload)
+
+
+Fetcher._plan, Listener._notified = reported_plan, reported_notification
+
 
 async def slow(payload, helpers):
     await asyncio.sleep(60)
@@ -107,19 +130,46 @@ def test_a_crashed_worker_holds_no_more_than_its_local_queue(db: str, tmp_path: 
     script = tmp_path / "worker.py"
     script.write_text(CRASHING_WORKER)
     proc = subprocess.Popen(
-        [sys.executable, str(script), db], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        [sys.executable, str(script), db],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
+    lines: queue.Queue[str | None] = queue.Queue()
+
+    def read(stream: Any) -> None:
+        for line in stream:
+            lines.put(line.strip())
+        lines.put(None)
+
+    threading.Thread(target=read, args=(proc.stdout,), daemon=True).start()
+
+    def next_line(what: str) -> str:
+        try:
+            line = lines.get(timeout=30)
+        except queue.Empty:
+            raise AssertionError(f"timed out waiting for {what}") from None
+        assert line is not None, proc.stderr.read() if proc.stderr else ""
+        return line
+
     locked = "select count(*) from graphile_worker._private_jobs where locked_by is not null"
-    deadline = time.monotonic() + 30
-    while value(db, locked) < 10:
-        assert time.monotonic() < deadline and proc.poll() is None, (
-            proc.stderr.read() if proc.stderr else ""
-        )
-        time.sleep(0.05)
-    time.sleep(0.3)  # it would fetch more now if it were going to
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
-    assert value(db, locked) == 10  # 3 running + 7 fetched ahead, of 50
+    try:
+        # The fetcher fetches (3 running + 7 ahead), then decides to fetch
+        # nothing more: any further fetch would have come before that decision.
+        while (line := next_line("the fetcher to settle")) != "plan 0":
+            assert value(db, locked) <= 10, line  # what the fetches before it locked
+        assert value(db, locked) == 10
+        # News of a new job makes it decide again: still nothing.
+        rows(db, "select graphile_worker.add_job('slow')")
+        while next_line("the notification") != "notified jobs:insert":
+            pass
+        while not (line := next_line("a decision after the notification")).startswith("plan"):
+            pass
+        assert line == "plan 0"
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert value(db, locked) == 10  # 3 running + 7 fetched ahead, of 51
     # Attempts were counted only for those ten.
     assert value(db, "select count(*) from graphile_worker._private_jobs where attempts > 0") == 10
 
@@ -341,13 +391,17 @@ async def test_a_fetch_whose_commit_fails_starts_no_job(
         [row] = await helpers.query(
             "select locked_by from graphile_worker._private_jobs where id = %s", (helpers.job.id,)
         )
-        assert helpers.job.locked_by is not None
-        ran.append((payload["n"], row["locked_by"] == helpers.job.locked_by))
+        ran.append((payload["n"], helpers.job.locked_by, row["locked_by"]))
 
     caplog.set_level("INFO")
     await run_once(db, task_list={"t": t}, no_handle_signals=True, concurrency=2)
-    assert value(db, "select nextval('test_locking_commits')") > 2  # the fault happened
-    assert sorted(ran) == [(0, True), (1, True), (2, True)]  # each once, while locked
+    # The fault happened: the first locking commit failed (one row seen by the
+    # trigger, 1), then each job's lock committed once (2, 3, 4).
+    assert value(db, "select nextval('test_locking_commits')") == 5
+    # Each once, its row locked by the pool that ran it (checked here, not in
+    # the task, where a failed assertion would only fail the job).
+    assert sorted(n for n, _, _ in ran) == [0, 1, 2], ran
+    assert all(mine is not None and seen == mine for _, mine, seen in ran), ran
     assert value(db, "select count(*) from graphile_worker.jobs") == 0
     assert any("Failed to fetch jobs" in r.getMessage() for r in caplog.records)
 
@@ -365,6 +419,10 @@ async def test_a_named_queue_job_never_starts_before_its_lock_is_committed(
 
     caplog.set_level("INFO")
     await run_once(db, task_list={"t": t}, no_handle_signals=True, concurrency=2)
+    # The fault happened: the first locking commit was refused (one row seen
+    # by the trigger, 1), then each job's lock committed once (2, 3).
+    assert value(db, "select nextval('test_locking_commits')") == 4
+    assert any("Failed to fetch jobs" in r.getMessage() for r in caplog.records)
     # The first job in order is in a named queue: nothing started before the
     # (refused) commit, and each job ran once after the fetch was retried.
     assert sorted(ran) == [0, 1]

@@ -208,11 +208,12 @@ def test_database_outage_loses_nothing_and_listen_resumes(
 
 
 LIBRARY_WORKER = """\
-import asyncio, json, logging, os, sys
+import asyncio, json, logging, os, signal, sys
 
 from worker_cli import run
 
 logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+GO = asyncio.Event()  # set by SIGUSR1
 
 
 async def slow(payload, helpers):
@@ -223,8 +224,9 @@ async def slow(payload, helpers):
             await conn.execute(started, (helpers.job.id,))
             await helpers.abort_signal.wait()
     else:
+        # Run until the worker gets SIGUSR1.
         await helpers.query(started, (helpers.job.id,))
-        await asyncio.sleep(payload["sleep"])
+        await GO.wait()
     await helpers.query(
         "insert into public.runs (job_id, pool, pid, attempt, started, finished) "
         "values (%s, %s, %s, %s, %s, clock_timestamp())",
@@ -234,6 +236,7 @@ async def slow(payload, helpers):
 
 
 async def main():
+    asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, GO.set)
     runner = await run(sys.argv[1], task_list={"slow": slow}, **json.loads(sys.argv[2]))
     await runner
     sys.exit(runner.exit_code)
@@ -267,7 +270,7 @@ def test_sigterm_under_load_finishes_running_and_returns_fetched_jobs(
     db: str, tmp_path: Path
 ) -> None:
     create_runs(db)
-    add_slow_jobs(db, 600, '{"sleep": 1.5}')
+    add_slow_jobs(db, 600, "{}")
     worker = library_worker(
         db,
         tmp_path,
@@ -281,15 +284,18 @@ def test_sigterm_under_load_finishes_running_and_returns_fetched_jobs(
     assert value(db, "select count(*) from public.runs") == 0  # none has finished yet
     worker.signal(signal.SIGTERM)
     signalled = time.monotonic()
+    # The jobs run until SIGUSR1: the unstarted ones come back meanwhile.
     returned_in = wait_until(lambda: value(db, LOCKED) <= 50, 5, "the unstarted jobs' return")
+    assert value(db, LOCKED) == 50
+    worker.signal(signal.SIGUSR1)
     code = worker.wait(10)
     exited_in = time.monotonic() - signalled
     assert code == 0, worker.log()
     assert "returned 500 unstarted job(s)" in worker.log()
     # The 50 running jobs finished (once each); the rest are as if never fetched.
-    assert rows(db, "select count(distinct job_id) as jobs, max(attempt) from public.runs") == [
-        {"jobs": 50, "max": 1}
-    ]
+    assert rows(
+        db, "select count(*) as runs, count(distinct job_id) as jobs, max(attempt) from public.runs"
+    ) == [{"runs": 50, "jobs": 50, "max": 1}]
     assert rows(
         db,
         "select count(*), max(attempts), count(locked_by) as locked "
@@ -814,7 +820,22 @@ def test_clock_skew_does_not_run_future_jobs_early(db: str, tmp_path: Path) -> N
             Worker(db, folder, "--poll-interval", "200", *beat, env=faketime_env(offset))
         )
     wait_until(lambda: value(db, "select count(*) from public.runs") == 4, 20, "4 due jobs")
-    time.sleep(1.0)  # enough for a 'later' job to be taken if anything trusted the clocks
+    # A job due now, behind the 'later' ones (a lower priority), for each
+    # worker: a 'later' job that a worker trusting its clock took for due would
+    # be fetched before it and run first on the worker's single slot. Once both
+    # have run, the fetches that took them had their chance to take it.
+    for task in ("ahead", "behind"):
+        jobs[task, "marker"] = value(
+            db, "select id from graphile_worker.add_job(%s, priority => 1)", (task,)
+        )
+    markers = [jobs["ahead", "marker"], jobs["behind", "marker"]]
+    wait_until(
+        lambda: (
+            value(db, "select count(*) from public.runs where job_id = any(%s)", (markers,)) == 2
+        ),
+        20,
+        "the 2 markers to run",
+    )
     assert sigterm_all(workers) == [0, 0]
     runs = rows(
         db,
@@ -822,7 +843,7 @@ def test_clock_skew_does_not_run_future_jobs_early(db: str, tmp_path: Path) -> N
         "from public.runs as r left join graphile_worker._private_jobs as j on j.id = r.job_id",
     )
     assert sorted(r["job_id"] for r in runs) == sorted(
-        jobs[task, label] for task in ("ahead", "behind") for label in ("past", "soon")
+        jobs[task, label] for task in ("ahead", "behind") for label in ("past", "soon", "marker")
     )
     for one in runs:
         offset = (one["worker_clock"] - one["started"]).total_seconds()

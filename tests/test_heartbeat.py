@@ -23,6 +23,7 @@ from fault_helpers import (
     record_tasks,
     sigkill_drain,
     sigterm_all,
+    started_worker,
     wait_until,
 )
 from node_worker import NodeWorker
@@ -163,25 +164,40 @@ def test_released_job_keeps_its_attempt_and_says_why(db: str, tmp_path: Path) ->
     # Only the one attempt it had: once released it is failed for good, with the reason.
     folder = hanging_task(tmp_path)
     create_runs(db)
-    job_id = int(
-        value(
-            db,
-            "select id from graphile_worker.add_job('hang', '{\"sleep\": 60}', max_attempts => 1)",
-        )
+    [added] = rows(
+        db,
+        "select id, run_at from graphile_worker.add_job('hang', '{\"sleep\": 60}', "
+        "max_attempts => 1)",
     )
+    job_id = added["id"]
     doomed = Worker(db, folder, *HEARTBEAT)
     wait_until(lambda: locked_by(db, job_id) is not None, 30, "the job to be taken")
     dead_pool = locked_by(db, job_id)
     kill(db, doomed)
     survivor = Worker(db, folder, *HEARTBEAT)
     wait_until(lambda: locked_by(db, job_id) is None, TIMEOUT + 10, "the release")
-    time.sleep(0.5)  # the survivor must not run it: no attempt is left
+    # The survivor must not run it: no attempt is left (and its run_at is kept,
+    # checked below: were it runnable, it would be at once). A job added now,
+    # behind it (a lower priority), runs on the survivor's single slot only
+    # after the released one would have: once that one has run, the released
+    # one had its chance.
+    marker = int(
+        value(db, "select id from graphile_worker.add_job('hang', '{\"sleep\": 0}', priority => 1)")
+    )
+    wait_until(
+        lambda: value(db, "select count(*) from public.runs where job_id = %s", (marker,)) == 1,
+        15,
+        "the job added after the release to run",
+    )
     assert sigterm_all([survivor]) == [0]
-    [job] = rows(db, "select attempts, max_attempts, last_error from graphile_worker.jobs")
-    assert (job["attempts"], job["max_attempts"]) == (1, 1)
+    assert rows(db, "select job_id from public.runs") == [{"job_id": marker}]
+    [job] = rows(
+        db, "select id, attempts, max_attempts, run_at, last_error from graphile_worker.jobs"
+    )
+    assert (job["id"], job["attempts"], job["max_attempts"]) == (job_id, 1, 1)
+    assert job["run_at"] == added["run_at"]
     assert job["last_error"].startswith(f"the worker pool {dead_pool} (host ")
     assert "was declared dead: no heartbeat since" in job["last_error"]
-    assert value(db, "select count(*) from public.runs") == 0
 
 
 @pytest.mark.node
@@ -273,16 +289,55 @@ def test_a_frozen_pool_declared_dead_says_so_and_beats_again(db: str, tmp_path: 
     assert rows(db, HEARTBEATS) == []
 
 
+# Runs until the test inserts into public.go (it ignores abort_signal), then
+# records its run.
+RUNS_UNTIL_GO = """\
+import asyncio, os
+
+
+async def task(payload, helpers):
+    while not (await helpers.query("select count(*) as n from public.go"))[0]["n"]:
+        await asyncio.sleep(0.05)
+    await helpers.query(
+        "insert into public.runs (job_id, pool, pid, attempt, finished) "
+        "values (%s, %s, %s, %s, clock_timestamp())",
+        (helpers.job.id, helpers.job.locked_by, os.getpid(), helpers.job.attempts),
+    )
+"""
+
+
 def test_a_long_graceful_shutdown_keeps_beating(db: str, tmp_path: Path) -> None:
     """A pool finishing a job for longer than the timeout after SIGTERM is not dead."""
-    folder = hanging_task(tmp_path)
+    (tmp_path / "tasks").mkdir()
+    (tmp_path / "tasks" / "until_go.py").write_text(RUNS_UNTIL_GO)
+    rows(db, "create table public.go (n int)")
     create_runs(db)
-    stopping = Worker(db, folder, *HEARTBEAT)
-    job_id = add_hanging_job(db, TIMEOUT + 2 * INTERVAL + 1)
+    stopping = Worker(db, tmp_path, *HEARTBEAT)
+    job_id = int(value(db, "select id from graphile_worker.add_job('until_go')"))
     wait_until(lambda: locked_by(db, job_id) is not None, 30, "the job to be taken")
-    watcher = Worker(db, folder, "--poll-interval", "100", *HEARTBEAT)
+    watcher = started_worker(db, Worker(db, tmp_path, "--poll-interval", "100", *HEARTBEAT))
     stopping.signal(signal.SIGTERM)  # the job ignores abort_signal: the stop waits for it
-    assert stopping.wait(TIMEOUT + 15) == 0
+    wait_until(lambda: "stopping (SIGTERM received)" in stopping.log(), 10, "the graceful stop")
+    stop_began_by = value(db, "select now()")
+    # Until the watcher has been beating (and looking for dead pools) for longer
+    # than a timeout plus two intervals since the stop began, by the database's
+    # clock: a pool that stopped beating then would have been declared dead.
+    wait_until(
+        lambda: (
+            value(
+                db,
+                "select coalesce(max(extract(epoch from beat_at - greatest(started_at, %s))), 0) "
+                "from graphile_worker._private_py_heartbeats where pid = %s",
+                (stop_began_by, watcher.pid),
+            )
+            > TIMEOUT + 2 * INTERVAL
+        ),
+        TIMEOUT + 30,
+        "the watcher to watch the stopping pool for longer than a timeout",
+    )
+    assert stopping.proc.poll() is None  # still waiting for its job
+    rows(db, "insert into public.go values (1)")
+    assert stopping.wait(30) == 0
     assert sigterm_all([watcher]) == [0]
     assert rows(db, "select attempt from public.runs") == [{"attempt": 1}]  # ran once
     assert "declared worker pool" not in watcher.log()
@@ -339,9 +394,11 @@ async def test_a_heartbeat_that_cannot_start_closes_its_connection(db: str) -> N
 
     with pytest.raises(psycopg.errors.UndefinedTable) as failure:
         await run(db, task_list={"t": t}, no_handle_signals=True, heartbeat_interval=0.5)
-    # Every connection of the worker is closed (the error, kept alive here,
-    # still refers to the heartbeat).
-    assert failure.value is not None
+    # The heartbeat's own error (its table is missing), raised by its first
+    # beat: its traceback, kept alive here, still refers to the heartbeat.
+    assert '"graphile_worker._private_py_heartbeats" does not exist' in str(failure.value)
+    assert any(Path(entry.path).name == "heartbeat.py" for entry in failure.traceback)
+    # Every connection of the worker is closed all the same.
     wait_until(
         lambda: (
             value(
