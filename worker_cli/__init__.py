@@ -23,6 +23,7 @@ from .errors import (
 from .jobs.job import Job
 from .jobs.job_spec import JobKeyMode, JobSpec, TaskSpec
 from .jobs.payloads import NamedPayload
+from .jobs.results import JobResult, JobState, ResultUnavailable
 from .jobs.unique import UniqueJobResult, UniqueRule, UniqueRuleError
 from .jobs.worker_utils import CleanupTask, WorkerUtils, make_worker_utils, quick_add_job
 from .observe.events import Events
@@ -45,13 +46,16 @@ __all__ = [
     "IncompatibleSchemaError",
     "Job",
     "JobKeyMode",
+    "JobResult",
     "JobSpec",
     "JobSpecError",
+    "JobState",
     "MigrationError",
     "MigrationReport",
     "NamedPayload",
     "ParsedCronItem",
     "PayloadError",
+    "ResultUnavailable",
     "Runner",
     "SchemaNotInstalledError",
     "SyncWorkerUtils",

@@ -150,27 +150,21 @@ async def run(
     heartbeat_interval: float | None = WorkerOptions.heartbeat_interval,
     heartbeat_timeout: float = WorkerOptions.heartbeat_timeout,
     use_local_time: bool = WorkerOptions.use_local_time,
+    history: bool = WorkerOptions.history,
+    max_result_bytes: int = WorkerOptions.max_result_bytes,
     tracing: bool = False,
     metrics_registry: CollectorRegistry | None = None,
 ) -> Runner:
     """Migrate, load the tasks and start a worker pool; returns once it is running.
 
-    The worker's settings default to :class:`WorkerOptions`'s; ``schema``
-    defaults to ``GRAPHILE_WORKER_SCHEMA``, then to that, and ``log_success``
-    to true unless ``NO_LOG_SUCCESS`` is set. ``poll_interval`` and
-    ``complete_job_batch_delay`` are in seconds. Exactly one of ``task_list``
-    (identifier -> callable) and ``task_directory`` is needed. Recurring jobs
-    come from at most one of ``crontab`` (its text), ``crontab_file`` and
-    ``parsed_cron_items`` (see ``parse_crontab``/``parse_cron_items``); cron
-    does not run with ``once``. With ``once`` and a ``progress_interval``
-    (seconds), a progress line (jobs done, rate, jobs remaining) is logged
-    that often, and a total at the end.
-
-    Heartbeats: every ``heartbeat_interval`` seconds (30; None or 0: off) the
-    pool records that it is alive; a pool silent for its ``heartbeat_timeout``
-    (300 s) is declared dead and its jobs are released. ``use_local_time``: see
-    WorkerOptions. ``tracing`` (``worker_cli.observe.tracing``) and ``metrics_registry``
-    (``worker_cli.observe.metrics``) need their extras; off, none of their code runs."""
+    The settings default to :class:`WorkerOptions`'s (see its fields);
+    ``schema`` to ``GRAPHILE_WORKER_SCHEMA``, ``log_success`` to true unless
+    ``NO_LOG_SUCCESS`` is set; times are in seconds. Exactly one of
+    ``task_list`` (identifier -> callable) and ``task_directory``; at most one
+    of ``crontab`` (its text), ``crontab_file`` and ``parsed_cron_items``
+    (cron does not run with ``once``). With ``once``, a progress line every
+    ``progress_interval`` seconds. ``tracing`` and ``metrics_registry`` need
+    their extras; off, none of their code runs."""
     database = resolve_database(connection_string, schema)
     tasks = load_tasks(task_list, task_directory)
     cron_items = load_cron_items(crontab, crontab_file, parsed_cron_items)
@@ -193,6 +187,8 @@ async def run(
         heartbeat_interval=heartbeat_interval,
         heartbeat_timeout=heartbeat_timeout,
         use_local_time=use_local_time,
+        history=history,
+        max_result_bytes=max_result_bytes,
     )
     _warn_if_pool_too_small(options)
     pool = _make_pool(

@@ -9,7 +9,7 @@ import re
 import sys
 import threading
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -19,18 +19,25 @@ from click.core import ParameterSource
 from .._version import __version__
 from ..config.database import load_dotenv_file
 from ..config.file import config_file_option, set_by_config_file
-from ..config.options import FLAGS, WorkerOptions
-from ..errors import GraphileWorkerError, IncompatibleSchemaError
-from ..jobs.job_spec import SMALLINT_MAX, SMALLINT_MIN
+from ..config.options import WorkerOptions
+from ..errors import GraphileWorkerError
 from ..observe import logs
 from ..observe.logs import LOG_FORMATS, LogFormat
+from .common import (
+    CONTEXT_SETTINGS,
+    FLAGS_BY_FIELD,
+    SHARED_OPTIONS,
+    connection_option,
+    failure,
+    run_async,
+    schema_option,
+    shared,
+    worker_option,
+)
 from .params import (
     MAX_PROGRESS_INTERVAL,
     MAX_REFRESH,
-    aware_datetime,
-    json_payload,
     number,
-    schema_name,
 )
 
 __all__ = ["command", "main"]
@@ -46,28 +53,6 @@ CLEANUP_TASKS = (
 )
 
 
-class SchemaIncompatible(click.ClickException):
-    """The database's schema is newer and breaking: exit code 57, as Node's."""
-
-    exit_code = IncompatibleSchemaError.exit_code
-
-
-def _failure(error: GraphileWorkerError) -> click.ClickException:
-    """The error as click shows it: one line, exit code 1 (57 for the schema)."""
-    if isinstance(error, IncompatibleSchemaError):
-        return SchemaIncompatible(str(error))
-    return click.ClickException(str(error))
-
-
-def _run(coroutine: Coroutine[Any, Any, T]) -> T:
-    import uvloop
-
-    try:
-        return uvloop.run(coroutine)
-    except GraphileWorkerError as exc:
-        raise _failure(exc) from None
-
-
 def _parse_cleanup(_ctx: click.Context, _param: click.Parameter, value: str | None) -> list[str]:
     if value is None:
         return []
@@ -79,55 +64,6 @@ def _parse_cleanup(_ctx: click.Context, _param: click.Parameter, value: str | No
             f"choose from {', '.join(CLEANUP_TASKS)}"
         )
     return names
-
-
-CONTEXT_SETTINGS: dict[str, Any] = {"help_option_names": ["-h", "--help"]}
-
-_FLAGS = {flag.field: flag for flag in FLAGS}
-
-
-def worker_option(field: str) -> Callable[[F], F]:
-    """The click option of a WorkerOptions field, from its row in ``FLAGS``:
-    its default is the field's, and its value is passed to the field's name."""
-    flag = _FLAGS[field]
-    if isinstance(flag.default, bool):
-        return click.option(
-            *flag.names,
-            field,
-            is_flag=True,
-            envvar=flag.envvar,
-            show_envvar=flag.envvar is not None,
-            help=flag.help,
-        )
-    kind: click.IntRange | click.FloatRange | None = None
-    if flag.low is not None or flag.high is not None:
-        kind = number(flag.low, flag.high, whole=flag.whole, low_open=flag.low_open)
-    return click.option(
-        *flag.names,
-        field,
-        type=kind,
-        callback=schema_name if field == "schema" else None,
-        default=flag.default,
-        show_default=True,
-        envvar=flag.envvar,
-        show_envvar=flag.envvar is not None,
-        metavar=flag.metavar,
-        help=flag.help,
-    )
-
-
-#: Options the worker and its subcommands share (given before a subcommand,
-#: they apply to it; -C/--config may come before a subcommand too).
-connection_option = click.option(
-    "-c",
-    "--connection",
-    metavar="URL",
-    envvar="DATABASE_URL",
-    show_envvar=True,
-    help="PostgreSQL connection string. Default: DATABASE_URL, else the libpq PG* variables.",
-)
-schema_option = worker_option("schema")
-SHARED_OPTIONS = ("connection", "schema")
 
 
 @click.group(
@@ -163,6 +99,7 @@ SHARED_OPTIONS = ("connection", "schema")
 @worker_option("heartbeat_interval")
 @worker_option("heartbeat_timeout")
 @worker_option("use_local_time")
+@worker_option("history")
 @click.option(
     "--tasks",
     "tasks_dir",
@@ -285,7 +222,7 @@ def _worker_settings(ctx: click.Context, flags: dict[str, Any]) -> dict[str, Any
     """The worker flags' values as ``run()`` keywords (in the fields' units),
     checked together as WorkerOptions checks them; an error also names the
     config file's keys among the fields it names."""
-    settings = {field: _FLAGS[field].to_field(value) for field, value in flags.items()}
+    settings = {field: FLAGS_BY_FIELD[field].to_field(value) for field, value in flags.items()}
     try:
         WorkerOptions(**settings)
     except ValueError as exc:
@@ -304,14 +241,14 @@ def _serve_metrics(port: int, host: str) -> Any:
 
         return serve_metrics(port, host).registry
     except GraphileWorkerError as exc:
-        raise _failure(exc) from None
+        raise failure(exc) from None
 
 
 def _migrate_only(connection: str | None, schema: str) -> None:
     """``--schema-only``."""
     from ..runner import run_migrations
 
-    report = _run(run_migrations(connection, schema=schema))
+    report = run_async(run_migrations(connection, schema=schema))
     if report.applied or report.applied_py:
         click.echo(f"Schema {schema!r} migrated to revision {report.revision}.")
     else:
@@ -327,7 +264,7 @@ def _clean(connection: str | None, schema: str, tasks: list[str]) -> None:
             await utils.migrate()
             await utils.cleanup(tasks)  # type: ignore[arg-type]
 
-    _run(clean())
+    run_async(clean())
     click.echo(f"Cleanup done: {', '.join(tasks)}.")
 
 
@@ -344,7 +281,7 @@ def _run_worker(connection: str | None, settings: dict[str, Any], **run_options:
     # need not traverse it again, neither in the worker's collections nor in
     # the interpreter's at exit (~60 ms of a --once run here).
     gc.freeze()
-    code = _run(work())
+    code = run_async(work())
     _exit_despite_stuck_task_threads(code)
     if code:
         sys.exit(code)
@@ -404,23 +341,6 @@ def _check_shared_options_only(ctx: click.Context) -> None:
         )
 
 
-def _shared(ctx: click.Context, connection: str | None, schema: str) -> tuple[str | None, str]:
-    """A subcommand's connection and schema: its own, unless an option was only
-    given (on the command line) before the subcommand."""
-    parent = ctx.parent
-
-    def value(name: str, own: Any) -> Any:
-        if (
-            parent is not None
-            and ctx.get_parameter_source(name) is not ParameterSource.COMMANDLINE
-            and parent.get_parameter_source(name) is ParameterSource.COMMANDLINE
-        ):
-            return parent.params[name]
-        return own
-
-    return value("connection", connection), value("schema", schema)
-
-
 @command.command(context_settings=CONTEXT_SETTINGS)
 @connection_option
 @schema_option
@@ -432,8 +352,8 @@ def status(ctx: click.Context, connection: str | None, schema: str, as_json: boo
     job."""
     from ..observe.status import format_json, format_text, read_status
 
-    connection, schema = _shared(ctx, connection, schema)
-    figures = _run(read_status(connection, schema=schema))
+    connection, schema = shared(ctx, connection, schema)
+    figures = run_async(read_status(connection, schema=schema))
     click.echo(format_json(figures) if as_json else format_text(figures))
 
 
@@ -497,85 +417,11 @@ def dashboard(ctx: click.Context, /, connection: str | None, schema: str, **opti
         raise click.ClickException(
             "the dashboard needs its extra: pip install 'graphile-worker[dashboard]'"
         ) from None
-    connection, schema = _shared(ctx, connection, schema)
+    connection, schema = shared(ctx, connection, schema)
     try:
         serve(connection, schema=schema, **options)
     except GraphileWorkerError as exc:
-        raise _failure(exc) from None
-
-
-@command.command("add-job", context_settings=CONTEXT_SETTINGS)
-@connection_option
-@schema_option
-@click.argument("identifier")
-@click.argument("payload", required=False, callback=json_payload)
-@click.option("-q", "--queue", "queue_name", metavar="NAME", help="Named queue (runs serially).")
-@click.option(
-    "--run-at",
-    metavar="DATETIME",
-    callback=aware_datetime,
-    help="When to run it, ISO 8601 with a time zone. Default: now.",
-)
-@click.option(
-    "--max-attempts", type=click.IntRange(1, SMALLINT_MAX), help="Default: 25 (at most 32767)."
-)
-@click.option(
-    "--priority",
-    type=click.IntRange(SMALLINT_MIN, SMALLINT_MAX),
-    help="Lower runs first, from -32768 to 32767. Default: 0.",
-)
-@click.option("--job-key", metavar="KEY", help="Replace or dedupe the pending job with this key.")
-@click.option(
-    "--job-key-mode",
-    type=click.Choice(["replace", "preserve_run_at", "unsafe_dedupe"]),
-    help="How --job-key treats an existing job. Default: replace.",
-)
-@click.option("--flag", "flags", multiple=True, metavar="FLAG", help="A flag (repeatable).")
-@click.pass_context
-def add_job(
-    ctx: click.Context,
-    connection: str | None,
-    schema: str,
-    identifier: str,
-    payload: Any,
-    queue_name: str | None,
-    run_at: Any,
-    max_attempts: int | None,
-    priority: int | None,
-    job_key: str | None,
-    job_key_mode: Any,
-    flags: tuple[str, ...],
-) -> None:
-    """Add a job: IDENTIFIER is the task, PAYLOAD a JSON document (default {}).
-
-    The schema must be installed (run the worker or --schema-only first).
-    """
-    from ..jobs.worker_utils import make_worker_utils
-
-    connection, schema = _shared(ctx, connection, schema)
-
-    async def add() -> Any:
-        async with make_worker_utils(connection, schema=schema) as utils:
-            return await utils.add_job(
-                identifier,
-                payload,
-                queue_name=queue_name,
-                run_at=run_at,
-                max_attempts=max_attempts,
-                priority=priority,
-                job_key=job_key,
-                job_key_mode=job_key_mode,
-                flags=list(flags) or None,
-            )
-
-    try:
-        job = _run(add())
-    except ValueError as exc:  # JobSpecError names the field
-        raise click.UsageError(str(exc), ctx) from None
-    where = f" in queue {job.queue_name!r}" if job.queue_name else ""
-    click.echo(
-        f"Added job {job.id} ({job.task_identifier}){where}, run at {job.run_at.isoformat()}."
-    )
+        raise failure(exc) from None
 
 
 def main() -> None:

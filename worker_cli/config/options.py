@@ -22,6 +22,7 @@ __all__ = [
     "MAX_LOCAL_QUEUE_SIZE",
     "MAX_POLL_INTERVAL",
     "MAX_POOL_SIZE",
+    "MAX_RESULT_BYTES",
     "Flag",
     "ForbiddenFlags",
     "WorkerOptions",
@@ -55,6 +56,8 @@ MAX_BATCH_DELAY = 10
 MAX_HEARTBEAT_INTERVAL = 3600
 #: Seconds of silence before a pool is declared dead (``--heartbeat-timeout``, a day).
 MAX_HEARTBEAT_TIMEOUT = 86_400
+#: Bytes of a result kept (64 MiB: every result is written with its batch).
+MAX_RESULT_BYTES = 64 << 20
 
 
 @dataclass(frozen=True)
@@ -113,6 +116,18 @@ class WorkerOptions:
     #: ``run_at`` of jobs added through the pool (``helpers.add_job``,
     #: ``runner.add_job``) without one (``--use-local-time``).
     use_local_time: bool = False
+    #: Record each job a Python worker completes in the history, with its
+    #: result, so ``get_job_result`` and ``wait_for_job`` can read it
+    #: (``--history on|off``). Cancelled jobs are recorded either way.
+    history: bool = True
+    #: How long the history of a succeeded job is kept, fixed when its row is
+    #: written (cancelled jobs are kept a day, archived failed ones a week).
+    keep_succeeded: timedelta = timedelta(days=1)
+    #: The largest result kept, in bytes of JSON; a larger one is not kept
+    #: (the job still succeeds, and its record says why).
+    max_result_bytes: int = 1 << 20
+    #: Seconds between two prunings of expired history: a random value in this range.
+    history_prune_interval: tuple[float, float] = (60.0, 120.0)
 
     def __post_init__(self) -> None:
         _check_range("concurrency", self.concurrency, 1, MAX_CONCURRENCY)
@@ -122,6 +137,7 @@ class WorkerOptions:
         _check_range(
             "complete_job_batch_delay", self.complete_job_batch_delay, 0, MAX_BATCH_DELAY, "s"
         )
+        _check_range("max_result_bytes", self.max_result_bytes, 0, MAX_RESULT_BYTES)
         if not self.forced_shutdown_timeout >= 0:
             raise ValueError("forced_shutdown_timeout must not be negative")
         if self.heartbeat_interval:
@@ -189,9 +205,16 @@ class Flag:
     low_open: bool = False
 
     @property
+    def switch(self) -> bool:
+        """A field that is on by default: its flag takes ``on`` or ``off``."""
+        return getattr(WorkerOptions(), self.field) is True
+
+    @property
     def default(self) -> Any:
         """The field's default, in the flag's unit."""
         value = getattr(WorkerOptions(), self.field)
+        if value is True:
+            return "on"
         if self.scale == 1:
             return value
         scaled = value * self.scale
@@ -199,6 +222,8 @@ class Flag:
 
     def to_field(self, value: Any) -> Any:
         """A value given to the flag, in the field's unit."""
+        if self.switch:
+            return value in (True, "on")
         return value if self.scale == 1 else value / self.scale
 
 
@@ -283,6 +308,15 @@ FLAGS: tuple[Flag, ...] = (
         help="A pool without a heartbeat for this long is declared dead by the others and "
         "its jobs run again; keep it well above any pause a worker may have (at least "
         "twice the interval).",
+    ),
+    Flag(
+        "history",
+        ("--history",),
+        envvar="GRAPHILE_WORKER_HISTORY",
+        help="on: record each job this worker completes, with its result, for "
+        "get_job_result, wait_for_job, `graphile-worker job` and the dashboard (kept a "
+        "day); off: delete completed jobs without a trace, as graphile-worker does. "
+        "Cancelled jobs are recorded either way.",
     ),
     Flag(
         "use_local_time",

@@ -31,7 +31,7 @@ from starlette.staticfiles import StaticFiles
 from ..config.database import resolve_connection_string, resolve_schema
 from ..db.connections import worker_conninfo
 from ..db.retry import one_line
-from ..jobs.timestamps import read_timestamps_leniently
+from ..db.timestamps import read_timestamps_leniently
 from ..jobs.worker_utils import WorkerUtils
 from . import actions, pages
 from .formatting import FILTERS

@@ -11,7 +11,7 @@ import math
 from datetime import UTC, datetime
 from typing import Any
 
-from ..jobs.timestamps import EARLIEST, LATEST
+from ..db.timestamps import EARLIEST, LATEST
 from ..observe.status import format_age
 
 __all__ = ["FILTERS", "pretty_json"]

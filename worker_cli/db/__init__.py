@@ -4,7 +4,8 @@
 names), ``plan`` (database work as generators that yield statements: no I/O)
 and ``drivers`` (the sync and async runners of plans, the only I/O of the
 utilities), ``given_connection`` and ``held_connection`` (a caller's own
-connection, and the one a task holds), ``retry`` (the backoff every
+connection, and the one a task holds), ``raw_json`` and ``timestamps``
+(loaders: payloads unparsed, times outside Python's years), ``retry`` (the backoff every
 retrying loop uses).
 
 Layer: above ``config``; it imports nothing of ``schema``, ``jobs``,

@@ -29,6 +29,7 @@ from psycopg.types.json import JsonbBinaryLoader, JsonbLoader
 
 from .plan import Fetch, Op, Plan, Query, Send, Sent, ServerVersion, Transaction
 from .raw_json import read_payloads_raw
+from .timestamps import read_timestamps_leniently
 
 __all__ = ["autocommit_mode", "autocommit_mode_async", "run_plan", "run_plan_async"]
 
@@ -148,6 +149,8 @@ def _cursor(conn: Any, query: Query, joined: bool) -> Any:
         _use_default_loaders(cur)
     if query.raw_payloads:
         read_payloads_raw(cur)
+    if query.lenient_times:
+        read_timestamps_leniently(cur)
     return cur
 
 

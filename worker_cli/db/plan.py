@@ -73,6 +73,9 @@ class Query(NamedTuple):
     #: Load ``json`` columns as their text, for :func:`worker_cli.jobs.job.decode_jobs`.
     raw_payloads: bool = False
     rows: bool = True
+    #: Load times outside Python's years as the earliest or latest datetime
+    #: (:mod:`worker_cli.db.timestamps`) rather than fail.
+    lenient_times: bool = False
 
 
 class Sent:
@@ -127,9 +130,10 @@ def query(
     params: Mapping[str, Any] | None = None,
     *,
     raw_payloads: bool = False,
+    lenient_times: bool = False,
 ) -> Plan[list[Row]]:
     """The rows of one statement."""
-    rows: list[Row] = yield Query(statement, params, raw_payloads)
+    rows: list[Row] = yield Query(statement, params, raw_payloads, lenient_times=lenient_times)
     return rows
 
 

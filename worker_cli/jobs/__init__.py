@@ -5,7 +5,7 @@ twin: ``add_job``, the admin functions), ``utils_plans`` (what each of their
 methods does, once for both), ``job_queries`` (plans of the job statements),
 ``job_spec`` and ``payloads`` (checking and encoding a job's options and
 payload), ``unique`` (unique-job rules), ``job`` (``Job`` and the decoder of
-job rows), ``timestamps`` (times outside Python's years), ``trace_context``
+job rows), ``results`` (a job's state and result), ``trace_context``
 (the trace context carried beside a job), ``last_error`` (the text stored as
 a job's ``last_error``).
 

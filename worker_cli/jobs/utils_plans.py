@@ -17,9 +17,9 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from ..db.plan import Plan
+from ..db.plan import Plan, query
 from ..errors import JobSpecError
-from ..schema import statements
+from ..schema import lifecycle, statements
 from ..schema.cleanup import (
     CLEANUP_STATEMENTS,
     CleanupTask,
@@ -27,7 +27,7 @@ from ..schema.cleanup import (
     delete_unique_locks,
 )
 from ..schema.migrate import MigrationReport, migration_plan
-from ..schema.probe import unique_installed
+from ..schema.probe import schema_required, unique_installed
 from .job import Job
 from .job_queries import encode_specs, execute_statement, insert_jobs, jobs, spec_record
 from .job_queries import unique_results as unique_results_plan
@@ -40,6 +40,7 @@ from .job_spec import (
     with_local_run_at,
 )
 from .payloads import NamedPayload, job_identity
+from .results import JobResult, check_job_id
 from .trace_context import carry
 from .unique import UniqueJobResult, UniqueRule, UniqueSpec, check_keys_payload, rules_for_specs
 
@@ -176,6 +177,17 @@ class UtilsPlans:
         }
         return jobs(self.schema, statements.reschedule_jobs, params)
 
+    def job_result(self, job_id: int) -> Plan[JobResult]:
+        """``get_job_result`` and ``get_job_status``: the record of one job."""
+        check_job_id(job_id)
+        return self._job_result(job_id)
+
+    def _job_result(self, job_id: int) -> Plan[JobResult]:
+        with schema_required(self.schema):
+            statement = statements.compose(lifecycle.job_status, self.schema)
+            rows = yield from query(statement, {"job_id": job_id}, lenient_times=True)
+        return JobResult.from_row(rows[0])
+
     def force_unlock_workers(self, worker_ids: Sequence[str]) -> Plan[None]:
         """``force_unlock_workers``."""
         params = {"worker_ids": list(worker_ids)}
@@ -197,8 +209,15 @@ class UtilsPlans:
                 yield from self.gc_unique_locks()
                 continue
             if name == "DELETE_PERMAFAILED_JOBS" and (yield from self._unique_installed()):
-                # A deleted job would otherwise look like a success to its lock.
+                # A deleted job would otherwise look like a success to its lock;
+                # with the lifecycle installed, it is archived in the history.
                 statement = statements.delete_permafailed_jobs_releasing_unique_locks
+                rows = yield from query(
+                    statements.compose(lifecycle.lifecycle_installed, self.schema),
+                    {"schema": self.schema},
+                )
+                if rows and rows[0][0]:
+                    statement = lifecycle.archive_permafailed_jobs
             yield from execute_statement(self.schema, statement, {"keep": keep})
 
     def gc_unique_locks(self) -> Plan[int]:

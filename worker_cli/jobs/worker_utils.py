@@ -39,6 +39,7 @@ from ..schema.migrate import MigrationReport
 from .job import Job
 from .job_spec import JobKeyMode, JobSpec, TaskOptions, TaskSpec
 from .payloads import NamedPayload, job_identity
+from .results import JobResult, JobState
 from .unique import UniqueJobResult, UniqueSpec
 from .utils_plans import UtilsPlans
 
@@ -227,6 +228,16 @@ class WorkerUtils:
     async def remove_job(self, job_key: str) -> Job | None:
         """Delete the pending job with this key; a running one is kept from retrying."""
         return await self._run(self._plans.remove_job(job_key))
+
+    async def get_job_status(self, job_id: int) -> JobState:
+        """The state of a job (``scheduled``, ``available``, ``running``,
+        ``retrying``, ``failed``, ``succeeded``, ``cancelled`` or ``unknown``)."""
+        return (await self._run(self._plans.job_result(job_id))).state
+
+    async def get_job_result(self, job_id: int) -> JobResult:
+        """What is known of a job: its state, times, last error and, once it has
+        succeeded, its result (``.result``; see :class:`JobResult`)."""
+        return await self._run(self._plans.job_result(job_id))
 
     async def complete_jobs(self, job_ids: Sequence[int]) -> list[Job]:
         """Mark jobs as done (delete them); locked jobs are skipped unless stale."""

@@ -9,11 +9,9 @@ is written without that wait. Once a batch is written its jobs are no longer
 held by the pool, and ``on_written`` is called (a finished job may have
 released its named queue, so the fetcher looks again).
 
-A result the server refuses for what it holds (a user's trigger raising, a
-value out of range) is never retried for ever, and never holds up the others:
-the batch is split until the refused job is alone, and that job is failed for
-good with a message saying why (:meth:`Completer._write_isolating`). Other
-errors (a lost connection, a failover) retry the whole batch.
+What the statements are, and how a result the server refuses is isolated
+(never retried for ever, never holding up the others), is
+:mod:`.result_writer`'s; the completer retries a batch through outages.
 
 It also gives back the jobs that never started when the pool stops.
 """
@@ -26,38 +24,22 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from ..db.retry import retry_until_done
 from ..jobs.job import Job
-from ..jobs.last_error import storable
 from ..observe.events import Events
 from ..schema import statements
 from .outcome import Failure
+from .result_writer import HistorySettings, ResultWriter
 
-__all__ = ["WRITE_AT_MOST", "Completer", "refused", "write_now"]
+__all__ = ["WRITE_AT_MOST", "Completer", "write_now"]
 
 logger = logging.getLogger("graphile_worker")
 
 #: A batch of results is written at once when it holds this many (however busy
 #: the pool is): a bounded statement, and bounded work lost to a crash.
 WRITE_AT_MOST = 1000
-
-
-#: SQLSTATE classes of errors that refuse a statement for the values it holds,
-#: which the same statement would meet again: data exceptions (22), integrity
-#: constraints (23), program limits (54), a trigger's or function's own error
-#: (P0, 38, 39, 2F), triggered data change (27), a check option (44). Any
-#: other error (a lost connection, a read-only standby after a failover, a
-#: revoked privilege) is retried with the whole batch.
-_REFUSALS = frozenset({"22", "23", "27", "2F", "38", "39", "44", "54", "P0"})
-
-
-def refused(error: BaseException) -> bool:
-    """The server refused a statement for the values it holds (see ``_REFUSALS``)."""
-    state = getattr(error, "sqlstate", None)
-    return isinstance(error, psycopg.Error) and state is not None and state[:2] in _REFUSALS
 
 
 def write_now(stopping: bool, named_queue_results: int, pool_idle: bool, pending: int) -> bool:
@@ -82,11 +64,12 @@ class Completer:
         pool_idle: Callable[[], bool],
         on_written: Callable[[], None],
         events: Events,
+        history: HistorySettings | None = None,
     ) -> None:
         self._db = db
         self._pool_id = pool_id
-        self._complete = statements.compose(statements.complete_batch, schema)
-        self._fail = statements.compose(statements.fail_batch, schema)
+        #: The statements (and a refused result's isolation).
+        self.writer = ResultWriter(db, schema=schema, pool_id=pool_id, history=history)
         self._return = statements.compose(statements.return_jobs, schema)
         self._delay = batch_delay
         #: Ids of the jobs the pool holds locked; written ones are removed.
@@ -170,10 +153,11 @@ class Completer:
         self._writing = True
         try:
             await retry_until_done(
-                "record job results", self._write_isolating, succeeded, failed, logger=logger
+                "record job results", self.writer.write, succeeded, failed, logger=logger
             )
         finally:
             self._writing = False
+        self.writer.forget(succeeded)
         self._held.difference_update(job.id for job, _ in succeeded)
         self._held.difference_update(failure.job.id for failure in failed)
         if self._events.wants("job:complete"):
@@ -188,88 +172,6 @@ class Completer:
                 )
         self._on_written()
 
-    async def _write_isolating(
-        self, succeeded: list[tuple[Job, str]], failed: list[Failure]
-    ) -> None:
-        """Write the results; if the server refuses them for what they hold,
-        write them in halves, down to the refused job alone (see
-        :meth:`_record_refused`). Writing is idempotent, so a batch retried
-        after a lost connection rewrites nothing."""
-        try:
-            await self._write(succeeded, failed)
-            return
-        except psycopg.Error as exc:
-            if not refused(exc):
-                raise
-            if len(succeeded) + len(failed) == 1:
-                await self._record_refused(succeeded, failed, exc)
-                return
-        half_s, half_f = len(succeeded) // 2, len(failed) // 2
-        if len(succeeded) + len(failed) == 2 and not (half_s or half_f):  # one of each
-            half_s = len(succeeded)
-        await self._write_isolating(succeeded[:half_s], failed[:half_f])
-        await self._write_isolating(succeeded[half_s:], failed[half_f:])
-
-    async def _record_refused(
-        self, succeeded: list[tuple[Job, str]], failed: list[Failure], error: psycopg.Error
-    ) -> None:
-        """The server refused one job's result: fail that job for good instead,
-        with a message of ours (``reschedule_jobs`` runs it again). If even that
-        is refused, the job is left locked (the stale-lock sweep frees it)."""
-        if succeeded:
-            job, worker_id = succeeded[0]
-            what, cause = "success", None
-        else:
-            job, worker_id, cause = failed[0].job, failed[0].worker_id, failed[0].error
-            what = "failure"
-        reason = f"{error.sqlstate}: {' '.join(str(error).split())}"
-        message = storable(
-            f"the worker could not record this job's {what}: PostgreSQL refused it ({reason})"
-        )
-        fallback = Failure(job, worker_id, cause or RuntimeError(message), message)
-        fallback.permanent = True
-        try:
-            await self._write([], [fallback])
-        except psycopg.Error as exc:
-            if not refused(exc):
-                raise
-            logger.error(
-                "Job %d: PostgreSQL refused to record its %s (%s), and to fail it (%s): "
-                "it stays locked until the stale-lock sweep frees it",
-                job.id,
-                what,
-                reason,
-                " ".join(str(exc).split()),
-            )
-            return
-        logger.warning(
-            "Job %d (%s): the worker could not record its %s, PostgreSQL refused it (%s); "
-            "failed it for good instead (reschedule_jobs runs it again)",
-            job.id,
-            job.task_identifier,
-            what,
-            reason,
-        )
-
-    async def _write(self, succeeded: list[tuple[Job, str]], failed: list[Failure]) -> None:
-        async with self._db.connection() as conn:
-            if succeeded:
-                await conn.execute(
-                    self._complete,
-                    {"job_ids": [job.id for job, _ in succeeded], "pool_id": self._pool_id},
-                )
-            if failed:
-                await conn.execute(
-                    self._fail,
-                    {
-                        "job_ids": [f.job.id for f in failed],
-                        "messages": [f.message for f in failed],
-                        "items": [_int_array(f.failed_items) for f in failed],
-                        "permanent": [f.permanent for f in failed],
-                        "pool_id": self._pool_id,
-                    },
-                )
-
     async def return_unstarted(self, jobs: Sequence[Job]) -> None:
         """Give back jobs that were fetched but never started (their attempt
         restored), retrying through an outage."""
@@ -283,8 +185,3 @@ class Completer:
                 self._return, {"job_ids": [job.id for job in jobs], "pool_id": self._pool_id}
             )
         self._held.difference_update(job.id for job in jobs)
-
-
-def _int_array(items: list[int] | None) -> str | None:
-    """A batch job's failed items as an ``int[]`` literal (None: all of it)."""
-    return None if items is None else "{" + ",".join(map(str, items)) + "}"

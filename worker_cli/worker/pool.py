@@ -39,6 +39,8 @@ from .heartbeat import Heartbeat, PoolReport
 from .listener import Listener
 from .local_queue import LocalQueue
 from .maintenance import Poller, Sweeper
+from .pruner import HistoryPruner
+from .result_writer import HistorySettings
 from .slots import Slots
 from .stopping import cancel_and_wait, log_unwritten, wait_for_running, wait_until_forced
 from .unreadable import Unreadable
@@ -224,6 +226,7 @@ class WorkerPool:
             pool_idle=lambda: not slots.running and not queue,
             on_written=self.nudge,
             events=self.events,
+            history=HistorySettings(options.keep_succeeded) if options.history else None,
         )
         slots = self._slots = Slots(
             concurrency=options.concurrency,
@@ -235,6 +238,7 @@ class WorkerPool:
             pool_id=self.id,
             log_success=options.log_success,
             events=self.events,
+            result_limit=options.max_result_bytes if options.history else None,
         )
         try:
             async with asyncio.TaskGroup() as group:
@@ -287,7 +291,10 @@ class WorkerPool:
             interval=options.stale_sweep_interval,
             on_released=self.nudge,
         )
-        loops = [listener.run(), poller.run(), sweeper.run()]
+        pruner = HistoryPruner(
+            utils, schema=options.schema, interval=options.history_prune_interval
+        )
+        loops = [listener.run(), poller.run(), sweeper.run(), pruner.run()]
         if self.cron_items:
             from .cron import CronScheduler
 

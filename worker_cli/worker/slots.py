@@ -23,9 +23,11 @@ import secrets
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from ..jobs.job import Job
 from ..jobs.last_error import describe
+from ..jobs.results import encode_result
 from ..jobs.worker_utils import WorkerUtils
 from ..observe import logs
 from ..observe.events import Events
@@ -84,8 +86,11 @@ class Slots:
         pool_id: str,
         log_success: bool,
         events: Events,
+        result_limit: int | None = None,
     ) -> None:
         self._tasks = tasks
+        #: The largest result kept, in bytes (None: results are not kept).
+        self._result_limit = result_limit
         self._queue = queue
         self._refill = refill
         self._completer = completer
@@ -108,6 +113,7 @@ class Slots:
             utils=utils,
             loop=self._loop,
             abort=self.abort,
+            result_limit=result_limit,
         )
         self._watch = LoopWatch(self._loop, self.job_of)
         #: Jobs running now.
@@ -195,6 +201,7 @@ class Slots:
             events.emit("job:start", worker_id=slot.worker_id, job=job)
         error: BaseException | None = None
         failed_items: list[int] | None = None
+        result: Any = None
         before = forks()
         try:
             result = await task.function(job.payload, helpers)
@@ -212,7 +219,10 @@ class Slots:
             slot.job = None
             self.running -= 1
         duration = (time.perf_counter() - started) * 1000
-        self._report(Ran(job, slot.worker_id, error, failed_items, duration))
+        ran = Ran(job, slot.worker_id, error, failed_items, duration)
+        if result is not None and error is None and self._result_limit is not None:
+            ran.result, ran.result_error = encode_result(result, self._result_limit)
+        self._report(ran)
 
     def _cancelled(self, slot: _Slot, error: asyncio.CancelledError) -> BaseException:
         """The job's error for a CancelledError caught in ``slot``'s job.
@@ -259,6 +269,18 @@ class Slots:
                 duration = (time.perf_counter() - started) * 1000
                 self._report(Ran(running, slot.worker_id, _stopped(), None, duration))
 
+    def _keep_result(self, ran: Ran) -> None:
+        """Hand a success's result to the completer; say why one is not kept."""
+        job = ran.job
+        self._completer.writer.keep_result(job.id, ran.result, ran.result_error)
+        if ran.result_error is not None:
+            logger.warning(
+                "Job %d (%s) succeeded, but its result is not kept: %s",
+                job.id,
+                job.task_identifier,
+                ran.result_error,
+            )
+
     def fail_unreadable(self, unreadable: Sequence[Unreadable]) -> None:
         """Fail fetched jobs whose rows cannot be read (never run: their task
         is not called), in the pool's name."""
@@ -284,6 +306,8 @@ class Slots:
         job, worker_id, error = ran.job, ran.worker_id, ran.error
         try:
             if error is None:
+                if ran.result is not None or ran.result_error is not None:
+                    self._keep_result(ran)
                 self._completer.succeeded(job, worker_id)
                 if self._log_success:
                     logs.job_succeeded(job, worker_id, self._pool_id, ran.duration_ms)

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..jobs.job import Job
+from ..jobs.results import encode_result
 from ..jobs.worker_utils import WorkerUtils
 from ..tasks.helpers import Helpers
 from ..tasks.loader import Task
@@ -71,6 +72,10 @@ class Ran:
     failed_items: list[int] | None
     #: How long it ran, in milliseconds.
     duration_ms: float
+    #: What it returned, as JSON text to keep (None: nothing, or not kept).
+    result: str | None = None
+    #: Why what it returned was not kept (see ``encode_result``).
+    result_error: str | None = None
 
 
 @dataclass(slots=True)
@@ -143,6 +148,8 @@ class ThreadSettings:
     loop: asyncio.AbstractEventLoop
     #: Every running job's ``helpers.abort_signal``.
     abort: asyncio.Event
+    #: The largest result kept, in bytes (None: results are not kept).
+    result_limit: int | None = None
 
 
 class TaskThread:
@@ -220,9 +227,12 @@ class TaskThread:
         )
         function = settings.tasks[job.task_identifier].function
         started = self._started = time.perf_counter()
-        error, failed_items = contained_call(function, job, helpers, settings.loop)
+        error, failed_items, result = contained_call(function, job, helpers, settings.loop)
         duration = (time.perf_counter() - started) * 1000
-        return Ran(job, self._worker_id, error, failed_items, duration)
+        ran = Ran(job, self._worker_id, error, failed_items, duration)
+        if result is not None and error is None and settings.result_limit is not None:
+            ran.result, ran.result_error = encode_result(result, settings.result_limit)
+        return ran
 
 
 _busy_task_threads: set[threading.Thread] = set()
@@ -238,9 +248,10 @@ def contained_call(
     job: Job,
     helpers: Helpers,
     loop: asyncio.AbstractEventLoop,
-) -> tuple[BaseException | None, list[int] | None]:
-    """Call a plain task in a fresh context; its error (None: success) and,
-    for a batch job, the positions of its failed items. Never raises.
+) -> tuple[BaseException | None, list[int] | None, Any]:
+    """Call a plain task in a fresh context; its error (None: success), for a
+    batch job the positions of its failed items, and what it returned (on
+    success). Never raises.
 
     A returned awaitable (a plain ``def`` returning a coroutine) is awaited
     on the event loop, as Node awaits a returned promise. A process forked by
@@ -256,11 +267,12 @@ def contained_call(
         if result is not None and inspect.isawaitable(result):
             result = asyncio.run_coroutine_threadsafe(_awaited(result), loop).result()
         if isinstance(result, list) and isinstance(job.payload, list):
-            return batch_failures(job, result)
-        return None, None
+            error, failed_items = batch_failures(job, result)
+            return error, failed_items, result
+        return None, None, result
     except BaseException as exc:  # SystemExit, GeneratorExit, ... too: the job failed
         exit_forked_child(before, exc)
-        return exc, None
+        return exc, None, None
     finally:
         exit_forked_child(before, None)
         _busy_task_threads.discard(thread)

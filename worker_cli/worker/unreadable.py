@@ -26,9 +26,9 @@ import psycopg
 from psycopg.abc import Loader
 from psycopg.pq import Format
 
+from ..db.timestamps import EARLIEST, LATEST
 from ..errors import UnreadableJobError
 from ..jobs.job import Job, jobs_from_rows
-from ..jobs.timestamps import EARLIEST, LATEST
 from ..schema.statements import JOB_COLUMNS
 
 __all__ = ["Unreadable", "read_jobs"]

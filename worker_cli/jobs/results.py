@@ -1,0 +1,167 @@
+"""A job's state and result, as any process can read them.
+
+One state model for every job id (the SQL function ``py_job_status`` decides
+it; see migrations/py/000007.sql): ``scheduled``, ``available``, ``running``,
+``retrying``, ``failed`` (no attempts left), ``succeeded``, ``cancelled``, and
+``unknown`` (no row anywhere: finished by a Node worker, removed by an admin
+function, pruned from the history, or never added). :class:`JobResult` is
+the record the utilities return (``get_job_result``, ``wait_for_job``);
+:func:`encode_result` is how a task's return value becomes its stored result.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Literal, get_args
+
+from ..errors import GraphileWorkerError, JobSpecError
+
+__all__ = [
+    "FINAL_STATES",
+    "JOB_RESULT_COLUMNS",
+    "JobResult",
+    "JobState",
+    "ResultUnavailable",
+    "check_job_id",
+    "encode_result",
+]
+
+JobState = Literal[
+    "scheduled",
+    "available",
+    "running",
+    "retrying",
+    "failed",
+    "succeeded",
+    "cancelled",
+    "unknown",
+]
+#: States a job does not leave by itself: waiting for the job ends there.
+#: (``failed`` is final until someone revives it with ``reschedule_jobs``.)
+FINAL_STATES: frozenset[str] = frozenset({"failed", "succeeded", "cancelled", "unknown"})
+STATES: tuple[str, ...] = get_args(JobState)
+
+#: The columns of ``py_job_status``, in its order.
+JOB_RESULT_COLUMNS = (
+    "state",
+    "id",
+    "task_identifier",
+    "queue_name",
+    "key",
+    "attempts",
+    "max_attempts",
+    "last_error",
+    "result",
+    "result_error",
+    "created_at",
+    "run_at",
+    "started_at",
+    "finished_at",
+    "locked_by",
+    "cancel_requested_at",
+    "cancel_reason",
+    "timed_out",
+)
+
+
+class ResultUnavailable(GraphileWorkerError):
+    """The job has no result to give: it has not succeeded (yet), or its
+    result was not kept (too large, not JSON); the message says which."""
+
+
+@dataclass(frozen=True)
+class JobResult:
+    """What is known of a job: its state, and once it has succeeded, its result.
+
+    ``result`` raises :class:`ResultUnavailable` unless the job succeeded and
+    its result was kept (``result_error`` says why one was not). The times
+    are those of its last attempt: ``started_at`` when it was locked,
+    ``finished_at`` when its outcome was recorded (finished jobs only).
+    """
+
+    id: int
+    state: JobState
+    task_identifier: str | None = None
+    queue_name: str | None = None
+    key: str | None = None
+    attempts: int | None = None
+    max_attempts: int | None = None
+    last_error: str | None = None
+    result_error: str | None = None
+    created_at: datetime | None = None
+    run_at: datetime | None = None
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    #: The worker pool running it (``running`` only).
+    locked_by: str | None = None
+    cancel_requested_at: datetime | None = None
+    cancel_reason: str | None = None
+    timed_out: bool = False
+    _result: Any = field(default=None, repr=False)
+
+    @classmethod
+    def from_row(cls, row: Sequence[Any]) -> JobResult:
+        """From a row of ``py_job_status`` (:data:`JOB_RESULT_COLUMNS`)."""
+        values = dict(zip(JOB_RESULT_COLUMNS, row, strict=True))
+        result = values.pop("result")
+        return cls(**values, _result=result)
+
+    @property
+    def finished(self) -> bool:
+        """The job is in a state it does not leave by itself (:data:`FINAL_STATES`)."""
+        return self.state in FINAL_STATES
+
+    @property
+    def result(self) -> Any:
+        """What the task returned (a JSON value); see the class's docstring."""
+        if self.state != "succeeded":
+            raise ResultUnavailable(f"job {self.id} has no result: it is {self.state}")
+        if self.result_error is not None:
+            raise ResultUnavailable(
+                f"job {self.id} succeeded, but its result was not kept: {self.result_error}"
+            )
+        return self._result
+
+    def as_dict(self) -> dict[str, Any]:
+        """The record as a JSON-ready dict (times in ISO 8601; ``result`` only
+        when there is one)."""
+        out: dict[str, Any] = {}
+        for name in JOB_RESULT_COLUMNS:
+            if name == "result":
+                if self.state == "succeeded" and self.result_error is None:
+                    out["result"] = self._result
+                continue
+            value = getattr(self, name)
+            out[name] = value.isoformat() if isinstance(value, datetime) else value
+        return out
+
+
+def encode_result(value: Any, limit: int) -> tuple[str | None, str | None]:
+    """A task's return value as the JSON text stored with its history, and why
+    it is not stored (None, None: nothing to store).
+
+    ``None`` stores nothing. A value that is not JSON (a set, NaN, an object)
+    or larger than ``limit`` bytes is not stored, and the reason is: the job
+    still succeeds (its work is done; retrying would do it again). The text
+    is ASCII (``\\uXXXX`` escapes), so nothing in it can be refused for its
+    encoding.
+    """
+    if value is None:
+        return None, None
+    try:
+        text = json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError, RecursionError, OverflowError) as exc:
+        detail = " ".join(str(exc).split())[:200]
+        return None, f"not JSON: {type(exc).__name__}: {detail}"
+    if len(text) > limit:
+        return None, f"too large: {len(text)} bytes, more than the limit of {limit}"
+    return text, None
+
+
+def check_job_id(job_id: int) -> None:
+    """A job id: a whole number in ``bigint``'s range (else a JobSpecError naming it)."""
+    if isinstance(job_id, bool) or not isinstance(job_id, int) or not 0 < job_id < 1 << 63:
+        raise JobSpecError("job_id", f"is {job_id!r}; a job id is a whole number from 1 to 2**63-1")

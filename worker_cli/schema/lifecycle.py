@@ -1,0 +1,96 @@
+"""The statements of the job lifecycle (Python-only objects of
+migrations/py/000007.sql): history and results, a job's state, pruning.
+Templates over the schema name, composed with :func:`.statements.compose`."""
+
+from __future__ import annotations
+
+# Success with history on: the same, and each deleted job recorded as
+# succeeded in _private_py_job_history, in the same statement (one commit
+# for both), with its result: the jobs of %(result_ids)s returned a value
+# (their JSON text in %(results)s) or one that was not kept (%(result_errors)s).
+complete_batch_recording = """
+  with done as (
+    delete from {schema}._private_jobs as j
+    where j.id = any(%(job_ids)b::bigint[])
+    returning j.id, j.job_queue_id, j.task_id, j.key, j.priority, j.attempts,
+      j.max_attempts, j.revision, j.flags, j.created_at, j.run_at, j.locked_at
+  ),
+  recorded as (
+    insert into {schema}._private_py_job_history (
+      job_id, state, task_identifier, queue_name, key, priority, attempts, max_attempts,
+      revision, flags, result, result_error, created_at, run_at, started_at, finished_at,
+      pool_id, expires_at
+    )
+    select d.id, 'succeeded', t.identifier, q.queue_name, d.key, d.priority, d.attempts,
+      d.max_attempts, d.revision, d.flags, r.result::json, r.result_error, d.created_at,
+      d.run_at, d.locked_at, now(), %(pool_id)s, now() + %(keep)s::interval
+    from done as d
+    join {schema}._private_tasks as t on t.id = d.task_id
+    left join {schema}._private_job_queues as q on q.id = d.job_queue_id
+    left join unnest(
+      %(result_ids)b::bigint[], %(results)s::text[], %(result_errors)s::text[]
+    ) as r (id, result, result_error) on r.id = d.id
+  )
+  update {schema}._private_job_queues as q
+  set locked_at = null, locked_by = null
+  where q.id in (select done.job_queue_id from done) and q.locked_by = %(pool_id)s
+"""
+
+# Delete up to %(limit)s expired history rows (through the expires_at index:
+# a bounded range, whatever the table holds), if this session wins the
+# pruning lock (one pool prunes at a time); returns how many were deleted, or
+# null when another pool holds the lock.
+prune_history = """
+  with allowed as (
+    select pg_try_advisory_xact_lock(%(lock_namespace)s, hashtext(%(schema)s::text)) as won
+  ),
+  expired as (
+    select h.job_id
+    from {schema}._private_py_job_history as h
+    where h.expires_at < now() and (select allowed.won from allowed)
+    order by h.expires_at
+    limit %(limit)s
+    for update skip locked
+  ),
+  pruned as (
+    delete from {schema}._private_py_job_history as h
+    using expired
+    where h.job_id = expired.job_id
+    returning 1
+  )
+  select case when (select allowed.won from allowed) then (select count(*) from pruned) end
+"""
+
+# The state (and result) of one job: migrations/py/000007.sql.
+job_status = "select * from {schema}.py_job_status(%(job_id)s)"
+
+# The cleanup's DELETE_PERMAFAILED_JOBS with the lifecycle installed: the
+# permanently failed jobs are archived in the history (state failed, kept 7
+# days) as they are deleted, and their uniqueness locks released.
+archive_permafailed_jobs = """
+  with deleted as (
+    delete from {schema}._private_jobs as j
+    where j.attempts >= j.max_attempts and j.locked_at is null
+    returning j.*
+  ),
+  archived as (
+    insert into {schema}._private_py_job_history (
+      job_id, state, task_identifier, queue_name, key, priority, attempts, max_attempts,
+      revision, flags, last_error, created_at, run_at, finished_at, expires_at
+    )
+    select d.id, 'failed', t.identifier, q.queue_name, d.key, d.priority, d.attempts,
+      d.max_attempts, d.revision, d.flags, d.last_error, d.created_at, d.run_at, d.updated_at,
+      now() + interval '7 days'
+    from deleted as d
+    join {schema}._private_tasks as t on t.id = d.task_id
+    left join {schema}._private_job_queues as q on q.id = d.job_queue_id
+    on conflict (job_id) do nothing
+  )
+  delete from {schema}._private_py_unique_locks as l
+  where l.job_id in (select deleted.id from deleted)
+"""
+
+# Whether the schema has the lifecycle's objects (Python migration 7).
+lifecycle_installed = """
+  select to_regclass(format('%%I._private_py_job_history', %(schema)s::text)) is not null
+"""

@@ -1,0 +1,72 @@
+"""The pruner: deletes expired job history, whichever pool wins the lock.
+
+Every 1 to 2 minutes (a random moment, so that pools started together do
+not prune together) each pool tries; the one that wins a transaction-level
+advisory lock deletes expired rows of ``_private_py_job_history`` in batches
+of :data:`BATCH` (each an index range on ``expires_at``: bounded whatever the
+table holds), at most :data:`MAX_BATCHES` batches a turn, so a backlog after a
+long stop is worked off over several turns without a long transaction. No
+task has to be scheduled for it, as procrastinate's and Celery's users must.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+
+import psycopg
+
+from ..jobs.worker_utils import WorkerUtils
+from ..schema import lifecycle, statements
+
+__all__ = ["BATCH", "MAX_BATCHES", "HistoryPruner"]
+
+logger = logging.getLogger("graphile_worker")
+
+#: Rows deleted by one statement (one transaction).
+BATCH = 10_000
+#: Batches one turn deletes at most.
+MAX_BATCHES = 20
+#: First key of the pruning lock (the second is the schema's hash).
+_LOCK_NAMESPACE = 0x67775068  # "gwPh"
+
+
+class HistoryPruner:
+    """Deletes expired history rows every ``interval`` seconds (a random value
+    in the range)."""
+
+    def __init__(self, utils: WorkerUtils, *, schema: str, interval: tuple[float, float]) -> None:
+        self._utils = utils
+        self._schema = schema
+        self._statement = statements.compose(lifecycle.prune_history, schema)
+        self._interval = interval
+
+    async def run(self) -> None:
+        low, high = self._interval
+        while True:
+            await asyncio.sleep(random.uniform(low, high))
+            await self.prune()
+
+    async def prune(self, batch: int = BATCH, max_batches: int = MAX_BATCHES) -> int | None:
+        """One turn: how many rows were deleted (None: another pool was pruning,
+        or the database failed, which is logged; the next turn tries again)."""
+        total = 0
+        params = {"lock_namespace": _LOCK_NAMESPACE, "schema": self._schema, "limit": batch}
+        try:
+            for _ in range(max_batches):
+                async with self._utils.pool.connection() as conn:
+                    cur = await conn.execute(self._statement, params)
+                    row = await cur.fetchone()
+                deleted = row[0] if row else None
+                if deleted is None:
+                    return None if total == 0 else total
+                total += deleted
+                if deleted < batch:
+                    break
+        except psycopg.Error as exc:
+            logger.warning("Pruning the job history failed: %s", exc)
+            return None
+        if total:
+            logger.debug("Pruned %d expired job history row(s)", total)
+        return total

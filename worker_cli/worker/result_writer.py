@@ -1,0 +1,209 @@
+"""The statements that write a pool's results, for the completer.
+
+Successes delete their jobs, and with history on record them in
+``_private_py_job_history`` with their results, in the same statement (one
+commit for both; :data:`~worker_cli.schema.statements.complete_batch_recording`).
+Failures record their errors and back off. Writing is idempotent: a batch
+retried after a lost connection rewrites nothing.
+
+A result the server refuses for what it holds (a user's trigger raising, a
+value out of range) is never retried for ever, and never holds up the others:
+the batch is written in halves down to the refused job alone
+(:meth:`ResultWriter.write`). A refused success is written again without its
+result; if that is refused too, or for a refused failure, the job is failed
+for good with a message saying why. Other errors (a lost connection, a
+failover) go back to the caller, which retries the whole batch.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+from psycopg_pool import AsyncConnectionPool
+
+from ..jobs.job import Job
+from ..jobs.last_error import storable
+from ..schema import lifecycle, statements
+from .outcome import Failure
+
+__all__ = ["HistorySettings", "ResultWriter", "refused"]
+
+logger = logging.getLogger("graphile_worker")
+
+#: SQLSTATE classes of errors that refuse a statement for the values it holds,
+#: which the same statement would meet again: data exceptions (22), integrity
+#: constraints (23), program limits (54), a trigger's or function's own error
+#: (P0, 38, 39, 2F), triggered data change (27), a check option (44). Any
+#: other error (a lost connection, a read-only standby after a failover, a
+#: revoked privilege) is retried with the whole batch.
+_REFUSALS = frozenset({"22", "23", "27", "2F", "38", "39", "44", "54", "P0"})
+
+Succeeded = list[tuple[Job, str]]
+
+
+def refused(error: BaseException) -> bool:
+    """The server refused a statement for the values it holds (see ``_REFUSALS``)."""
+    state = getattr(error, "sqlstate", None)
+    return isinstance(error, psycopg.Error) and state is not None and state[:2] in _REFUSALS
+
+
+@dataclass(frozen=True)
+class HistorySettings:
+    """History on: how long a success is kept."""
+
+    keep_succeeded: timedelta
+
+
+class ResultWriter:
+    """Writes the results of one pool (see the module's docstring)."""
+
+    def __init__(
+        self,
+        db: AsyncConnectionPool[Any],
+        *,
+        schema: str,
+        pool_id: str,
+        history: HistorySettings | None,
+    ) -> None:
+        self._db = db
+        self._pool_id = pool_id
+        self._history = history
+        self._complete = statements.compose(
+            statements.complete_batch if history is None else lifecycle.complete_batch_recording,
+            schema,
+        )
+        self._fail = statements.compose(statements.fail_batch, schema)
+        #: Results of succeeded jobs waiting to be written: job id -> (JSON
+        #: text, why it was not kept); only jobs that returned something.
+        self._results: dict[int, tuple[str | None, str | None]] = {}
+
+    @property
+    def keeps_results(self) -> bool:
+        """History is on: results are worth encoding."""
+        return self._history is not None
+
+    def keep_result(self, job_id: int, result: str | None, error: str | None) -> None:
+        """The result of a job that succeeded, to be written with its success."""
+        if self._history is not None and (result is not None or error is not None):
+            self._results[job_id] = (result, error)
+
+    def forget(self, succeeded: Succeeded) -> None:
+        """The results of these jobs are written (or never will be)."""
+        if self._results:
+            for job, _ in succeeded:
+                self._results.pop(job.id, None)
+
+    async def write(self, succeeded: Succeeded, failed: list[Failure]) -> None:
+        """Write the results; if the server refuses them for what they hold,
+        write them in halves, down to the refused job alone."""
+        try:
+            await self._write(succeeded, failed)
+            return
+        except psycopg.Error as exc:
+            if not refused(exc):
+                raise
+            if len(succeeded) + len(failed) == 1:
+                await self._record_refused(succeeded, failed, exc)
+                return
+        half_s, half_f = len(succeeded) // 2, len(failed) // 2
+        if not (half_s or half_f):  # one success and one failure
+            half_s = len(succeeded)
+        await self.write(succeeded[:half_s], failed[:half_f])
+        await self.write(succeeded[half_s:], failed[half_f:])
+
+    async def _record_refused(
+        self, succeeded: Succeeded, failed: list[Failure], error: psycopg.Error
+    ) -> None:
+        """The server refused one job's outcome. A success is written again
+        without its result; otherwise the job is failed for good, with a
+        message of ours (``reschedule_jobs`` runs it again). If even that is
+        refused, the job is left locked (the stale-lock sweep frees it)."""
+        reason = f"{error.sqlstate}: {' '.join(str(error).split())}"
+        if succeeded:
+            job, worker_id = succeeded[0]
+            what, cause = "success", None
+            if job.id in self._results:
+                self._results[job.id] = (None, storable(f"PostgreSQL refused it ({reason})"))
+                try:
+                    await self._write(succeeded, [])
+                    logger.warning(
+                        "Job %d (%s): PostgreSQL refused its result (%s); recorded the "
+                        "success without it",
+                        job.id,
+                        job.task_identifier,
+                        reason,
+                    )
+                    return
+                except psycopg.Error as exc:
+                    if not refused(exc):
+                        raise
+        else:
+            job, worker_id, cause = failed[0].job, failed[0].worker_id, failed[0].error
+            what = "failure"
+        message = storable(
+            f"the worker could not record this job's {what}: PostgreSQL refused it ({reason})"
+        )
+        fallback = Failure(job, worker_id, cause or RuntimeError(message), message)
+        fallback.permanent = True
+        try:
+            await self._write([], [fallback])
+        except psycopg.Error as exc:
+            if not refused(exc):
+                raise
+            logger.error(
+                "Job %d: PostgreSQL refused to record its %s (%s), and to fail it (%s): "
+                "it stays locked until the stale-lock sweep frees it",
+                job.id,
+                what,
+                reason,
+                " ".join(str(exc).split()),
+            )
+            return
+        logger.warning(
+            "Job %d (%s): the worker could not record its %s, PostgreSQL refused it (%s); "
+            "failed it for good instead (reschedule_jobs runs it again)",
+            job.id,
+            job.task_identifier,
+            what,
+            reason,
+        )
+
+    async def _write(self, succeeded: Succeeded, failed: list[Failure]) -> None:
+        async with self._db.connection() as conn:
+            if succeeded:
+                await conn.execute(self._complete, self._complete_params(succeeded))
+            if failed:
+                await conn.execute(
+                    self._fail,
+                    {
+                        "job_ids": [f.job.id for f in failed],
+                        "messages": [f.message for f in failed],
+                        "items": [_int_array(f.failed_items) for f in failed],
+                        "permanent": [f.permanent for f in failed],
+                        "pool_id": self._pool_id,
+                    },
+                )
+
+    def _complete_params(self, succeeded: Succeeded) -> dict[str, Any]:
+        params: dict[str, Any] = {
+            "job_ids": [job.id for job, _ in succeeded],
+            "pool_id": self._pool_id,
+        }
+        if self._history is None:
+            return params
+        results = self._results
+        kept = [(job.id, results[job.id]) for job, _ in succeeded if job.id in results]
+        params["result_ids"] = [job_id for job_id, _ in kept]
+        params["results"] = [result for _, (result, _) in kept]
+        params["result_errors"] = [error for _, (_, error) in kept]
+        params["keep"] = self._history.keep_succeeded
+        return params
+
+
+def _int_array(items: list[int] | None) -> str | None:
+    """A batch job's failed items as an ``int[]`` literal (None: all of it)."""
+    return None if items is None else "{" + ",".join(map(str, items)) + "}"
