@@ -11,6 +11,7 @@ __all__ = [
     "DatabaseConnectionError",
     "GraphileWorkerError",
     "IncompatibleSchemaError",
+    "JobCancelled",
     "JobSpecError",
     "MigrationError",
     "PayloadError",
@@ -91,3 +92,15 @@ class UnreadableJobError(PayloadError):
     too deeply, an integer of too many digits). ``field`` names the column.
     Its task is never called, and it fails permanently at once: no retry can
     read it either (``reschedule_jobs`` revives it once the row is fixed)."""
+
+
+class JobCancelled(GraphileWorkerError):
+    """The job was cancelled while it ran (``cancel_job``): raised by
+    ``helpers.raise_if_cancelled()``, and the error an ``async def`` task's
+    cancellation is recorded with. A job with a cancel request that raises
+    anything is recorded as cancelled, never retried; one whose task returns
+    normally succeeded (its work is done)."""
+
+    def __init__(self, reason: str | None = None) -> None:
+        super().__init__(f"cancelled: {reason}" if reason else "cancelled")
+        self.reason = reason

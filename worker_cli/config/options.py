@@ -128,6 +128,12 @@ class WorkerOptions:
     max_result_bytes: int = 1 << 20
     #: Seconds between two prunings of expired history: a random value in this range.
     history_prune_interval: tuple[float, float] = (60.0, 120.0)
+    #: Seconds between two reads of the cancel requests while jobs run (the
+    #: safety net for a lost notification).
+    cancel_poll_interval: float = 5.0
+    #: Seconds after its cancel request after which a job still running is
+    #: reported (it ignores the request).
+    cancel_grace: float = 30.0
 
     def __post_init__(self) -> None:
         _check_range("concurrency", self.concurrency, 1, MAX_CONCURRENCY)

@@ -235,6 +235,19 @@ class SyncWorkerUtils:
         succeeded, its result (``.result``; see :class:`JobResult`)."""
         return self._run(self._plans.job_result(job_id))
 
+    def cancel_job(self, job_id: int, reason: str | None = None) -> JobState:
+        """Cancel a job: one waiting, scheduled or retrying never runs (it is
+        recorded as cancelled); a running one is told (see the README's
+        "Cancelling"). Returns its state after the call: ``cancelled``,
+        ``running`` (told; recorded as cancelled when it ends, unless it
+        succeeds), or the state of a job that was already gone."""
+        return (self._run(self._plans.cancel_jobs([job_id], reason)))[job_id]  # type: ignore[no-any-return]
+
+    def cancel_jobs(self, job_ids: Sequence[int], reason: str | None = None) -> dict[int, JobState]:
+        """Cancel several jobs in one transaction (see :meth:`cancel_job`);
+        each id with its state after the call."""
+        return self._run(self._plans.cancel_jobs(job_ids, reason))
+
     def complete_jobs(self, job_ids: Sequence[int]) -> list[Job]:
         """Mark jobs as done (delete them); locked jobs are skipped unless stale."""
         return self._run(self._plans.complete_jobs(job_ids))

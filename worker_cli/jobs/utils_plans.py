@@ -188,6 +188,21 @@ class UtilsPlans:
             rows = yield from query(statement, {"job_id": job_id}, lenient_times=True)
         return JobResult.from_row(rows[0])
 
+    def cancel_jobs(self, job_ids: Sequence[int], reason: str | None) -> Plan[dict[int, Any]]:
+        """``cancel_job`` and ``cancel_jobs``: each job's state after the call."""
+        for job_id in job_ids:
+            check_job_id(job_id)
+        if reason is not None and not isinstance(reason, str):
+            raise JobSpecError("reason", f"is {reason!r}; it must be a string or None")
+        return self._cancel_jobs(list(job_ids), reason)
+
+    def _cancel_jobs(self, job_ids: list[int], reason: str | None) -> Plan[dict[int, Any]]:
+        with schema_required(self.schema):
+            statement = statements.compose(lifecycle.cancel_jobs, self.schema)
+            rows = yield from query(statement, {"job_ids": job_ids, "reason": reason})
+        states = {int(job_id): state for job_id, state in rows}
+        return {job_id: states[job_id] for job_id in job_ids}
+
     def force_unlock_workers(self, worker_ids: Sequence[str]) -> Plan[None]:
         """``force_unlock_workers``."""
         params = {"worker_ids": list(worker_ids)}

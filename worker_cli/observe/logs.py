@@ -34,7 +34,7 @@ from datetime import UTC, datetime
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any, Literal, TextIO
 
-from ..errors import PayloadError, UnreadableJobError
+from ..errors import JobCancelled, PayloadError, UnreadableJobError
 from . import line_handler
 from .line_handler import LineHandler
 
@@ -120,6 +120,8 @@ def job_failed(
     duration_ms: float,
     message: str,
     error: BaseException,
+    *,
+    cancelled: bool = False,
 ) -> None:
     """Log ``Failed task <id> (...) with error '<message>'; retrying in Ns`` (or
     ``no attempts left: failed permanently``), with the traceback. A payload that
@@ -127,12 +129,16 @@ def job_failed(
     if not outcome_logger.isEnabledFor(_ERROR):
         return
     misfit = isinstance(error, PayloadError)
-    permanent = misfit or job.attempts >= job.max_attempts
+    permanent = misfit or isinstance(error, JobCancelled) or job.attempts >= job.max_attempts
     extra = _scope(job, worker_id, pool_id, duration_ms)
     extra["error"] = message
     if isinstance(error, UnreadableJobError):
         fate = "its row cannot be read: failed permanently (no retry)"
         extra["retry_in_s"] = None
+    elif cancelled:
+        fate = "the job was cancelled: recorded as cancelled (no retry)"
+        extra["retry_in_s"] = None
+        permanent = True
     elif misfit:
         fate = "the payload does not fit the task: failed permanently (no retry)"
         extra["retry_in_s"] = None

@@ -94,3 +94,55 @@ archive_permafailed_jobs = """
 lifecycle_installed = """
   select to_regclass(format('%%I._private_py_job_history', %(schema)s::text)) is not null
 """
+
+# The cancel requests of the jobs a pool holds (worker_cli/worker/cancel_watch.py).
+cancel_requests = """
+  select c.job_id, c.reason
+  from {schema}._private_py_cancellations as c
+  where c.pool_id = %(pool_id)s
+"""
+
+# Upkeep (with the pruning, by whichever pool wins its lock): a job with a
+# cancel request that is no longer locked (its Node worker failed it, its
+# crashed pool's jobs were released) is recorded as cancelled; requests and
+# options of jobs that are gone (the job succeeded) are deleted.
+finalize_cancelled = """
+  with cancelled as (
+    delete from {schema}._private_jobs as j
+    using {schema}._private_py_cancellations as c
+    where c.job_id = j.id and j.locked_at is null
+    returning j.*, c.requested_at, c.reason
+  ),
+  recorded as (
+    insert into {schema}._private_py_job_history (
+      job_id, state, task_identifier, queue_name, key, priority, attempts, max_attempts,
+      revision, flags, last_error, created_at, run_at, finished_at, cancel_requested_at,
+      cancel_reason, expires_at
+    )
+    select d.id, 'cancelled', t.identifier, q.queue_name, d.key, d.priority, d.attempts,
+      d.max_attempts, d.revision, d.flags, d.last_error, d.created_at, d.run_at, now(),
+      d.requested_at, d.reason, now() + interval '1 day'
+    from cancelled as d
+    join {schema}._private_tasks as t on t.id = d.task_id
+    left join {schema}._private_job_queues as q on q.id = d.job_queue_id
+    on conflict (job_id) do nothing
+  ),
+  released as (
+    delete from {schema}._private_py_unique_locks as l
+    where l.job_id in (select cancelled.id from cancelled)
+  ),
+  stale_requests as (
+    delete from {schema}._private_py_cancellations as c
+    where not exists (select 1 from {schema}._private_jobs as j where j.id = c.job_id)
+       or c.job_id in (select cancelled.id from cancelled)
+  ),
+  stale_options as (
+    delete from {schema}._private_py_job_options as o
+    where not exists (select 1 from {schema}._private_jobs as j where j.id = o.job_id)
+      and o.added_at < now() - interval '1 minute'
+  )
+  select count(*) from cancelled
+"""
+
+# Cancel jobs (migrations/py/000008.sql): each id with its state after the call.
+cancel_jobs = "select id, state from {schema}.py_cancel_jobs(%(job_ids)s::bigint[], %(reason)s)"

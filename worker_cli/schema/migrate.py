@@ -68,7 +68,7 @@ _CLASH_ERRORS = (
     pg_errors.DuplicateObject,
 )
 
-_PLACEHOLDER = "{{schema}}"
+_PLACEHOLDERS = re.compile(r"\{\{(schema|schema_name)\}\}")
 
 
 @dataclass(frozen=True)
@@ -122,16 +122,20 @@ def _default_directory() -> Path:
 
 @cache
 def _split(text: str) -> tuple[str, ...]:
-    return tuple(text.split(_PLACEHOLDER))
+    """The text between placeholders, and the placeholders' names, in turn."""
+    return tuple(_PLACEHOLDERS.split(text))
 
 
 def compose_script(text: str, schema: str) -> sql.Composed:
-    """Replace every ``{{schema}}`` in ``text`` with the quoted schema name."""
+    """Replace every ``{{schema}}`` in ``text`` with the quoted schema name, and
+    every ``{{schema_name}}`` with the name as a string literal (for a
+    notification channel named after the schema)."""
     parts: list[sql.Composable] = []
     for index, part in enumerate(_split(text)):
-        if index:
-            parts.append(sql.Identifier(schema))
-        parts.append(sql.SQL(part))
+        if index % 2 == 0:
+            parts.append(sql.SQL(part))
+        else:
+            parts.append(sql.Identifier(schema) if part == "schema" else sql.Literal(schema))
     return sql.Composed(parts)
 
 

@@ -227,20 +227,69 @@ complete_batch = """
   where q.id in (select done.job_queue_id from done) and q.locked_by = %(pool_id)s
 """
 
+
+def _cancelled(source: LiteralString, message: LiteralString) -> LiteralString:
+    """CTEs deleting the jobs of ``source`` (a CTE with an ``id`` column) that
+    have a cancel request, recording them in the history as cancelled (last
+    error ``message``), releasing their uniqueness locks and requests; the CTE
+    ``cancelled`` returns them (with ``job_queue_id``)."""
+    return (
+        """
+  cancelled as (
+    delete from {schema}._private_jobs as j
+    using """
+        + source
+        + """, {schema}._private_py_cancellations as c
+    where j.id = """
+        + source
+        + """.id and c.job_id = j.id and j.locked_by = %(pool_id)s
+    returning j.*, """
+        + message
+        + """ as message, c.requested_at, c.reason
+  ),
+  recorded as (
+    insert into {schema}._private_py_job_history (
+      job_id, state, task_identifier, queue_name, key, priority, attempts, max_attempts,
+      revision, flags, last_error, created_at, run_at, started_at, finished_at, pool_id,
+      cancel_requested_at, cancel_reason, expires_at
+    )
+    select d.id, 'cancelled', t.identifier, q.queue_name, d.key, d.priority, d.attempts,
+      d.max_attempts, d.revision, d.flags, d.message, d.created_at, d.run_at, d.locked_at,
+      now(), %(pool_id)s, d.requested_at, d.reason, now() + interval '1 day'
+    from cancelled as d
+    join {schema}._private_tasks as t on t.id = d.task_id
+    left join {schema}._private_job_queues as q on q.id = d.job_queue_id
+    on conflict (job_id) do nothing
+  ),
+  released as (
+    delete from {schema}._private_py_unique_locks as l
+    where l.job_id in (select cancelled.id from cancelled)
+  ),
+  answered as (
+    delete from {schema}._private_py_cancellations as c
+    where c.job_id in (select cancelled.id from cancelled)
+  ),"""
+    )
+
+
 # Failure: record the error, back off exp(min(attempts, 10)) seconds, release
 # the lock. A batch job keeps only its failed items (their 0-based positions,
 # as an int[] literal in ``items``), as they are stored: the payload is never
 # re-encoded by the worker. attempts is not touched (it was counted when the
 # job was fetched), except for a permanent failure (a payload that does not
 # fit its task): its attempts are used up, as permanently_fail_jobs does, so
-# that it is not retried in vain.
-fail_batch = """
+# that it is not retried in vain. A job with a cancel request (py_cancel_jobs)
+# is not retried: it is deleted and recorded as cancelled (_cancelled).
+fail_batch = (
+    """
   with failure as (
     select *
     from unnest(
       %(job_ids)b::bigint[], %(messages)s::text[], %(items)s::text[], %(permanent)s::bool[]
     ) as f(id, message, items, permanent)
-  ),
+  ),"""
+    + _cancelled("failure", "failure.message")
+    + """
   failed as (
     update {schema}._private_jobs as j
     set last_error = failure.message,
@@ -259,25 +308,44 @@ fail_batch = """
         updated_at = now()
     from failure
     where j.id = failure.id and j.locked_by = %(pool_id)s
+      and failure.id not in (select cancelled.id from cancelled)
     returning j.job_queue_id
   )
   update {schema}._private_job_queues as q
   set locked_at = null, locked_by = null
-  where q.id in (select failed.job_queue_id from failed) and q.locked_by = %(pool_id)s
+  where q.id in (
+      select failed.job_queue_id from failed
+      union all select cancelled.job_queue_id from cancelled
+    )
+    and q.locked_by = %(pool_id)s
 """
+)
 
-# Give back fetched jobs that never started (shutdown), restoring the attempt.
-return_jobs = """
-  with returned as (
+# Give back fetched jobs that never started (shutdown), restoring the attempt;
+# one with a cancel request is recorded as cancelled instead (never run).
+return_jobs = (
+    """
+  with given as (
+    select unnest(%(job_ids)b::bigint[]) as id
+  ),"""
+    + _cancelled("given", "j.last_error")
+    + """
+  returned as (
     update {schema}._private_jobs as j
     set attempts = greatest(0, j.attempts - 1), locked_at = null, locked_by = null
-    where j.id = any(%(job_ids)b::bigint[]) and j.locked_by = %(pool_id)s
+    where j.id in (select given.id from given) and j.locked_by = %(pool_id)s
+      and j.id not in (select cancelled.id from cancelled)
     returning j.job_queue_id
   )
   update {schema}._private_job_queues as q
   set locked_at = null, locked_by = null
-  where q.id in (select returned.job_queue_id from returned) and q.locked_by = %(pool_id)s
+  where q.id in (
+      select returned.job_queue_id from returned
+      union all select cancelled.job_queue_id from cancelled
+    )
+    and q.locked_by = %(pool_id)s
 """
+)
 
 # Free jobs and queues whose lock is older than 4 hours (a crashed worker).
 # run_at is kept, as force_unlock_workers keeps it: a released job of a named
@@ -423,86 +491,6 @@ delete_permafailed_jobs_releasing_unique_locks = """
 # Delete up to %(max_rows)s uniqueness locks that can never block again;
 # returns how many.
 gc_unique_locks = "select {schema}.py_gc_unique_locks(%(max_rows)s)"
-
-# --- Heartbeats (migrations/py/000002.sql; worker_cli/worker/heartbeat.py) ------------
-
-# Record that this pool is alive, with what it reports (migrations/py/000004.sql:
-# null where the pool reports nothing; the previous beat's counter and time are
-# kept, for the dashboard's rate). Returns whether the pool had to register (its
-# first beat, or another pool declared it dead meanwhile and released its
-# jobs), and the database's time of the beat.
-heartbeat_beat = """
-  with beat as (
-    update {schema}._private_py_heartbeats as h
-    set beat_at = now(),
-        timeout = %(timeout)s::interval,
-        concurrency = %(concurrency)s,
-        task_identifiers = %(task_identifiers)s::text[],
-        version = %(version)s,
-        jobs_done_before = h.jobs_done,
-        beat_before = h.beat_at,
-        jobs_done = %(jobs_done)s
-    where h.pool_id = %(pool_id)s
-    returning h.pool_id
-  ),
-  registered as (
-    insert into {schema}._private_py_heartbeats as h (
-      pool_id, timeout, hostname, pid, concurrency, task_identifiers, version, jobs_done
-    )
-    select %(pool_id)s, %(timeout)s::interval, %(hostname)s, %(pid)s, %(concurrency)s,
-      %(task_identifiers)s::text[], %(version)s, %(jobs_done)s
-    where not exists (select 1 from beat)
-    on conflict (pool_id) do nothing
-    returning h.pool_id
-  )
-  select exists (select 1 from registered), now()
-"""
-
-# Declare dead every other pool that has not beaten for its own timeout, counted
-# from its last beat or from %(watching_since)s, whichever is later: the first
-# beat of this pool's current uninterrupted run of beats (after an outage for
-# everyone, every pool gets its whole timeout again). Deletes its row and
-# releases its jobs and queues. The attempt the dead pool had counted when it
-# fetched a job stays counted; last_error says what happened; run_at is kept, so
-# a job of a named queue stays ahead of the jobs behind it. Only locked_by
-# values that had a heartbeat row are touched, never Node's.
-heartbeat_reap = """
-  with dead as (
-    delete from {schema}._private_py_heartbeats as h
-    where greatest(h.beat_at, %(watching_since)s::timestamptz) < now() - h.timeout
-      and h.pool_id <> %(pool_id)s
-    returning h.pool_id, h.beat_at, h.timeout, h.hostname, h.pid
-  ),
-  jobs as (
-    update {schema}._private_jobs as j
-    set locked_at = null,
-        locked_by = null,
-        last_error = 'the worker pool ' || dead.pool_id
-          || coalesce(' (host ' || dead.hostname || ', pid ' || dead.pid || ')', '')
-          || ' running this job was declared dead: no heartbeat since '
-          || dead.beat_at || ' (timeout ' || dead.timeout || ')',
-        updated_at = now()
-    from dead
-    where j.locked_by = dead.pool_id
-    returning dead.pool_id
-  ),
-  queues as (
-    update {schema}._private_job_queues as q
-    set locked_at = null, locked_by = null
-    from dead
-    where q.locked_by = dead.pool_id
-    returning dead.pool_id
-  )
-  select dead.pool_id, dead.hostname, dead.pid, dead.beat_at,
-    extract(epoch from now() - greatest(dead.beat_at, %(watching_since)s::timestamptz))::float8,
-    (select count(*) from jobs where jobs.pool_id = dead.pool_id) as jobs,
-    (select count(*) from queues where queues.pool_id = dead.pool_id) as queues
-  from dead
-"""
-
-# A pool stopping cleanly (every result written) forgets its heartbeat.
-heartbeat_remove = "delete from {schema}._private_py_heartbeats where pool_id = %(pool_id)s"
-
 
 # --- Schema probing (worker_cli/schema.py) ----------------------------------------
 

@@ -12,6 +12,7 @@ from typing import Any, TypeVar, overload
 import psycopg
 from psycopg.rows import dict_row
 
+from ..errors import JobCancelled
 from ..jobs.job import Job
 from ..jobs.job_spec import JobSpec
 from ..jobs.payloads import NamedPayload, job_identity
@@ -42,6 +43,8 @@ class Helpers:
     - ``logger``: a logger whose lines name the worker, the task and the job
     - ``abort_signal``: an ``asyncio.Event`` set when the job must stop
       (graceful-shutdown timeout); check ``abort_signal.is_set()``
+    - ``cancelled``, ``raise_if_cancelled()``, ``cancel_reason``: the job was
+      cancelled while running (``cancel_job``)
     - ``with_pg_client()``, ``query(sql, params)``: the worker's database pool
     - ``add_job(...)``, ``add_jobs(...)``: as in WorkerUtils
     - ``run(awaitable)``: from a plain (threaded) task, run one of the above on
@@ -62,6 +65,26 @@ class Helpers:
         self.abort_signal = abort_signal
         self._utils = utils
         self._loop = loop or asyncio.get_running_loop()
+        self._cancelled = False
+        #: Why the job was cancelled (``cancel_job(..., reason)``), once it was.
+        self.cancel_reason: str | None = None
+
+    @property
+    def cancelled(self) -> bool:
+        """True once the job was cancelled while running (``cancel_job``): a
+        plain ``def`` task should check it between steps and stop (an
+        ``async def`` task gets ``CancelledError`` at its next ``await``)."""
+        return self._cancelled
+
+    def raise_if_cancelled(self) -> None:
+        """Raise :class:`~worker_cli.errors.JobCancelled` if the job was cancelled."""
+        if self._cancelled:
+            raise JobCancelled(self.cancel_reason)
+
+    def mark_cancelled(self, reason: str | None) -> None:
+        """Called by the worker (any thread) when the job is cancelled."""
+        self.cancel_reason = reason
+        self._cancelled = True
 
     @cached_property
     def logger(self) -> JobLogger:

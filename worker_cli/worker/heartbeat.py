@@ -5,7 +5,7 @@ interval of 0 turns them off). A pool keeps a row in ``_private_py_heartbeats``
 and refreshes its ``beat_at`` every interval. At each beat it also declares
 dead every other pool that has not beaten for the timeout *that pool*
 declared: it deletes the row and releases the dead pool's jobs and named
-queues (``statements.heartbeat_reap``). The attempt the dead pool counted when
+queues (``heartbeats.heartbeat_reap``). The attempt the dead pool counted when
 it fetched a job stays counted, and ``last_error`` says the pool was declared
 dead.
 
@@ -56,7 +56,7 @@ import psycopg
 from .._version import __version__
 from ..db.connections import WorkerConnections
 from ..db.retry import DEFAULT, one_line
-from ..schema import statements
+from ..schema import heartbeats, statements
 
 __all__ = ["Heartbeat", "PoolReport"]
 
@@ -213,7 +213,7 @@ class Heartbeat:
         if self._report is not None:
             self._params["jobs_done"] = self._report.jobs_done()
         row = conn.execute(
-            statements.compose(statements.heartbeat_beat, self._schema), self._params
+            statements.compose(heartbeats.heartbeat_beat, self._schema), self._params
         ).fetchone()
         assert row is not None
         registered, now = row
@@ -233,7 +233,7 @@ class Heartbeat:
     def _reap(self) -> None:
         conn = self._connection()
         cur = conn.execute(
-            statements.compose(statements.heartbeat_reap, self._schema),
+            statements.compose(heartbeats.heartbeat_reap, self._schema),
             {"pool_id": self.pool_id, "watching_since": self._watching_since},
         )
         released = 0
@@ -259,7 +259,7 @@ class Heartbeat:
         release) after its timeout."""
         try:
             self._connection().execute(
-                statements.compose(statements.heartbeat_remove, self._schema),
+                statements.compose(heartbeats.heartbeat_remove, self._schema),
                 {"pool_id": self.pool_id},
             )
         except Exception as exc:

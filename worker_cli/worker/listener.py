@@ -1,8 +1,10 @@
 """The listener: a connection of its own that LISTENs for news.
 
 ``jobs:insert`` (sent by ``add_job``) means there may be new jobs: the
-fetcher is nudged. ``worker:migrate`` with ``breaking`` means another worker
-applied a schema revision this one does not know: the pool stops. A lost
+fetcher is nudged. ``<schema>:py:cancel`` means jobs were cancelled while
+running: the cancel watch looks for this pool's. ``worker:migrate`` with
+``breaking`` means another worker applied a schema revision this one does
+not know: the pool stops. A lost
 connection is re-opened with the :data:`retry.RECONNECT` backoff; once
 listening again, the fetcher is nudged (jobs may have been added meanwhile)
 and the pool's idle connections are checked (the outage likely broke them).
@@ -16,6 +18,7 @@ import logging
 from collections.abc import Awaitable, Callable
 
 import psycopg
+from psycopg import sql
 
 from ..db.connections import WorkerConnections
 from ..db.retry import RECONNECT, one_line
@@ -39,9 +42,14 @@ class Listener:
         on_reconnected: Callable[[], Awaitable[None]],
         events: Events,
         owner: object,
+        schema: str = "graphile_worker",
+        on_cancel: Callable[[str], None] | None = None,
     ) -> None:
         self._connections = connections
         self._on_jobs = on_jobs
+        #: The channel of cancel requests (migrations/py/000008.sql).
+        self._cancel_channel = f"{schema}:py:cancel"
+        self._on_cancel = on_cancel
         self._on_breaking_migration = on_breaking_migration
         self._on_reconnected = on_reconnected
         self._events = events
@@ -55,6 +63,11 @@ class Listener:
             try:
                 async with await self._connections.connect("listen") as conn:
                     await conn.execute(statements.listen_jobs_insert)
+                    if self._on_cancel is not None:
+                        channel = sql.Identifier(self._cancel_channel)
+                        await conn.execute(sql.SQL("listen {}").format(channel))
+                        self._on_cancel("")  # requests made while we were not listening
+                    # Last: what pg_stat_activity shows of a listening worker.
                     await conn.execute(statements.listen_worker_migrate)
                     if failures:
                         logger.info("Worker pool %s: listening again", pool_id)
@@ -82,6 +95,8 @@ class Listener:
     def _notified(self, channel: str, payload: str) -> None:
         if channel == "jobs:insert":
             self._on_jobs()
+        elif channel == self._cancel_channel and self._on_cancel is not None:
+            self._on_cancel(payload)
         elif channel == "worker:migrate":
             try:
                 details = json.loads(payload)

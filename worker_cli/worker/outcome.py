@@ -6,7 +6,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import PayloadError
+from ..errors import JobCancelled, PayloadError
 from ..jobs.job import Job
 from ..jobs.last_error import describe
 
@@ -34,7 +34,8 @@ class Failure:
 
     def __post_init__(self) -> None:
         self.permanent = (
-            isinstance(self.error, PayloadError) or self.job.attempts >= self.job.max_attempts
+            isinstance(self.error, PayloadError | JobCancelled)
+            or self.job.attempts >= self.job.max_attempts
         )
 
 

@@ -33,13 +33,11 @@ from ..db.connections import WorkerConnections
 from ..jobs.worker_utils import WorkerUtils
 from ..observe.events import Events
 from ..tasks.loader import Task
+from .background import PoolHooks, background_loops
 from .completer import Completer
 from .fetcher import Fetcher, FetchSettings, OnFetched
 from .heartbeat import Heartbeat, PoolReport
-from .listener import Listener
 from .local_queue import LocalQueue
-from .maintenance import Poller, Sweeper
-from .pruner import HistoryPruner
 from .result_writer import HistorySettings
 from .slots import Slots
 from .stopping import cancel_and_wait, log_unwritten, wait_for_running, wait_until_forced
@@ -245,7 +243,7 @@ class WorkerPool:
                 slot_tasks = slots.start(group)
                 fetcher = group.create_task(self._fetcher.run(self._on_exhausted))
                 writer = group.create_task(completer.run())
-                helpers = [group.create_task(loop) for loop in self._background(utils)]
+                helpers = [group.create_task(loop) for loop in self._background(utils, slots)]
                 self.nudge()
                 self.ready.set()
                 await self._stop.wait()
@@ -262,44 +260,30 @@ class WorkerPool:
                 await wait_for_running(
                     slots, slot_tasks, self._forced, options.graceful_shutdown_timeout, self.id
                 )
+                given_back = asyncio.ensure_future(completer.return_unstarted(slots.returned))
                 completer.close()
                 # A helper inside a query may take a while to end once cancelled.
-                await self._finish(returning, writer, *helpers)
+                await self._finish(returning, given_back, writer, *helpers)
         finally:
             slots.close()
 
-    def _background(self, utils: WorkerUtils) -> list[Coroutine[Any, Any, None]]:
-        """The loops that run beside the pipeline (not with ``once``)."""
-        if self.once:
-            return []
-        options = self.options
-        listener = Listener(
-            self.connections,
-            on_jobs=self.nudge,
-            on_breaking_migration=self._on_breaking_migration,
-            on_reconnected=utils.pool.check,
-            events=self.events,
-            owner=self,
-        )
-        poller = Poller(
-            options.poll_interval, exhausted=lambda: self._fetcher.exhausted, nudge=self.nudge
-        )
-        sweeper = Sweeper(
+    def _background(self, utils: WorkerUtils, slots: Slots) -> list[Coroutine[Any, Any, None]]:
+        """The loops that run beside the pipeline (see :mod:`.background`)."""
+        return background_loops(
+            PoolHooks(
+                options=self.options,
+                connections=self.connections,
+                events=self.events,
+                owner=self,
+                once=self.once,
+                cron_items=self.cron_items,
+                nudge=self.nudge,
+                exhausted=lambda: self._fetcher.exhausted,
+                on_breaking_migration=self._on_breaking_migration,
+            ),
             utils,
-            schema=options.schema,
-            stale_lock_timeout=options.stale_lock_timeout,
-            interval=options.stale_sweep_interval,
-            on_released=self.nudge,
+            slots,
         )
-        pruner = HistoryPruner(
-            utils, schema=options.schema, interval=options.history_prune_interval
-        )
-        loops = [listener.run(), poller.run(), sweeper.run(), pruner.run()]
-        if self.cron_items:
-            from .cron import CronScheduler
-
-            loops.append(CronScheduler(self.cron_items, utils.pool, options.schema).run())
-        return loops
 
     def _fail_unreadable(self, unreadable: Sequence[Unreadable]) -> None:
         """Fetched jobs whose rows cannot be read fail alone, without running."""

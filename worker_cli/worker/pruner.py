@@ -1,4 +1,5 @@
-"""The pruner: deletes expired job history, whichever pool wins the lock.
+"""The pruner: deletes expired job history, whichever pool wins the lock, and
+records as cancelled the jobs whose cancel request nobody can act on.
 
 Every 1 to 2 minutes (a random moment, so that pools started together do
 not prune together) each pool tries; the one that wins a transaction-level
@@ -40,6 +41,7 @@ class HistoryPruner:
         self._utils = utils
         self._schema = schema
         self._statement = statements.compose(lifecycle.prune_history, schema)
+        self._finalize = statements.compose(lifecycle.finalize_cancelled, schema)
         self._interval = interval
 
     async def run(self) -> None:
@@ -47,6 +49,21 @@ class HistoryPruner:
         while True:
             await asyncio.sleep(random.uniform(low, high))
             await self.prune()
+            await self.finalize_cancelled()
+
+    async def finalize_cancelled(self) -> int | None:
+        """Record as cancelled the jobs with a cancel request that nobody holds
+        any more (a Node worker failed one; a crashed pool's were released),
+        and delete requests and options of jobs that are gone. Returns how
+        many were recorded (None: the database failed, which is logged)."""
+        try:
+            async with self._utils.pool.connection() as conn:
+                cur = await conn.execute(self._finalize)
+                row = await cur.fetchone()
+        except psycopg.Error as exc:
+            logger.warning("Recording cancelled jobs failed: %s", exc)
+            return None
+        return int(row[0]) if row else 0
 
     async def prune(self, batch: int = BATCH, max_batches: int = MAX_BATCHES) -> int | None:
         """One turn: how many rows were deleted (None: another pool was pruning,

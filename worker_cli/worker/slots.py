@@ -25,18 +25,18 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..errors import JobCancelled
 from ..jobs.job import Job
-from ..jobs.last_error import describe
 from ..jobs.results import encode_result
 from ..jobs.worker_utils import WorkerUtils
-from ..observe import logs
 from ..observe.events import Events
 from ..tasks.helpers import Helpers
 from ..tasks.loader import Task
 from .completer import Completer
 from .local_queue import LocalQueue, Refill
 from .loop_watch import LoopWatch
-from .outcome import Failure, batch_failures
+from .outcome import batch_failures
+from .reporter import Reporter
 from .task_threads import (
     TASK_THREAD_PREFIX,
     Back,
@@ -65,8 +65,9 @@ class _Slot:
     worker_id: str
     #: The slot's asyncio task, cancelled (inside the job) by a forced stop.
     task: asyncio.Task[None] | None = None
-    #: The ``async def`` job it is running.
+    #: The ``async def`` job it is running, and its helpers.
     job: Job | None = None
+    helpers: Helpers | None = None
     #: Its thread for plain jobs (made at its first one).
     thread: TaskThread | None = None
 
@@ -93,14 +94,27 @@ class Slots:
         self._result_limit = result_limit
         self._queue = queue
         self._refill = refill
-        self._completer = completer
         self._utils = utils
         self._pool_id = pool_id
-        self._log_success = log_success
         self._events = events
+        #: Cancel requests this pool knows of: job id -> reason. A job in it
+        #: that has not started never does.
+        self.cancelling: dict[int, str | None] = {}
+        self._reporter = Reporter(
+            completer,
+            pool_id=pool_id,
+            log_success=log_success,
+            events=events,
+            cancelling=self.cancelling,
+        )
+        self._report = self._reporter.report
         self._slots = [_Slot(f"worker-{secrets.token_hex(9)}") for _ in range(concurrency)]
         self._loop = asyncio.get_running_loop()
         self._failing = False
+        self._returning = False
+        #: ``async def`` jobs cancelled by the graceful stop (:meth:`return_running`),
+        #: to be given back: they run again.
+        self.returned: list[Job] = []
         #: Every running job's ``helpers.abort_signal``.
         self.abort = asyncio.Event()
         self._plain = frozenset(name for name, task in tasks.items() if not task.is_async)
@@ -114,15 +128,57 @@ class Slots:
             loop=self._loop,
             abort=self.abort,
             result_limit=result_limit,
+            cancelling=self.cancelling,
         )
         self._watch = LoopWatch(self._loop, self.job_of)
         #: Jobs running now.
         self.running = 0
-        #: Jobs run to an outcome (success or failure).
-        self.done = 0
 
     def __len__(self) -> int:
         return len(self._slots)
+
+    @property
+    def done(self) -> int:
+        """Jobs run to an outcome (success or failure)."""
+        return self._reporter.done
+
+    def cancel(self, job_id: int, reason: str | None) -> bool:
+        """A cancel request: an ``async def`` task gets ``CancelledError``, a plain
+        one sees ``helpers.cancelled``, a job not started never starts. Whether
+        the job runs now (each request is acted on once)."""
+        if job_id in self.cancelling:
+            return False
+        self.cancelling[job_id] = reason
+        for slot in self._slots:
+            if slot.job is not None and slot.job.id == job_id:
+                if slot.helpers is not None:
+                    slot.helpers.mark_cancelled(reason)
+                if slot.task is not None:
+                    slot.task.cancel()
+                return True
+            if slot.thread is not None and slot.thread.cancel(job_id, reason):
+                return True
+        return False
+
+    def running_job_ids(self) -> set[int]:
+        """Ids of the jobs running now."""
+        ids = {slot.job.id for slot in self._slots if slot.job is not None}
+        ids.update(
+            job.id
+            for slot in self._slots
+            if slot.thread is not None and (job := slot.thread.current) is not None
+        )
+        return ids
+
+    def where(self, job_id: int) -> str | None:
+        """Where a running job's task is now (its innermost frames)."""
+        for slot in self._slots:
+            if slot.job is not None and slot.job.id == job_id and slot.task is not None:
+                frames = slot.task.get_stack(limit=None)
+                return _frames(frames[-3:]) if frames else None
+            if slot.thread is not None and (text := slot.thread.where(job_id)) is not None:
+                return text
+        return None
 
     def start(self, group: asyncio.TaskGroup) -> list[asyncio.Task[None]]:
         """Start every slot in ``group``, and the watch that names a job
@@ -134,10 +190,18 @@ class Slots:
 
     def job_of(self, task: asyncio.Task[object] | None) -> Job | None:
         """The ``async def`` job a slot's asyncio task is running (any thread)."""
+        return next((slot.job for slot in self._slots if slot.task is task), None)
+
+    def return_running(self) -> int:
+        """The graceful stop's last step: cancel the ``async def`` jobs still
+        running, to give them back (:attr:`returned`); how many."""
+        self._returning = True
+        count = 0
         for slot in self._slots:
-            if slot.task is task:
-                return slot.job
-        return None
+            if slot.job is not None and slot.task is not None:
+                slot.task.cancel()
+                count += 1
+        return count
 
     def fail_running(self) -> None:
         """A forced stop: end the running jobs now, as failures."""
@@ -193,7 +257,11 @@ class Slots:
             abort_signal=self.abort,
             loop=self._loop,
         )
+        if self.cancelling and job.id in self.cancelling:  # cancelled before it started
+            self._report(Ran(job, slot.worker_id, JobCancelled(self.cancelling[job.id]), None, 0))
+            return
         slot.job = job
+        slot.helpers = helpers
         started = time.perf_counter()
         self.running += 1
         events = self._events
@@ -210,32 +278,46 @@ class Slots:
             if isinstance(result, list) and isinstance(job.payload, list):
                 error, failed_items = batch_failures(job, result)
         except asyncio.CancelledError as exc:
-            error = self._cancelled(slot, exc)
+            error = self._cancelled(slot, exc, job.id)
         except BaseException as exc:  # SystemExit, GeneratorExit, ... too: the job failed
             exit_forked_child(before, exc)
             error = exc
         finally:
             exit_forked_child(before, None)
-            slot.job = None
+            slot.job = slot.helpers = None
             self.running -= 1
+        if isinstance(error, _Returned):
+            self.returned.append(job)
+            return
         duration = (time.perf_counter() - started) * 1000
         ran = Ran(job, slot.worker_id, error, failed_items, duration)
         if result is not None and error is None and self._result_limit is not None:
             ran.result, ran.result_error = encode_result(result, self._result_limit)
         self._report(ran)
+        if self.cancelling:
+            self.cancelling.pop(job.id, None)
 
-    def _cancelled(self, slot: _Slot, error: asyncio.CancelledError) -> BaseException:
+    def _cancelled(
+        self, slot: _Slot, error: asyncio.CancelledError, job_id: int | None = None
+    ) -> BaseException:
         """The job's error for a CancelledError caught in ``slot``'s job.
 
-        Re-raises it when the slot's task itself was cancelled (the pool ends
-        it). A forced stop's cancellation is taken back: the job failed
-        (:func:`_stopped`), the slot goes on. With no cancellation of the slot
-        pending, the task raised it itself (it awaited something someone else
-        cancelled): only its job failed.
+        A cancel request's cancellation (:meth:`cancel`) and a forced stop's
+        are taken back: the job failed (:class:`JobCancelled`,
+        :func:`_stopped`), the slot goes on. Re-raises it when the slot's task
+        itself was cancelled (the pool ends it). With no cancellation of the
+        slot pending, the task raised it itself (it awaited something someone
+        else cancelled): only its job failed.
         """
         task = slot.task
         if task is None or not task.cancelling():
             return error
+        if job_id is not None and job_id in self.cancelling:
+            task.uncancel()
+            return JobCancelled(self.cancelling[job_id])
+        if self._returning and not self._failing and job_id is not None:
+            task.uncancel()
+            return _Returned()
         if not self._failing:
             raise error
         task.uncancel()
@@ -269,18 +351,6 @@ class Slots:
                 duration = (time.perf_counter() - started) * 1000
                 self._report(Ran(running, slot.worker_id, _stopped(), None, duration))
 
-    def _keep_result(self, ran: Ran) -> None:
-        """Hand a success's result to the completer; say why one is not kept."""
-        job = ran.job
-        self._completer.writer.keep_result(job.id, ran.result, ran.result_error)
-        if ran.result_error is not None:
-            logger.warning(
-                "Job %d (%s) succeeded, but its result is not kept: %s",
-                job.id,
-                job.task_identifier,
-                ran.result_error,
-            )
-
     def fail_unreadable(self, unreadable: Sequence[Unreadable]) -> None:
         """Fail fetched jobs whose rows cannot be read (never run: their task
         is not called), in the pool's name."""
@@ -296,38 +366,24 @@ class Slots:
         for item in items:
             if isinstance(item, Ran):
                 self._report(item)
+                if self.cancelling:
+                    self.cancelling.pop(item.job.id, None)
         if refill and self._queue.runs_short(self._refill):
             self._refill.wake()
 
-    def _report(self, ran: Ran) -> None:
-        """Hand an outcome to the completer, then log and emit it. What raises
-        there (a user's logging filter, say) is logged: the outcome is never lost."""
-        self.done += 1
-        job, worker_id, error = ran.job, ran.worker_id, ran.error
-        try:
-            if error is None:
-                if ran.result is not None or ran.result_error is not None:
-                    self._keep_result(ran)
-                self._completer.succeeded(job, worker_id)
-                if self._log_success:
-                    logs.job_succeeded(job, worker_id, self._pool_id, ran.duration_ms)
-                if self._events.wants("job:success"):
-                    self._events.emit(
-                        "job:success", worker_id=worker_id, job=job, duration_ms=ran.duration_ms
-                    )
-                return
-            failure = Failure(job, worker_id, error, describe(error), ran.failed_items)
-            self._completer.failed(failure)
-            logs.job_failed(job, worker_id, self._pool_id, ran.duration_ms, failure.message, error)
-            self._events.emit(
-                "job:error", worker_id=worker_id, job=job, error=error, duration_ms=ran.duration_ms
-            )
-            if failure.permanent:
-                self._events.emit("job:failed", worker_id=worker_id, job=job, error=error)
-        except Exception:
-            logger.exception("Job %d: its outcome could not be logged", job.id)
+
+class _Returned(Exception):
+    """The outcome of a job the graceful stop cancelled: it is given back."""
 
 
 def _stopped() -> RuntimeError:
     """The error of a job failed by a forced stop."""
     return RuntimeError("the worker was stopped while the job was running")
+
+
+def _frames(frames: list[Any]) -> str:
+    """``file:line in function`` of each frame, innermost last."""
+    return " <- ".join(
+        f"{frame.f_code.co_filename}:{frame.f_lineno} in {frame.f_code.co_name}"
+        for frame in reversed(frames)
+    )

@@ -16,6 +16,10 @@ __all__ = ["cancel_and_wait", "log_unwritten", "wait_for_running", "wait_until_f
 
 logger = logging.getLogger("graphile_worker")
 
+#: Seconds an ``async def`` job may run on after its ``abort_signal`` is set,
+#: before the graceful stop cancels it and gives it back.
+ABORT_GRACE = 1.0
+
 
 async def wait_until_forced(
     awaitable: asyncio.Future[Any], forced: asyncio.Event, *, within: float | None = None
@@ -40,8 +44,10 @@ async def wait_for_running(
     pool_id: str,
 ) -> None:
     """Let the running jobs finish (``tasks`` are the slots'); after
-    ``graceful_timeout`` set their ``abort_signal``; once ``forced`` is set they
-    are failed (:meth:`Slots.fail_running`)."""
+    ``graceful_timeout`` set their ``abort_signal``, and :data:`ABORT_GRACE`
+    later cancel the ``async def`` ones still running and give them back
+    (:meth:`Slots.return_running`); once ``forced`` is set they are failed
+    (:meth:`Slots.fail_running`)."""
     all_slots: asyncio.Future[Any] = asyncio.gather(*tasks)
     if slots.running:
         done = await wait_until_forced(all_slots, forced, within=graceful_timeout)
@@ -53,6 +59,15 @@ async def wait_for_running(
                 graceful_timeout,
             )
             slots.abort.set()
+            done = await wait_until_forced(all_slots, forced, within=ABORT_GRACE)
+            if not done and not forced.is_set() and (count := slots.return_running()):
+                logger.warning(
+                    "Worker pool %s: cancelled %d async job(s) still running %.0fs after their "
+                    "abort_signal; they are given back and run again",
+                    pool_id,
+                    count,
+                    ABORT_GRACE,
+                )
             await wait_until_forced(all_slots, forced)
         if forced.is_set():
             slots.fail_running()

@@ -31,10 +31,11 @@ import threading
 import time
 import traceback
 from collections import deque
-from collections.abc import Awaitable, Callable, Collection
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Collection, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
+from ..errors import JobCancelled
 from ..jobs.job import Job
 from ..jobs.results import encode_result
 from ..jobs.worker_utils import WorkerUtils
@@ -150,6 +151,8 @@ class ThreadSettings:
     abort: asyncio.Event
     #: The largest result kept, in bytes (None: results are not kept).
     result_limit: int | None = None
+    #: The pool's cancel requests (job id -> reason): such a job never starts.
+    cancelling: Mapping[int, str | None] = field(default_factory=dict)
 
 
 class TaskThread:
@@ -163,6 +166,8 @@ class TaskThread:
         )
         self._lock = threading.Lock()
         self._job: Job | None = None
+        #: The helpers of the job running now.
+        self._helpers: Helpers | None = None
         self._started = time.perf_counter()
         self._abandoned = False
         self._thread: threading.Thread | None = None
@@ -171,6 +176,33 @@ class TaskThread:
     def busy(self) -> bool:
         """A hand-off is under way (the thread may be between two jobs)."""
         return self._thread is not None and self._job is not None
+
+    @property
+    def current(self) -> Job | None:
+        """The job the thread is running (or about to), if any."""
+        return self._job if self._thread is not None else None
+
+    def cancel(self, job_id: int, reason: str | None) -> bool:
+        """Tell the job ``job_id`` it is cancelled, if it is this thread's (any thread)."""
+        with self._lock:
+            helpers = self._helpers
+            if helpers is None or helpers.job.id != job_id:
+                return False
+        helpers.mark_cancelled(reason)
+        return True
+
+    def where(self, job_id: int) -> str | None:
+        """Where the task of job ``job_id`` is now, if it runs in this thread."""
+        helpers, thread = self._helpers, self._thread
+        if helpers is None or helpers.job.id != job_id or thread is None:
+            return None
+        frame = sys._current_frames().get(thread.ident or 0)
+        if frame is None:
+            return None
+        return " <- ".join(
+            f"{f.f_code.co_filename}:{lineno} in {f.f_code.co_name}"
+            for f, lineno in list(traceback.walk_stack(frame))[:3]
+        )
 
     def hand(self, job: Job, *, more: bool) -> asyncio.Future[None]:
         """Run ``job`` and, with ``more``, the plain jobs that follow it in the
@@ -218,6 +250,9 @@ class TaskThread:
 
     def _run(self, job: Job) -> Ran:
         settings = self._settings
+        cancelling = settings.cancelling
+        if cancelling and job.id in cancelling:  # cancelled before it started
+            return Ran(job, self._worker_id, JobCancelled(cancelling.get(job.id)), None, 0)
         helpers = Helpers(
             job,
             worker_id=self._worker_id,
@@ -225,6 +260,12 @@ class TaskThread:
             abort_signal=settings.abort,
             loop=settings.loop,
         )
+        with self._lock:
+            self._helpers = helpers
+        # A cancel request that came before the helpers were set is in
+        # ``cancelling`` now (it is recorded there before threads are asked).
+        if cancelling and job.id in cancelling:
+            helpers.mark_cancelled(cancelling.get(job.id))
         function = settings.tasks[job.task_identifier].function
         started = self._started = time.perf_counter()
         error, failed_items, result = contained_call(function, job, helpers, settings.loop)

@@ -1,0 +1,81 @@
+"""The heartbeat's statements (migrations/py/000002.sql and 000004.sql;
+:mod:`worker_cli.worker.heartbeat`), composed with :func:`.statements.compose`."""
+
+from __future__ import annotations
+
+# Record that this pool is alive, with what it reports (migrations/py/000004.sql:
+# null where the pool reports nothing; the previous beat's counter and time are
+# kept, for the dashboard's rate). Returns whether the pool had to register (its
+# first beat, or another pool declared it dead meanwhile and released its
+# jobs), and the database's time of the beat.
+heartbeat_beat = """
+  with beat as (
+    update {schema}._private_py_heartbeats as h
+    set beat_at = now(),
+        timeout = %(timeout)s::interval,
+        concurrency = %(concurrency)s,
+        task_identifiers = %(task_identifiers)s::text[],
+        version = %(version)s,
+        jobs_done_before = h.jobs_done,
+        beat_before = h.beat_at,
+        jobs_done = %(jobs_done)s
+    where h.pool_id = %(pool_id)s
+    returning h.pool_id
+  ),
+  registered as (
+    insert into {schema}._private_py_heartbeats as h (
+      pool_id, timeout, hostname, pid, concurrency, task_identifiers, version, jobs_done
+    )
+    select %(pool_id)s, %(timeout)s::interval, %(hostname)s, %(pid)s, %(concurrency)s,
+      %(task_identifiers)s::text[], %(version)s, %(jobs_done)s
+    where not exists (select 1 from beat)
+    on conflict (pool_id) do nothing
+    returning h.pool_id
+  )
+  select exists (select 1 from registered), now()
+"""
+
+# Declare dead every other pool that has not beaten for its own timeout, counted
+# from its last beat or from %(watching_since)s, whichever is later: the first
+# beat of this pool's current uninterrupted run of beats (after an outage for
+# everyone, every pool gets its whole timeout again). Deletes its row and
+# releases its jobs and queues. The attempt the dead pool had counted when it
+# fetched a job stays counted; last_error says what happened; run_at is kept, so
+# a job of a named queue stays ahead of the jobs behind it. Only locked_by
+# values that had a heartbeat row are touched, never Node's.
+heartbeat_reap = """
+  with dead as (
+    delete from {schema}._private_py_heartbeats as h
+    where greatest(h.beat_at, %(watching_since)s::timestamptz) < now() - h.timeout
+      and h.pool_id <> %(pool_id)s
+    returning h.pool_id, h.beat_at, h.timeout, h.hostname, h.pid
+  ),
+  jobs as (
+    update {schema}._private_jobs as j
+    set locked_at = null,
+        locked_by = null,
+        last_error = 'the worker pool ' || dead.pool_id
+          || coalesce(' (host ' || dead.hostname || ', pid ' || dead.pid || ')', '')
+          || ' running this job was declared dead: no heartbeat since '
+          || dead.beat_at || ' (timeout ' || dead.timeout || ')',
+        updated_at = now()
+    from dead
+    where j.locked_by = dead.pool_id
+    returning dead.pool_id
+  ),
+  queues as (
+    update {schema}._private_job_queues as q
+    set locked_at = null, locked_by = null
+    from dead
+    where q.locked_by = dead.pool_id
+    returning dead.pool_id
+  )
+  select dead.pool_id, dead.hostname, dead.pid, dead.beat_at,
+    extract(epoch from now() - greatest(dead.beat_at, %(watching_since)s::timestamptz))::float8,
+    (select count(*) from jobs where jobs.pool_id = dead.pool_id) as jobs,
+    (select count(*) from queues where queues.pool_id = dead.pool_id) as queues
+  from dead
+"""
+
+# A pool stopping cleanly (every result written) forgets its heartbeat.
+heartbeat_remove = "delete from {schema}._private_py_heartbeats where pool_id = %(pool_id)s"

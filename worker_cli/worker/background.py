@@ -1,0 +1,88 @@
+"""The loops that run beside a pool's pipeline, built for it.
+
+The listener (LISTEN: new jobs, cancel requests, breaking migrations), the
+poller, the sweeper of stale locks, the pruner of expired history, the
+cancel watch and cron. With ``once`` only the cancel watch runs (it then
+polls: there is no listener).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Coroutine, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ..config.options import WorkerOptions
+from ..db.connections import WorkerConnections
+from ..jobs.worker_utils import WorkerUtils
+from ..observe.events import Events
+from .cancel_watch import CancelWatch
+from .listener import Listener
+from .maintenance import Poller, Sweeper
+from .pruner import HistoryPruner
+from .slots import Slots
+
+if TYPE_CHECKING:
+    from ..tasks.crontab import ParsedCronItem
+
+__all__ = ["PoolHooks", "background_loops"]
+
+
+@dataclass(frozen=True)
+class PoolHooks:
+    """What the loops need of their pool."""
+
+    options: WorkerOptions
+    connections: WorkerConnections
+    events: Events
+    #: What the listener's events receive as ``pool``.
+    owner: object
+    once: bool
+    cron_items: Sequence[ParsedCronItem]
+    #: There may be new runnable jobs.
+    nudge: Callable[[], None]
+    #: The last fetch found fewer jobs than it asked for.
+    exhausted: Callable[[], bool]
+    on_breaking_migration: Callable[[str], None]
+
+
+def background_loops(
+    pool: PoolHooks, utils: WorkerUtils, slots: Slots
+) -> list[Coroutine[Any, Any, None]]:
+    """The loops of one pool (each a coroutine its task group runs and cancels)."""
+    options = pool.options
+    cancels = CancelWatch(
+        utils,
+        slots,
+        schema=options.schema,
+        pool_id=pool.connections.pool_id,
+        poll_interval=options.cancel_poll_interval,
+        grace=options.cancel_grace,
+    )
+    if pool.once:
+        return [cancels.run()]
+    listener = Listener(
+        pool.connections,
+        on_jobs=pool.nudge,
+        on_breaking_migration=pool.on_breaking_migration,
+        on_reconnected=utils.pool.check,
+        events=pool.events,
+        owner=pool.owner,
+        schema=options.schema,
+        on_cancel=cancels.notified,
+    )
+    poller = Poller(options.poll_interval, exhausted=pool.exhausted, nudge=pool.nudge)
+    sweeper = Sweeper(
+        utils,
+        schema=options.schema,
+        stale_lock_timeout=options.stale_lock_timeout,
+        interval=options.stale_sweep_interval,
+        on_released=pool.nudge,
+    )
+    pruner = HistoryPruner(utils, schema=options.schema, interval=options.history_prune_interval)
+    loops = [listener.run(), poller.run(), sweeper.run(), pruner.run(), cancels.run()]
+    if pool.cron_items:
+        from .cron import CronScheduler
+
+        loops.append(CronScheduler(pool.cron_items, utils.pool, options.schema).run())
+    return loops
