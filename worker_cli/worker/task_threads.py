@@ -35,6 +35,7 @@ from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
+from ..jobs.in_task import TASK_THREAD_PREFIX
 from ..jobs.job import Job
 from ..jobs.results import encode_result
 from ..jobs.worker_utils import WorkerUtils
@@ -55,9 +56,6 @@ __all__ = [
     "exit_forked_child",
     "forks",
 ]
-
-#: Name prefix of the threads that run plain (``def``) tasks.
-TASK_THREAD_PREFIX = "graphile-worker-task"
 
 
 @dataclass(slots=True)
