@@ -6,14 +6,34 @@ finished, race-free, through lost notifications and outages."""
 from __future__ import annotations
 
 import asyncio
-from datetime import timedelta
+import logging
+import math
+import threading
+import time
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
 import pytest
 from dbhelpers import rows, value
+from fault_helpers import restartable_pg
+from workers import until, worker
 
-from worker_cli import Helpers, WorkerUtils, make_worker_utils, run_once
+from worker_cli import (
+    ConfigurationError,
+    GraphileWorkerError,
+    Helpers,
+    JobResult,
+    JobSpecError,
+    WaitTimeout,
+    WorkerUtils,
+    make_sync_worker_utils,
+    make_worker_utils,
+    run_once,
+)
+from worker_cli.db.retry import Backoff
+from worker_cli.jobs import waiting, worker_utils
+from worker_cli.jobs.waiting import VISIBILITY_GRACE, Waiting
 from worker_cli.schema import lifecycle, statements
 from worker_cli.worker.maintenance import Sweeper
 
@@ -185,3 +205,314 @@ async def test_the_sweeper_deletes_the_options_of_jobs_that_are_gone(
     assert await sweeper.collect_job_options() == 1
     left = [r["job_id"] for r in rows(db, f"select job_id from {OPTIONS} order by job_id")]
     assert left == [live.id, 10**9 + 1]
+
+
+# --- wait_for_job ----------------------------------------------------------------
+
+
+class Reads:
+    """The state each read of a wait found (None: the read failed)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.states: list[str | None] = []
+        original = Waiting.next
+
+        def next_(waiting: Waiting, record: JobResult | None) -> JobResult | float:
+            self.states.append(None if record is None else record.state)
+            return original(waiting, record)
+
+        monkeypatch.setattr(Waiting, "next", next_)
+
+
+@pytest.fixture
+def reads(monkeypatch: pytest.MonkeyPatch) -> Reads:
+    return Reads(monkeypatch)
+
+
+@pytest.fixture
+def no_poll(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The safety poll once a minute: a wait that ends sooner was woken by a
+    notification (or by its listener reconnecting)."""
+    monkeypatch.setattr(waiting, "POLL", Backoff((60.0,)))
+
+
+def waiter_connections(db: str) -> int:
+    return int(
+        value(
+            db,
+            "select count(*) from pg_stat_activity where datname = current_database() "
+            "and application_name = 'graphile-worker waiter'",
+        )
+    )
+
+
+async def double(payload: dict[str, int], helpers: Helpers) -> int:
+    return payload["n"] * 2
+
+
+async def test_a_wait_for_a_finished_job_returns_at_once(
+    utils: WorkerUtils, db: str, reads: Reads, no_poll: None
+) -> None:
+    first = await utils.add_job("double", {"n": 1})
+    job = await utils.add_job("double", {"n": 2})
+    await drain(db, {"double": double})
+    assert (await utils.wait_for_job(first.id)).result == 2  # the listener is up
+    started = time.monotonic()
+    record = await utils.wait_for_job(job.id, timeout=30)
+    assert time.monotonic() - started < 1.0  # read at once, not at a poll or the timeout
+    assert record.state == "succeeded" and record.result == 4
+    assert record == await utils.get_job_result(job.id)  # the same record
+    assert reads.states == ["succeeded", "succeeded"]
+
+
+async def test_a_waiter_started_before_the_job_runs_wakes_on_its_notification(
+    utils: WorkerUtils, db: str, reads: Reads, no_poll: None
+) -> None:
+    started, release = asyncio.Event(), asyncio.Event()
+
+    async def slow(payload: Any, helpers: Helpers) -> str:
+        started.set()
+        await release.wait()
+        return "done"
+
+    job = await utils.add_job("slow", {})
+    async with worker(db, {"slow": slow}):
+        await started.wait()
+        waiter = asyncio.create_task(utils.wait_for_job(job.id, timeout=10))
+        await until(lambda: reads.states == ["running"], what="the waiter's first read")
+        release.set()
+        record = await waiter
+    assert record.state == "succeeded" and record.result == "done"
+    assert reads.states == ["running", "succeeded"]  # woken once, by the notification
+
+
+async def test_with_its_notifications_lost_the_poll_finds_the_job(
+    utils: WorkerUtils, db: str, reads: Reads, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The listener listens where nothing is ever sent: only the poll can tell.
+    monkeypatch.setattr(worker_utils, "finished_channel", lambda schema: "elsewhere")
+    job = await utils.add_job("double", {"n": 3})
+    waiter = asyncio.create_task(utils.wait_for_job(job.id, timeout=10))
+    await until(lambda: reads.states == ["available"], what="the waiter's first read")
+    await drain(db, {"double": double})
+    record = await waiter
+    assert record.state == "succeeded" and record.result == 6
+
+
+async def test_after_its_listener_reconnects_a_waiter_reads_again(
+    utils: WorkerUtils, db: str, reads: Reads, no_poll: None, caplog: Any
+) -> None:
+    job = await utils.add_job("t", {})
+    waiter = asyncio.create_task(utils.wait_for_job(job.id, timeout=20))
+    await until(lambda: reads.states == ["available"], what="the waiter's first read")
+    await utils.complete_jobs([job.id])  # an admin function: no notification
+    terminated = value(
+        db,
+        "select count(pg_terminate_backend(pid)) from pg_stat_activity "
+        "where datname = current_database() and application_name = 'graphile-worker waiter'",
+    )
+    assert terminated == 1
+    record = await waiter
+    assert record.state == "unknown"  # seen, then gone: no grace
+    assert reads.states == ["available", "unknown"]
+    assert "Waiting for jobs: LISTEN connection lost" in caplog.text
+
+
+@pytest.mark.slow
+async def test_a_wait_lasts_through_a_database_restart(
+    reads: Reads, no_poll: None, caplog: Any
+) -> None:
+    caplog.set_level(logging.INFO, logger="graphile_worker")
+    with restartable_pg() as server:
+        url = server.server.url(server.server.create_database())
+        async with make_worker_utils(url) as utils:
+            await utils.migrate()
+            job = await utils.add_job("double", {"n": 5})
+            waiter = asyncio.create_task(utils.wait_for_job(job.id, timeout=60))
+            await until(lambda: reads.states == ["available"], what="the waiter's first read")
+            await asyncio.to_thread(server.stop)
+            await asyncio.to_thread(server.start)
+            # Once listening again, every waiter reads (on the pool's connections,
+            # which the restart broke: that read fails, and the wait goes on).
+            await until(
+                lambda: "Waiting for jobs: listening again" in caplog.text,
+                within=30,
+                what="the listener to reconnect",
+            )
+            await until(lambda: len(reads.states) > 1, what="the read after the reconnect")
+            await drain(url, {"double": double})
+            record = await waiter
+    assert record.state == "succeeded" and record.result == 10
+    assert "Waiting for jobs: LISTEN connection lost" in caplog.text
+    print(f"\nreads through the restart: {reads.states}")
+
+
+async def test_a_timeout_raises_wait_timeout_and_leaves_the_job_alone(
+    utils: WorkerUtils, db: str
+) -> None:
+    job = await utils.add_job("t", {}, max_attempts=3)
+    before = rows(db, "select * from graphile_worker._private_jobs")
+    with pytest.raises(WaitTimeout) as raised:
+        async with asyncio.timeout(10):
+            await utils.wait_for_job(job.id, timeout=0.3)
+    error = raised.value
+    assert isinstance(error, TimeoutError) and isinstance(error, GraphileWorkerError)
+    assert str(error) == f"job {job.id} did not finish within 0.3s (it is available)"
+    assert error.job_id == job.id and error.last is not None and error.last.state == "available"
+    assert rows(db, "select * from graphile_worker._private_jobs") == before
+
+
+async def test_until_attempt_returns_at_a_failure_and_final_waits_through_the_retry(
+    utils: WorkerUtils, db: str, reads: Reads, no_poll: None
+) -> None:
+    async def flaky(payload: Any, helpers: Helpers) -> str:
+        if helpers.job.attempts == 1:
+            raise ValueError("first try")
+        return "second try"
+
+    job = await utils.add_job("flaky", {}, max_attempts=3)
+    attempt = asyncio.create_task(utils.wait_for_job(job.id, timeout=20, until="attempt"))
+    final = asyncio.create_task(utils.wait_for_job(job.id, timeout=20))
+    await until(lambda: reads.states.count("available") == 2, what="both first reads")
+    async with worker(db, {"flaky": flaky}, poll_interval=0.05):
+        record = await attempt
+        assert (record.state, record.last_error, record.attempts) == (
+            "retrying",
+            "ValueError: first try",
+            1,
+        )
+        # The final waiter was woken by the failure too, and waits on.
+        await until(lambda: reads.states.count("retrying") == 2, what="the final waiter's read")
+        assert not final.done()
+        await utils.reschedule_jobs([job.id], run_at=datetime.now(UTC))  # no 2.7 s backoff
+        record = await final
+    assert (record.state, record.result, record.attempts) == ("succeeded", "second try", 2)
+
+
+async def test_an_id_nobody_can_see_is_unknown_after_the_grace(utils: WorkerUtils) -> None:
+    started = time.monotonic()
+    record = await utils.wait_for_job(10**12, timeout=30)
+    elapsed = time.monotonic() - started
+    assert record == JobResult(id=10**12, state="unknown")
+    assert VISIBILITY_GRACE <= elapsed < VISIBILITY_GRACE + 1.5
+
+
+async def test_a_job_committed_during_the_grace_is_waited_for(
+    utils: WorkerUtils, db: str, reads: Reads
+) -> None:
+    with psycopg.connect(db) as app:  # the application's transaction, not committed yet
+        [(job_id,)] = app.execute("select id from graphile_worker.add_job('double', '{\"n\": 7}')")
+        waiter = asyncio.create_task(utils.wait_for_job(job_id, timeout=20))
+        await until(lambda: reads.states == ["unknown"], what="the waiter's first read")
+        app.commit()
+    await until(lambda: "available" in reads.states, what="a read in the grace")
+    await drain(db, {"double": double})
+    record = await waiter
+    assert record.state == "succeeded" and record.result == 14
+
+
+async def test_waiting_inside_a_task_is_refused(utils: WorkerUtils, db: str) -> None:
+    refused: dict[str, str] = {}
+
+    async def async_task(payload: Any, helpers: Helpers) -> None:
+        try:
+            await utils.wait_for_job(1, timeout=0)
+        except RuntimeError as exc:
+            refused["async"] = str(exc)
+
+    def plain_task(payload: Any, helpers: Helpers) -> None:
+        with make_sync_worker_utils(db) as sync:
+            try:
+                sync.wait_for_job(1, timeout=0)
+            except RuntimeError as exc:
+                refused["plain"] = str(exc)
+
+    await utils.add_job("async_task", {})
+    await utils.add_job("plain_task", {})
+    await drain(db, {"async_task": async_task, "plain_task": plain_task})
+    assert set(refused) == {"async", "plain"}
+    assert all(
+        message.startswith("wait_for_job was called inside a task run by this process's worker")
+        and "allow_in_task=True" in message
+        for message in refused.values()
+    )
+
+
+async def test_allow_in_task_waits_for_another_job(utils: WorkerUtils, db: str) -> None:
+    async def parent(payload: Any, helpers: Helpers) -> Any:
+        child = await helpers.add_job("child", {"n": 21})
+        return (await utils.wait_for_job(child.id, timeout=20, allow_in_task=True)).result
+
+    def plain_parent(payload: Any, helpers: Helpers) -> Any:
+        with make_sync_worker_utils(db) as sync:
+            child = sync.add_job("child", {"n": 50})
+            return sync.wait_for_job(child.id, timeout=20, allow_in_task=True).result
+
+    async def child(payload: dict[str, int], helpers: Helpers) -> int:
+        return payload["n"] * 2
+
+    jobs = [await utils.add_job("parent", {}), await utils.add_job("plain_parent", {})]
+    tasks = {"parent": parent, "plain_parent": plain_parent, "child": child}
+    async with worker(db, tasks, concurrency=3):
+        records = [await utils.wait_for_job(job.id, timeout=20) for job in jobs]
+    assert [(r.state, r.result) for r in records] == [("succeeded", 42), ("succeeded", 100)]
+
+
+async def test_one_listener_serves_every_waiter_and_closes_with_the_utils(
+    db: str, reads: Reads, no_poll: None
+) -> None:
+    async with make_worker_utils(db) as utils:
+        jobs = [await utils.add_job("double", {"n": n}) for n in range(5)]
+        waiters = [asyncio.create_task(utils.wait_for_job(job.id, timeout=20)) for job in jobs]
+        await until(lambda: len(reads.states) == 5, what="every first read")
+        assert waiter_connections(db) == 1
+        await drain(db, {"double": double})
+        assert [(await w).result for w in waiters] == [0, 2, 4, 6, 8]
+    assert not [t for t in asyncio.all_tasks() if t.get_name() == "graphile-worker waiter"]
+    await until(lambda: waiter_connections(db) == 0, what="the listener's connection to close")
+
+
+async def test_the_sync_twin_waits_the_same_way(db: str, reads: Reads, no_poll: None) -> None:
+    with make_sync_worker_utils(db) as sync:
+        job = sync.add_job("double", {"n": 4})
+        other = sync.add_job("double", {"n": 9})
+        waiter = asyncio.create_task(asyncio.to_thread(sync.wait_for_job, job.id, 20))
+        waiter_2 = asyncio.create_task(asyncio.to_thread(sync.wait_for_job, other.id, 20))
+        await until(lambda: reads.states == ["available"] * 2, what="both first reads")
+        assert waiter_connections(db) == 1
+        await drain(db, {"double": double})
+        record = await waiter
+        assert record.state == "succeeded" and record.result == 8
+        assert (await waiter_2).result == 18
+        assert reads.states == ["available"] * 2 + ["succeeded"] * 2  # woken by the notification
+        sync.add_job("t", {})
+        late = sync.add_job("t", {})
+        with pytest.raises(WaitTimeout, match=f"job {late.id} did not finish within 0.2s"):
+            sync.wait_for_job(late.id, 0.2, until="attempt")
+        with pytest.raises(JobSpecError, match="until: is 'first'"):
+            sync.wait_for_job(late.id, until="first")  # type: ignore[arg-type]
+    assert not [t for t in threading.enumerate() if t.name == "graphile-worker waiter"]
+    await until(lambda: waiter_connections(db) == 0, what="the listener's connection to close")
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ((0,), "job_id: is 0"),
+        ((1, -1), "timeout: is -1"),
+        ((1, math.nan), "timeout: is nan"),
+        ((1, True), "timeout: is True"),
+    ],
+)
+async def test_bad_arguments_are_refused(utils: WorkerUtils, args: Any, message: str) -> None:
+    with pytest.raises(JobSpecError, match=message):
+        await utils.wait_for_job(*args)
+
+
+async def test_utilities_on_the_callers_connection_cannot_wait(db: str) -> None:
+    async with (
+        await psycopg.AsyncConnection.connect(db) as conn,
+        make_worker_utils(connection=conn) as utils,
+    ):
+        with pytest.raises(ConfigurationError, match="connection given"):
+            await utils.wait_for_job(1)

@@ -35,6 +35,7 @@ from ..db.held_connection import holding_connection, pool_connection
 from ..db.plan import Plan
 from ..errors import ConfigurationError, GraphileWorkerError
 from ..schema.cleanup import CleanupTask
+from ..schema.lifecycle import finished_channel
 from ..schema.migrate import MigrationReport
 from .job import Job
 from .job_spec import JobKeyMode, JobSpec, TaskOptions, TaskSpec
@@ -42,6 +43,7 @@ from .payloads import NamedPayload, job_identity
 from .results import JobResult, JobState
 from .unique import UniqueJobResult, UniqueSpec
 from .utils_plans import UtilsPlans
+from .waiting import AsyncWaitListener, Until, Waiting, check_wait, wait_async
 
 __all__ = [
     "CleanupTask",
@@ -77,6 +79,15 @@ class WorkerUtils:
         # not interleave with another's statements.
         self._given_lock = asyncio.Lock()
         self._plans = UtilsPlans(schema, use_local_time=use_local_time)
+        # The LISTEN connection of wait_for_job (started at the first wait).
+        self._listener: AsyncWaitListener | None = None
+
+    async def close(self) -> None:
+        """Stop what ``wait_for_job`` started (its LISTEN connection); the pool
+        is left open. ``make_worker_utils`` calls it on exit."""
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            await listener.close()
 
     @property
     def use_local_time(self) -> bool:
@@ -239,6 +250,35 @@ class WorkerUtils:
         succeeded, its result (``.result``; see :class:`JobResult`)."""
         return await self._run(self._plans.job_result(job_id))
 
+    async def wait_for_job(
+        self,
+        job_id: int,
+        timeout: float | None = None,  # noqa: ASYNC109 (the sync twin's argument)
+        *,
+        until: Until = "final",
+        allow_in_task: bool = False,
+    ) -> JobResult:
+        """Wait until the job is finished, and return its record (as
+        :meth:`get_job_result`): ``succeeded``, ``cancelled``, ``failed`` (no
+        attempts left) or ``unknown``, through its retries; with
+        ``until="attempt"``, also at a failure that will be retried
+        (``retrying``).
+
+        ``timeout`` (seconds; None: no limit) raises :class:`WaitTimeout` and
+        leaves the job alone. Call it after the transaction that added the job
+        has committed: an id nobody can see is read for 2 seconds, then
+        ``unknown`` is returned. Refused (RuntimeError) inside a task of this
+        process's worker, whose slot it would hold, unless ``allow_in_task``.
+        Database outages are waited through. See :mod:`worker_cli.jobs.waiting`.
+        """
+        check_wait(
+            job_id, timeout, until, allow_in_task=allow_in_task, given=self._given is not None
+        )
+        if self._listener is None:
+            self._listener = AsyncWaitListener(self.pool, finished_channel(self.schema))
+        waiting = Waiting(job_id, timeout, until)
+        return await wait_async(self.pool, self._plans, self._listener, waiting)
+
     async def complete_jobs(self, job_ids: Sequence[int]) -> list[Job]:
         """Mark jobs as done (delete them); locked jobs are skipped unless stale."""
         return await self._run(self._plans.complete_jobs(job_ids))
@@ -342,7 +382,11 @@ async def make_worker_utils(
         return
     if pool is not None:
         check_given_pool(pool, factory="make_worker_utils", expected=AsyncConnectionPool)
-        yield WorkerUtils(pool, schema_name, use_local_time=use_local_time)
+        utils = WorkerUtils(pool, schema_name, use_local_time=use_local_time)
+        try:
+            yield utils
+        finally:
+            await utils.close()
         return
     load_dotenv_file()
     conninfo = resolve_connection_string(connection_string)
@@ -357,10 +401,14 @@ async def make_worker_utils(
         name="graphile-worker-utils",
     )
     await new_pool.open(wait=True)
+    utils = WorkerUtils(new_pool, schema_name, use_local_time=use_local_time)
     try:
-        yield WorkerUtils(new_pool, schema_name, use_local_time=use_local_time)
+        yield utils
     finally:
-        await new_pool.close()
+        try:
+            await utils.close()
+        finally:
+            await new_pool.close()
 
 
 @overload
