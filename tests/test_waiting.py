@@ -6,8 +6,12 @@ finished, race-free, through lost notifications and outages."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import math
+import signal
+import subprocess
+import sys
 import threading
 import time
 from datetime import UTC, datetime, timedelta
@@ -15,7 +19,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from dbhelpers import rows, value
+from dbhelpers import cli_path, rows, run_cli, value
 from fault_helpers import restartable_pg
 from workers import until, worker
 
@@ -516,3 +520,109 @@ async def test_utilities_on_the_callers_connection_cannot_wait(db: str) -> None:
     ):
         with pytest.raises(ConfigurationError, match="connection given"):
             await utils.wait_for_job(1)
+
+
+# --- the command line ----------------------------------------------------------------
+
+
+async def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return await asyncio.to_thread(run_cli, *args)
+
+
+async def test_the_job_command_prints_the_record(utils: WorkerUtils, db: str) -> None:
+    job = await utils.add_job("double", {"n": 8}, queue_name="q")
+    await drain(db, {"double": double})
+    shown = await cli("job", "-c", db, str(job.id))
+    assert shown.returncode == 0, shown.stderr
+    lines = shown.stdout.splitlines()
+    assert lines[:4] == [f"Job {job.id}: succeeded", "  task: double", "  queue: q",
+                         "  attempts: 1 of 25"]  # fmt: skip
+    assert lines[-1] == "  result: 16"
+    assert [line.split(":")[0] for line in lines[4:-1]] == [
+        "  created at", "  run at", "  started at", "  finished at"
+    ]  # fmt: skip
+    as_json = await cli("job", "-c", db, str(job.id), "--json")
+    assert as_json.returncode == 0, as_json.stderr
+    assert json.loads(as_json.stdout) == (await utils.get_job_result(job.id)).as_dict()
+    unknown = await cli("job", "-c", db, "999999", "--json")
+    assert unknown.returncode == 0 and json.loads(unknown.stdout)["state"] == "unknown"
+
+
+async def test_the_job_command_waits(utils: WorkerUtils, db: str) -> None:
+    job = await utils.add_job("double", {"n": 4})
+    late = await cli("job", "-c", db, str(job.id), "--wait", "0.3")
+    assert late.returncode == 3
+    assert late.stdout.splitlines()[0] == f"Job {job.id}: available"
+    assert late.stderr == f"Error: job {job.id} did not finish within 0.3s (it is available)\n"
+    waiting_cli = await asyncio.create_subprocess_exec(
+        cli_path(), "job", "-c", db, str(job.id), "--wait", "30", "--json",
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        # Its job is registered already (by the command above): wait for its LISTEN.
+        await until(lambda: waiter_connections(db) == 1, what="the command to listen")
+        await drain(db, {"double": double})
+        async with asyncio.timeout(30):
+            out, err = await waiting_cli.communicate()
+    finally:
+        if waiting_cli.returncode is None:
+            waiting_cli.kill()
+            await waiting_cli.wait()
+    assert waiting_cli.returncode == 0, err
+    record = json.loads(out)
+    assert record["state"] == "succeeded" and record["result"] == 8
+
+
+@pytest.mark.parametrize(
+    ("args", "error"),
+    [
+        (("x",), "Invalid value for 'ID': 'x' is not a job id"),
+        (("0",), "Invalid value for 'ID': '0' is not a job id"),
+        (("9223372036854775808",), "is not a job id (a whole number from 1 to 2**63-1)"),
+        (("1", "--wait", "-1"), "Invalid value for '--wait': -1.0 is not in the range"),
+        (("1", "--wait", "nan"), "Invalid value for '--wait': 'nan' is not a number"),
+    ],
+)
+async def test_the_job_command_refuses_bad_input_in_one_line(
+    db: str, args: tuple[str, ...], error: str
+) -> None:
+    refused = await cli("job", "-c", db, *args)
+    assert refused.returncode == 2
+    last = refused.stderr.splitlines()[-1]
+    assert last.startswith("Error: ") and error in last
+    assert "Traceback" not in refused.stderr
+
+
+async def test_the_job_command_without_the_schema(empty_db: str) -> None:
+    refused = await cli("job", "-c", empty_db, "1")
+    assert refused.returncode == 1
+    assert refused.stderr.startswith("Error: the graphile-worker schema 'graphile_worker' is not")
+    assert len(refused.stderr.splitlines()) == 1
+
+
+def test_the_readmes_waiting_examples_run_as_written(db: str, tmp_path: Any) -> None:
+    from test_python_apps import app_env, blocks, write_files
+
+    heading = "### Waiting for a job"
+    files = write_files(heading, tmp_path)
+    assert set(files) == {"resize_and_wait.py", "resize_and_wait_sync.py"}
+    assert set(write_files("### Results and history", tmp_path)) >= {"tasks/resize.py"}
+    env = app_env(db)
+    worker_process = subprocess.Popen(
+        [cli_path()], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    try:
+        [transcript] = blocks(heading, "text")
+        lines = transcript.splitlines()
+        for command, expected in zip(lines[::2], lines[1::2], strict=True):
+            script = command.removeprefix("$ python ")
+            shown = subprocess.run(
+                [sys.executable, script], cwd=tmp_path, env=env, capture_output=True,
+                text=True, timeout=60, check=False,
+            )  # fmt: skip
+            assert shown.stdout.strip() == expected, shown.stderr
+    finally:
+        worker_process.send_signal(signal.SIGTERM)
+        _, log = worker_process.communicate(timeout=30)
+    assert worker_process.returncode == 0, log
