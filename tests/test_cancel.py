@@ -10,8 +10,10 @@ import threading
 import time
 from collections import Counter
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 from dbhelpers import rows, value
 from workers import until, worker
@@ -389,3 +391,31 @@ async def test_a_raising_task_of_a_cancelled_job_is_not_retried(
     assert runs == [1]
     with pytest.raises(JobCancelled):
         raise JobCancelled("x")
+
+
+@pytest.mark.parametrize("schema", ["graphile_worker", "a" * 55 + "_one", "é" * 31, "ä" * 60])
+def test_sql_and_python_name_the_channels_alike(db: str, schema: str) -> None:
+    from worker_cli.schema import lifecycle
+    from worker_cli.schema.migrate import compose_script
+
+    function = "create function pg_temp.channel(kind text) returns text language plpgsql as $fn$"
+    script = (Path(__file__).parent.parent / "migrations" / "py" / "000008.sql").read_text()
+    body = script[script.index("declare") : script.index("$fn$;")]
+    with psycopg.connect(db, autocommit=True) as conn:
+        conn.execute(compose_script(function + "\n" + body + "$fn$", schema))
+        for kind in ("cancel", "finished"):
+            [(name,)] = conn.execute("select pg_temp.channel(%s)", (kind,)).fetchall()
+            assert name == lifecycle.channel(schema, kind)
+            assert len(name.encode()) <= 63
+
+
+async def test_a_waiter_hears_of_its_job_cancelled(utils: WorkerUtils, db: str) -> None:
+    job = await utils.add_job("t", {})
+    waiting = asyncio.ensure_future(utils.wait_for_job(job.id, timeout=20))
+    options = "select count(*) from graphile_worker._private_py_job_options"
+    await until(lambda: value(db, options) == 1, what="the waiter registered")
+    asked = time.monotonic()
+    await utils.cancel_job(job.id)
+    record = await waiting
+    assert record.state == "cancelled"
+    assert time.monotonic() - asked < 0.9  # the notification, not the 1 s poll

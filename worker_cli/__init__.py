@@ -26,6 +26,7 @@ from .jobs.job_spec import JobKeyMode, JobSpec, TaskSpec
 from .jobs.payloads import NamedPayload
 from .jobs.results import JobResult, JobState, ResultUnavailable
 from .jobs.unique import UniqueJobResult, UniqueRule, UniqueRuleError
+from .jobs.waiting import WaitTimeout
 from .jobs.worker_utils import CleanupTask, WorkerUtils, make_worker_utils, quick_add_job
 from .observe.events import Events
 from .runner import Runner, run, run_migrations, run_once
@@ -69,6 +70,7 @@ __all__ = [
     "UniqueRule",
     "UniqueRuleError",
     "UnsupportedPostgresError",
+    "WaitTimeout",
     "WorkerOptions",
     "WorkerUtils",
     "__version__",

@@ -1,3 +1,31 @@
+-- The NOTIFY channel "<schema>:py:<kind>" (kind: cancel, finished), the
+-- same name as worker_cli.schema.lifecycle.channel gives: a schema name too
+-- long for PostgreSQL's 63 bytes is cut between characters and the first 8
+-- hex digits of its SHA-256 appended after a "~".
+create or replace function {{schema}}.py_channel(kind text)
+returns text
+language plpgsql
+immutable
+as $fn$
+declare
+  v_schema text := {{schema_name}};
+  v_suffix text := ':py:' || kind;
+  v_room int;
+  v_cut text := '';
+begin
+  if octet_length(v_schema || v_suffix) <= 63 then
+    return v_schema || v_suffix;
+  end if;
+  v_room := 63 - octet_length(v_suffix) - 9;
+  for i in 1 .. length(v_schema) loop
+    exit when octet_length(v_cut || substr(v_schema, i, 1)) > v_room;
+    v_cut := v_cut || substr(v_schema, i, 1);
+  end loop;
+  return v_cut || '~' || left(encode(sha256(convert_to(v_schema, 'UTF8')), 'hex'), 8)
+    || v_suffix;
+end;
+$fn$;
+
 -- Cancelling jobs (Python-only; Node never calls it, and it changes Node's
 -- rows only as Node's own remove_job does).
 --
@@ -28,6 +56,7 @@ as $fn$
 declare
   v_cancelled bigint[];
   v_requested bigint[];
+  v_told bigint[];
 begin
   -- Lock the rows first, in id order (two cancels of overlapping sets cannot
   -- deadlock), waiting for a fetch that is locking one right now.
@@ -65,8 +94,20 @@ begin
   options as (
     delete from {{schema}}._private_py_job_options as o
     where o.job_id in (select g.id from gone as g)
+    returning o.job_id, o.notify_on_finish
   )
-  select coalesce(array_agg(recorded.job_id), '{}') into v_cancelled from recorded;
+  select
+    coalesce((select array_agg(recorded.job_id) from recorded), '{}'),
+    coalesce((select array_agg(options.job_id) from options where options.notify_on_finish), '{}')
+  into v_cancelled, v_told;
+
+  -- Their waiters (wait_for_job) are told, as when a worker finishes a job,
+  -- 300 ids a notification (under NOTIFY's 8000 bytes).
+  for i in 1 .. coalesce(cardinality(v_told), 0) by 300 loop
+    perform pg_notify(
+      {{schema}}.py_channel('finished'), array_to_string(v_told[i:i + 299], ',')
+    );
+  end loop;
 
   return query select r.job_id, 'cancelled'::text from unnest(v_cancelled) as r(job_id);
 
@@ -88,9 +129,7 @@ begin
   select coalesce(array_agg(marked.id order by marked.id), '{}') into v_requested from marked;
 
   if cardinality(v_requested) > 0 then
-    perform pg_notify(
-      {{schema_name}} || ':py:cancel', array_to_string(v_requested, ',')
-    );
+    perform pg_notify({{schema}}.py_channel('cancel'), array_to_string(v_requested, ','));
   end if;
   return query select r.job_id, 'running'::text from unnest(v_requested) as r(job_id);
 

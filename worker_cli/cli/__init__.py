@@ -12,8 +12,9 @@ package; nothing imports it but ``worker_cli/__init__.py`` (lazily) and
 from __future__ import annotations
 
 from .commands import command, main
-from .job_commands import add_job
+from .job_commands import add_job, job
 
 command.add_command(add_job)
+command.add_command(job)
 
 __all__ = ["command", "main"]

@@ -1,16 +1,26 @@
-"""The commands about single jobs: ``add-job``."""
+"""The commands about single jobs: ``add-job``, and ``job`` (its record;
+``--wait`` waits for it to finish)."""
 
 from __future__ import annotations
 
-from typing import Any
+import json
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from ..jobs.job_spec import SMALLINT_MAX, SMALLINT_MIN
 from .common import CONTEXT_SETTINGS, connection_option, run_async, schema_option, shared
-from .params import aware_datetime, json_payload
+from .params import MAX_WAIT, aware_datetime, json_payload, number
+from .params import job_id as job_id_param
 
-__all__ = ["add_job"]
+if TYPE_CHECKING:
+    from ..jobs.results import JobResult
+
+__all__ = ["WAIT_TIMEOUT_EXIT", "add_job", "format_record", "job"]
+
+#: Exit code of ``job --wait`` when the job has not finished in time.
+WAIT_TIMEOUT_EXIT = 3
 
 
 @click.command("add-job", context_settings=CONTEXT_SETTINGS)
@@ -85,3 +95,90 @@ def add_job(
     click.echo(
         f"Added job {job.id} ({job.task_identifier}){where}, run at {job.run_at.isoformat()}."
     )
+
+
+@click.command("job", context_settings=CONTEXT_SETTINGS)
+@connection_option
+@schema_option
+@click.argument("job_id", metavar="ID", callback=job_id_param)
+@click.option("--json", "as_json", is_flag=True, help="Print the record as one JSON document.")
+@click.option(
+    "--wait",
+    type=number(0, MAX_WAIT),
+    metavar="SECONDS",
+    help=f"Wait up to SECONDS for the job to finish (at most {MAX_WAIT}); "
+    f"exit code {WAIT_TIMEOUT_EXIT} if it has not.",
+)
+@click.pass_context
+def job(
+    ctx: click.Context,
+    connection: str | None,
+    schema: str,
+    job_id: int,
+    as_json: bool,
+    wait: float | None,
+) -> None:
+    """Print what is known of job ID: its state, task, queue, attempts, times,
+    last error and result (from any process; see get_job_result)."""
+    from ..jobs.waiting import WaitTimeout
+    from ..jobs.worker_utils import make_worker_utils
+
+    connection, schema = shared(ctx, connection, schema)
+
+    async def read() -> tuple[JobResult | None, WaitTimeout | None]:
+        async with make_worker_utils(connection, schema=schema) as utils:
+            if wait is None:
+                return await utils.get_job_result(job_id), None
+            try:
+                return await utils.wait_for_job(job_id, wait), None
+            except WaitTimeout as exc:
+                return exc.last, exc
+
+    record, timed_out = run_async(read())
+    if record is not None:
+        click.echo(json.dumps(record.as_dict()) if as_json else format_record(record))
+    if timed_out is not None:
+        click.echo(f"Error: {timed_out}", err=True)
+        ctx.exit(WAIT_TIMEOUT_EXIT)
+
+
+#: The record's fields as ``job`` prints them, in this order.
+_SHOWN = (
+    ("task_identifier", "task"),
+    ("queue_name", "queue"),
+    ("key", "key"),
+    ("created_at", "created at"),
+    ("run_at", "run at"),
+    ("started_at", "started at"),
+    ("finished_at", "finished at"),
+    ("locked_by", "locked by"),
+    ("cancel_requested_at", "cancel requested at"),
+    ("cancel_reason", "cancel reason"),
+    ("last_error", "last error"),
+)
+
+
+def format_record(record: JobResult) -> str:
+    """A job's record as ``graphile-worker job`` prints it: one field a line,
+    only those it has."""
+    lines = [f"Job {record.id}: {record.state}"]
+    if record.state == "unknown":
+        lines.append(
+            "  no row anywhere: finished by a Node worker, removed by an admin function, "
+            "pruned from the history, or never added"
+        )
+    for name, label in _SHOWN:
+        value = getattr(record, name)
+        if value is not None:
+            shown = value.isoformat() if isinstance(value, datetime) else value
+            lines.append(f"  {label}: {shown}")
+        if name == "key" and record.attempts is not None:
+            lines.append(f"  attempts: {record.attempts} of {record.max_attempts}")
+    if record.timed_out:
+        lines.append("  timed out: yes")
+    if record.state == "succeeded":
+        if record.result_error is not None:
+            lines.append(f"  result: not kept ({record.result_error})")
+        else:
+            lines.append(f"  result: {json.dumps(record.result)}")
+    return "\n".join(lines)

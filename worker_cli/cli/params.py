@@ -14,8 +14,10 @@ from ..config.database import schema_name_problem
 __all__ = [
     "MAX_PROGRESS_INTERVAL",
     "MAX_REFRESH",
+    "MAX_WAIT",
     "Number",
     "aware_datetime",
+    "job_id",
     "json_payload",
     "number",
     "schema_name",
@@ -26,6 +28,8 @@ MAX_PROGRESS_INTERVAL = 3600
 #: Seconds between the dashboard pages' refreshes at most (an hour; a browser
 #: timer cannot wait beyond about 24.8 days, and fires at once instead).
 MAX_REFRESH = 3600
+#: Seconds ``job --wait`` waits at most (a year).
+MAX_WAIT = 31_536_000
 
 
 class Number(click.FloatRange):
@@ -60,6 +64,17 @@ def schema_name(_ctx: click.Context, _param: click.Parameter, value: str | None)
     if problem:
         raise click.BadParameter(problem)
     return value
+
+
+def job_id(_ctx: click.Context, _param: click.Parameter, value: str) -> int:
+    """A job id: a whole number from 1 to 2**63-1 (``bigint``)."""
+    try:
+        number = int(value)
+    except ValueError:
+        number = 0
+    if not 0 < number < 1 << 63:
+        raise click.BadParameter(f"{value!r} is not a job id (a whole number from 1 to 2**63-1)")
+    return number
 
 
 def json_payload(_ctx: click.Context, _param: click.Parameter, value: str | None) -> Any:

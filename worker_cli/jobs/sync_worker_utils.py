@@ -37,13 +37,16 @@ from ..db.held_connection import sync_holding_connection, sync_pool_connection
 from ..db.plan import Plan
 from ..errors import ConfigurationError
 from ..schema.cleanup import CleanupTask
+from ..schema.lifecycle import finished_channel
 from ..schema.migrate import MigrationReport
 from .job import Job
 from .job_spec import JobKeyMode, JobSpec, TaskOptions, TaskSpec
 from .payloads import NamedPayload, job_identity
 from .results import JobResult, JobState
+from .sync_waiting import SyncWaitListener, wait_blocking
 from .unique import UniqueJobResult, UniqueSpec
 from .utils_plans import UtilsPlans
+from .waiting import Until, Waiting, check_wait
 
 __all__ = ["SyncWorkerUtils", "make_sync_worker_utils", "quick_add_job_sync"]
 
@@ -73,6 +76,17 @@ class SyncWorkerUtils:
         # plan's savepoint must not interleave with another's statements.
         self._given_lock = threading.Lock()
         self._plans = UtilsPlans(schema, use_local_time=use_local_time)
+        # The LISTEN thread of wait_for_job (started at the first wait).
+        self._listener: SyncWaitListener | None = None
+        self._listener_lock = threading.Lock()
+
+    def close(self) -> None:
+        """Stop what ``wait_for_job`` started (its LISTEN thread and connection);
+        the pool is left open. ``make_sync_worker_utils`` calls it on exit."""
+        with self._listener_lock:
+            listener, self._listener = self._listener, None
+        if listener is not None:
+            listener.close()
 
     @property
     def use_local_time(self) -> bool:
@@ -236,17 +250,34 @@ class SyncWorkerUtils:
         return self._run(self._plans.job_result(job_id))
 
     def cancel_job(self, job_id: int, reason: str | None = None) -> JobState:
-        """Cancel a job: one waiting, scheduled or retrying never runs (it is
-        recorded as cancelled); a running one is told (see the README's
-        "Cancelling"). Returns its state after the call: ``cancelled``,
-        ``running`` (told; recorded as cancelled when it ends, unless it
-        succeeds), or the state of a job that was already gone."""
+        """Cancel a job (README, "Cancelling"); its state after the call:
+        ``cancelled``, ``running`` (told), or that of a job already gone."""
         return (self._run(self._plans.cancel_jobs([job_id], reason)))[job_id]  # type: ignore[no-any-return]
 
     def cancel_jobs(self, job_ids: Sequence[int], reason: str | None = None) -> dict[int, JobState]:
         """Cancel several jobs in one transaction (see :meth:`cancel_job`);
         each id with its state after the call."""
         return self._run(self._plans.cancel_jobs(job_ids, reason))
+
+    def wait_for_job(
+        self,
+        job_id: int,
+        timeout: float | None = None,
+        *,
+        until: Until = "final",
+        allow_in_task: bool = False,
+    ) -> JobResult:
+        """Block until the job is finished, and return its record; see
+        :meth:`WorkerUtils.wait_for_job <worker_cli.jobs.worker_utils.WorkerUtils.wait_for_job>`
+        (the same arguments and rules)."""
+        check_wait(
+            job_id, timeout, until, allow_in_task=allow_in_task, given=self._given is not None
+        )
+        with self._listener_lock:
+            if self._listener is None:
+                self._listener = SyncWaitListener(self.pool, finished_channel(self.schema))
+            listener = self._listener
+        return wait_blocking(self.pool, self._plans, listener, Waiting(job_id, timeout, until))
 
     def complete_jobs(self, job_ids: Sequence[int]) -> list[Job]:
         """Mark jobs as done (delete them); locked jobs are skipped unless stale."""
@@ -352,7 +383,11 @@ def make_sync_worker_utils(
         return
     if pool is not None:
         check_given_pool(pool, factory="make_sync_worker_utils", expected=ConnectionPool)
-        yield SyncWorkerUtils(pool, schema_name, use_local_time=use_local_time)
+        utils = SyncWorkerUtils(pool, schema_name, use_local_time=use_local_time)
+        try:
+            yield utils
+        finally:
+            utils.close()
         return
     load_dotenv_file()
     conninfo = resolve_connection_string(connection_string)
@@ -367,10 +402,14 @@ def make_sync_worker_utils(
         name="graphile-worker-sync-utils",
     )
     new_pool.open(wait=True)
+    utils = SyncWorkerUtils(new_pool, schema_name, use_local_time=use_local_time)
     try:
-        yield SyncWorkerUtils(new_pool, schema_name, use_local_time=use_local_time)
+        yield utils
     finally:
-        new_pool.close()
+        try:
+            utils.close()
+        finally:
+            new_pool.close()
 
 
 @overload

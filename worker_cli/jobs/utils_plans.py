@@ -203,6 +203,19 @@ class UtilsPlans:
         states = {int(job_id): state for job_id, state in rows}
         return {job_id: states[job_id] for job_id in job_ids}
 
+    def wait_step(self, job_id: int, *, register: bool) -> Plan[tuple[bool, JobResult]]:
+        """One read of ``wait_for_job`` (in autocommit mode: the registration
+        is committed before the state is read): with ``register``, first
+        mark the job as waited for (``notify_on_finish``), if it is visible.
+        Returns whether it is registered, and its record."""
+        registered = True
+        if register:
+            with schema_required(self.schema):
+                statement = statements.compose(lifecycle.register_waiter, self.schema)
+                rows = yield from query(statement, {"job_id": job_id})
+            registered = bool(rows[0][0])
+        return registered, (yield from self._job_result(job_id))
+
     def force_unlock_workers(self, worker_ids: Sequence[str]) -> Plan[None]:
         """``force_unlock_workers``."""
         params = {"worker_ids": list(worker_ids)}

@@ -35,6 +35,7 @@ from ..db.held_connection import holding_connection, pool_connection
 from ..db.plan import Plan
 from ..errors import ConfigurationError, GraphileWorkerError
 from ..schema.cleanup import CleanupTask
+from ..schema.lifecycle import finished_channel
 from ..schema.migrate import MigrationReport
 from .job import Job
 from .job_spec import JobKeyMode, JobSpec, TaskOptions, TaskSpec
@@ -42,6 +43,7 @@ from .payloads import NamedPayload, job_identity
 from .results import JobResult, JobState
 from .unique import UniqueJobResult, UniqueSpec
 from .utils_plans import UtilsPlans
+from .waiting import AsyncWaitListener, Until, Waiting, check_wait, wait_async
 
 __all__ = [
     "CleanupTask",
@@ -77,6 +79,15 @@ class WorkerUtils:
         # not interleave with another's statements.
         self._given_lock = asyncio.Lock()
         self._plans = UtilsPlans(schema, use_local_time=use_local_time)
+        # The LISTEN connection of wait_for_job (started at the first wait).
+        self._listener: AsyncWaitListener | None = None
+
+    async def close(self) -> None:
+        """Stop what ``wait_for_job`` started (its LISTEN connection); the pool
+        is left open. ``make_worker_utils`` calls it on exit."""
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            await listener.close()
 
     @property
     def use_local_time(self) -> bool:
@@ -240,11 +251,8 @@ class WorkerUtils:
         return await self._run(self._plans.job_result(job_id))
 
     async def cancel_job(self, job_id: int, reason: str | None = None) -> JobState:
-        """Cancel a job: one waiting, scheduled or retrying never runs (it is
-        recorded as cancelled); a running one is told (see the README's
-        "Cancelling"). Returns its state after the call: ``cancelled``,
-        ``running`` (told; recorded as cancelled when it ends, unless it
-        succeeds), or the state of a job that was already gone."""
+        """Cancel a job (README, "Cancelling"); its state after the call:
+        ``cancelled``, ``running`` (told), or that of a job already gone."""
         return (await self._run(self._plans.cancel_jobs([job_id], reason)))[job_id]  # type: ignore[no-any-return]
 
     async def cancel_jobs(
@@ -253,6 +261,28 @@ class WorkerUtils:
         """Cancel several jobs in one transaction (see :meth:`cancel_job`);
         each id with its state after the call."""
         return await self._run(self._plans.cancel_jobs(job_ids, reason))
+
+    async def wait_for_job(
+        self,
+        job_id: int,
+        timeout: float | None = None,  # noqa: ASYNC109 (the sync twin's argument)
+        *,
+        until: Until = "final",
+        allow_in_task: bool = False,
+    ) -> JobResult:
+        """Wait until the job is finished (``succeeded``, ``cancelled``,
+        ``failed`` or ``unknown``; with ``until="attempt"`` also ``retrying``)
+        and return its record (as :meth:`get_job_result`). ``timeout``
+        (seconds) raises :class:`WaitTimeout`, leaving the job alone. Refused
+        inside a task of this process's worker unless ``allow_in_task``. See
+        :mod:`worker_cli.jobs.waiting` and the README."""
+        check_wait(
+            job_id, timeout, until, allow_in_task=allow_in_task, given=self._given is not None
+        )
+        if self._listener is None:
+            self._listener = AsyncWaitListener(self.pool, finished_channel(self.schema))
+        waiting = Waiting(job_id, timeout, until)
+        return await wait_async(self.pool, self._plans, self._listener, waiting)
 
     async def complete_jobs(self, job_ids: Sequence[int]) -> list[Job]:
         """Mark jobs as done (delete them); locked jobs are skipped unless stale."""
@@ -357,7 +387,11 @@ async def make_worker_utils(
         return
     if pool is not None:
         check_given_pool(pool, factory="make_worker_utils", expected=AsyncConnectionPool)
-        yield WorkerUtils(pool, schema_name, use_local_time=use_local_time)
+        utils = WorkerUtils(pool, schema_name, use_local_time=use_local_time)
+        try:
+            yield utils
+        finally:
+            await utils.close()
         return
     load_dotenv_file()
     conninfo = resolve_connection_string(connection_string)
@@ -372,10 +406,14 @@ async def make_worker_utils(
         name="graphile-worker-utils",
     )
     await new_pool.open(wait=True)
+    utils = WorkerUtils(new_pool, schema_name, use_local_time=use_local_time)
     try:
-        yield WorkerUtils(new_pool, schema_name, use_local_time=use_local_time)
+        yield utils
     finally:
-        await new_pool.close()
+        try:
+            await utils.close()
+        finally:
+            await new_pool.close()
 
 
 @overload

@@ -1,14 +1,22 @@
 """The statements of the job lifecycle (Python-only objects of
-migrations/py/000007.sql): history and results, a job's state, pruning.
+migrations/py/000007.sql): history and results, a job's state, pruning,
+waiters (registering, their channel, collecting left-over options).
 Templates over the schema name, composed with :func:`.statements.compose`."""
 
 from __future__ import annotations
+
+import hashlib
+
+from . import statements
 
 # Success with history on: the same, and each deleted job recorded as
 # succeeded in _private_py_job_history, in the same statement (one commit
 # for both), with its result: the jobs of %(result_ids)s returned a value
 # (their JSON text in %(results)s) or one that was not kept (%(result_errors)s).
-complete_batch_recording = """
+# As statements.complete_batch, it deletes the jobs' options and notifies
+# their waiters.
+complete_batch_recording = (
+    """
   with done as (
     delete from {schema}._private_jobs as j
     where j.id = any(%(job_ids)b::bigint[])
@@ -30,11 +38,15 @@ complete_batch_recording = """
     left join unnest(
       %(result_ids)b::bigint[], %(results)s::text[], %(result_errors)s::text[]
     ) as r (id, result, result_error) on r.id = d.id
-  )
-  update {schema}._private_job_queues as q
-  set locked_at = null, locked_by = null
-  where q.id in (select done.job_queue_id from done) and q.locked_by = %(pool_id)s
-"""
+  ),
+  unlocked as (
+    update {schema}._private_job_queues as q
+    set locked_at = null, locked_by = null
+    where q.id in (select done.job_queue_id from done) and q.locked_by = %(pool_id)s
+  ),"""
+    + statements.finished_options
+    + statements.notify_waiters
+)
 
 # Delete up to %(limit)s expired history rows (through the expires_at index:
 # a bounded range, whatever the table holds), if this session wins the
@@ -104,8 +116,8 @@ cancel_requests = """
 
 # Upkeep (with the pruning, by whichever pool wins its lock): a job with a
 # cancel request that is no longer locked (its Node worker failed it, its
-# crashed pool's jobs were released) is recorded as cancelled; requests and
-# options of jobs that are gone (the job succeeded) are deleted.
+# crashed pool's jobs were released) is recorded as cancelled; requests of
+# jobs that are gone (the job succeeded) are deleted.
 finalize_cancelled = """
   with cancelled as (
     delete from {schema}._private_jobs as j
@@ -135,14 +147,67 @@ finalize_cancelled = """
     delete from {schema}._private_py_cancellations as c
     where not exists (select 1 from {schema}._private_jobs as j where j.id = c.job_id)
        or c.job_id in (select cancelled.id from cancelled)
-  ),
-  stale_options as (
-    delete from {schema}._private_py_job_options as o
-    where not exists (select 1 from {schema}._private_jobs as j where j.id = o.job_id)
-      and o.added_at < now() - interval '1 minute'
   )
   select count(*) from cancelled
 """
 
 # Cancel jobs (migrations/py/000008.sql): each id with its state after the call.
 cancel_jobs = "select id, state from {schema}.py_cancel_jobs(%(job_ids)s::bigint[], %(reason)s)"
+
+# A waiter's interest in a job (wait_for_job): its id gets notify_on_finish,
+# if the job is visible (else nothing is written: the waiter tries again at
+# its next poll). Returns 1 when the job is visible, 0 when not.
+register_waiter = """
+  with job as (
+    select j.id from {schema}._private_jobs as j where j.id = %(job_id)s
+  ),
+  registered as (
+    insert into {schema}._private_py_job_options as o (job_id, notify_on_finish)
+    select job.id, true from job
+    on conflict (job_id) do update set notify_on_finish = true
+    where not o.notify_on_finish
+  )
+  select count(*) from job
+"""
+
+# Options rows whose job is gone, a bounded number at a time (the sweeper,
+# every 8-10 minutes). A success deletes its job's options in its own
+# statement; what is left comes from jobs finished otherwise (a Node worker,
+# an admin function) or a waiter registering as its job finished. Rows
+# younger than 10 minutes are kept: their job may be in a transaction not
+# committed yet.
+collect_job_options = """
+  delete from {schema}._private_py_job_options as o
+  where o.job_id in (
+    select x.job_id
+    from {schema}._private_py_job_options as x
+    where x.added_at < now() - interval '10 minutes'
+      and not exists (select 1 from {schema}._private_jobs as j where j.id = x.job_id)
+    limit %(limit)s
+  )
+"""
+
+#: The longest channel name PostgreSQL takes, in bytes (NAMEDATALEN - 1).
+_CHANNEL_BYTES = 63
+
+
+def channel(schema: str, kind: str) -> str:
+    """The NOTIFY channel ``<schema>:py:<kind>`` (``finished``: waiters are told
+    jobs finished; ``cancel``: pools are told jobs were cancelled). A schema
+    name too long for PostgreSQL's 63 bytes is cut between characters, and a
+    hash of the whole name appended (two long names sharing a beginning still
+    get two channels). The SQL function ``py_channel(kind)``
+    (migrations/py/000008.sql) gives the same name."""
+    suffix = f":py:{kind}"
+    name = schema + suffix
+    if len(name.encode()) <= _CHANNEL_BYTES:
+        return name
+    digest = hashlib.sha256(schema.encode()).hexdigest()[:8]
+    room = _CHANNEL_BYTES - len(suffix) - len(digest) - 1
+    cut = schema.encode()[:room].decode(errors="ignore")
+    return f"{cut}~{digest}{suffix}"
+
+
+def finished_channel(schema: str) -> str:
+    """The channel of finished jobs (see :func:`channel`)."""
+    return channel(schema, "finished")

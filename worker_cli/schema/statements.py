@@ -215,17 +215,53 @@ lost_fetch_jobs = """
   order by j.priority, j.run_at, j.id
 """
 
+# --- Waiters (migrations/py/000007.sql, _private_py_job_options) ---------------
+# The result statements below end with one NOTIFY per batch, on the channel
+# "<schema>:py:finished" (%(channel)s, see lifecycle.finished_channel), listing
+# the ids of the batch's jobs someone waits for (notify_on_finish), at most
+# 300 a notification (a payload must stay under 8000 bytes: 300 ids of 19
+# digits and a comma are 6000). Jobs nobody waits for send nothing: the
+# options table is read through its primary key with the batch's ids, and it
+# is usually empty.
+
+# A statement's "finished" CTE (job_id, notify_on_finish) becomes its NOTIFYs:
+# the ids of the jobs waited for, gathered in one array, sent 300 at a time.
+# With none, the aggregate is null and no notification is sent (no sort, no
+# window: an aggregate of nothing costs a few microseconds).
+notify_waiters = """
+  select pg_notify(%(channel)s, array_to_string(w.ids[i:i + 299], ','))
+  from (
+    select array_agg(f.job_id) as ids from finished as f where f.notify_on_finish
+  ) as w
+  cross join generate_series(1, coalesce(cardinality(w.ids), 0), 300) as i
+"""
+
+# The options of the jobs a success deleted (the "done" CTE) are deleted with
+# them; those of jobs someone waits for are notified.
+finished_options = """
+  finished as (
+    delete from {schema}._private_py_job_options as o
+    where o.job_id = any(%(job_ids)b::bigint[])
+    returning o.job_id, o.notify_on_finish
+  )"""
+
+
 # Success: delete the jobs and unlock their queues (where this pool holds them).
-complete_batch = """
+complete_batch = (
+    """
   with done as (
     delete from {schema}._private_jobs as j
     where j.id = any(%(job_ids)b::bigint[])
-    returning j.job_queue_id
-  )
-  update {schema}._private_job_queues as q
-  set locked_at = null, locked_by = null
-  where q.id in (select done.job_queue_id from done) and q.locked_by = %(pool_id)s
-"""
+    returning j.id, j.job_queue_id
+  ),
+  unlocked as (
+    update {schema}._private_job_queues as q
+    set locked_at = null, locked_by = null
+    where q.id in (select done.job_queue_id from done) and q.locked_by = %(pool_id)s
+  ),"""
+    + finished_options
+    + notify_waiters
+)
 
 
 def _cancelled(source: LiteralString, message: LiteralString) -> LiteralString:
@@ -279,7 +315,8 @@ def _cancelled(source: LiteralString, message: LiteralString) -> LiteralString:
 # job was fetched), except for a permanent failure (a payload that does not
 # fit its task): its attempts are used up, as permanently_fail_jobs does, so
 # that it is not retried in vain. A job with a cancel request (py_cancel_jobs)
-# is not retried: it is deleted and recorded as cancelled (_cancelled).
+# is not retried: it is deleted and recorded as cancelled (_cancelled). The
+# waiters of the jobs (notify_on_finish) are told, in one notification.
 fail_batch = (
     """
   with failure as (
@@ -309,16 +346,23 @@ fail_batch = (
     from failure
     where j.id = failure.id and j.locked_by = %(pool_id)s
       and failure.id not in (select cancelled.id from cancelled)
-    returning j.job_queue_id
-  )
-  update {schema}._private_job_queues as q
-  set locked_at = null, locked_by = null
-  where q.id in (
-      select failed.job_queue_id from failed
-      union all select cancelled.job_queue_id from cancelled
-    )
-    and q.locked_by = %(pool_id)s
-"""
+    returning j.id, j.job_queue_id
+  ),
+  unlocked as (
+    update {schema}._private_job_queues as q
+    set locked_at = null, locked_by = null
+    where q.id in (
+        select failed.job_queue_id from failed
+        union all select cancelled.job_queue_id from cancelled
+      )
+      and q.locked_by = %(pool_id)s
+  ),
+  finished as (
+    select o.job_id, o.notify_on_finish
+    from {schema}._private_py_job_options as o
+    where o.job_id = any(%(job_ids)b::bigint[])
+  )"""
+    + notify_waiters
 )
 
 # Give back fetched jobs that never started (shutdown), restoring the attempt;

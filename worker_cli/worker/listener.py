@@ -23,7 +23,7 @@ from psycopg import sql
 from ..db.connections import WorkerConnections
 from ..db.retry import RECONNECT, one_line
 from ..observe.events import Events
-from ..schema import statements
+from ..schema import lifecycle, statements
 
 __all__ = ["Listener"]
 
@@ -48,7 +48,7 @@ class Listener:
         self._connections = connections
         self._on_jobs = on_jobs
         #: The channel of cancel requests (migrations/py/000008.sql).
-        self._cancel_channel = f"{schema}:py:cancel"
+        self._cancel_channel = lifecycle.channel(schema, "cancel")
         self._on_cancel = on_cancel
         self._on_breaking_migration = on_breaking_migration
         self._on_reconnected = on_reconnected

@@ -3,7 +3,8 @@
 - The *poller* nudges the fetcher every ``poll_interval`` while the queue is
   exhausted: due retries and scheduled jobs send no notification.
 - The *sweeper*, every 8-10 minutes (a random moment, so that workers started
-  together do not sweep together), deletes expired unique-job locks and
+  together do not sweep together), deletes expired unique-job locks and the
+  options left over by jobs that are gone (a waiter's registration, say), and
   releases jobs and named queues locked for longer than the stale-lock
   timeout (4 hours by default) by workers that crashed.
 
@@ -21,11 +22,14 @@ from datetime import UTC, datetime, timedelta
 import psycopg
 
 from ..jobs.worker_utils import WorkerUtils, sweep_unique_locks
-from ..schema import statements
+from ..schema import lifecycle, statements
 
-__all__ = ["Poller", "Sweeper"]
+__all__ = ["OPTIONS_LIMIT", "Poller", "Sweeper"]
 
 logger = logging.getLogger("graphile_worker")
+
+#: Left-over job options one sweep deletes at most (the rest waits for the next).
+OPTIONS_LIMIT = 10_000
 
 
 class Poller:
@@ -60,6 +64,7 @@ class Sweeper:
     ) -> None:
         self._utils = utils
         self._release = statements.compose(statements.release_stale_locks, schema)
+        self._collect = statements.compose(lifecycle.collect_job_options, schema)
         self._timeout = stale_lock_timeout
         self._interval = interval
         self._on_released = on_released
@@ -69,7 +74,22 @@ class Sweeper:
         while True:
             await asyncio.sleep(random.uniform(low, high))
             await sweep_unique_locks(self._utils)
+            await self.collect_job_options()
             await self.release_stale_locks()
+
+    async def collect_job_options(self) -> int:
+        """Delete options rows whose job is gone (at most :data:`OPTIONS_LIMIT`);
+        how many. A failure is logged (the next sweep tries again)."""
+        try:
+            async with self._utils.pool.connection() as conn:
+                cur = await conn.execute(self._collect, {"limit": OPTIONS_LIMIT})
+                deleted: int = max(cur.rowcount, 0)
+        except psycopg.Error as exc:
+            logger.warning("Sweeping left-over job options failed: %s", exc)
+            return 0
+        if deleted:
+            logger.debug("Deleted %d left-over job option row(s)", deleted)
+        return deleted
 
     async def release_stale_locks(self) -> None:
         """One sweep of stale locks; a failure is logged (the next sweep retries)."""

@@ -321,7 +321,9 @@ class WorkerPool:
         self, heartbeat: Heartbeat | None, db: AsyncConnectionPool[Any], *, started: bool
     ) -> None:
         forced = self._forced.is_set()
-        self._utils = None
+        utils, self._utils = self._utils, None
+        if utils is not None:  # a task's wait_for_job may have started its listener
+            await utils.close()
         if self._held or self._fetcher.lost_fetch:
             self.unwritten_job_ids = sorted(self._held)
             log_unwritten(self.id, self.unwritten_job_ids, self._fetcher.lost_fetch, self.options)

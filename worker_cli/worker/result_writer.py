@@ -3,8 +3,10 @@
 Successes delete their jobs, and with history on record them in
 ``_private_py_job_history`` with their results, in the same statement (one
 commit for both; :data:`~worker_cli.schema.statements.complete_batch_recording`).
-Failures record their errors and back off. Writing is idempotent: a batch
-retried after a lost connection rewrites nothing.
+Failures record their errors and back off. Either statement ends with one
+NOTIFY listing the batch's jobs that someone waits for (``wait_for_job``;
+none when nobody waits). Writing is idempotent: a batch retried after a lost
+connection rewrites nothing (it may notify again, which a waiter shrugs off).
 
 A result the server refuses for what it holds (a user's trigger raising, a
 value out of range) is never retried for ever, and never holds up the others:
@@ -77,6 +79,8 @@ class ResultWriter:
             schema,
         )
         self._fail = statements.compose(statements.fail_batch, schema)
+        #: Where the waiters of finished jobs are told (wait_for_job).
+        self._channel = lifecycle.finished_channel(schema)
         #: Results of succeeded jobs waiting to be written: job id -> (JSON
         #: text, why it was not kept); only jobs that returned something.
         self._results: dict[int, tuple[str | None, str | None]] = {}
@@ -185,6 +189,7 @@ class ResultWriter:
                         "items": [_int_array(f.failed_items) for f in failed],
                         "permanent": [f.permanent for f in failed],
                         "pool_id": self._pool_id,
+                        "channel": self._channel,
                     },
                 )
 
@@ -192,6 +197,7 @@ class ResultWriter:
         params: dict[str, Any] = {
             "job_ids": [job.id for job, _ in succeeded],
             "pool_id": self._pool_id,
+            "channel": self._channel,
         }
         if self._history is None:
             return params

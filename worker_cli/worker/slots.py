@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import JobCancelled
+from ..jobs.in_task import SLOT_TASK_PREFIX
 from ..jobs.job import Job
 from ..jobs.results import encode_result
 from ..jobs.worker_utils import WorkerUtils
@@ -185,7 +186,9 @@ class Slots:
         blocking the event loop; returns their tasks."""
         self._watch.start()
         for slot in self._slots:
-            slot.task = group.create_task(self._run(slot))
+            # Named once: the utilities tell a job's code by it (jobs/in_task.py).
+            name = f"{SLOT_TASK_PREFIX}-{slot.worker_id}"
+            slot.task = group.create_task(self._run(slot), name=name)
         return [slot.task for slot in self._slots if slot.task is not None]
 
     def job_of(self, task: asyncio.Task[object] | None) -> Job | None:

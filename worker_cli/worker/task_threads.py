@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import JobCancelled
+from ..jobs.in_task import TASK_THREAD_PREFIX
 from ..jobs.job import Job
 from ..jobs.results import encode_result
 from ..jobs.worker_utils import WorkerUtils
@@ -56,9 +57,6 @@ __all__ = [
     "exit_forked_child",
     "forks",
 ]
-
-#: Name prefix of the threads that run plain (``def``) tasks.
-TASK_THREAD_PREFIX = "graphile-worker-task"
 
 
 @dataclass(slots=True)
