@@ -419,3 +419,25 @@ async def test_a_waiter_hears_of_its_job_cancelled(utils: WorkerUtils, db: str) 
     record = await waiting
     assert record.state == "cancelled"
     assert time.monotonic() - asked < 0.9  # the notification, not the 1 s poll
+
+
+def test_the_cancel_command(db: str) -> None:
+    from dbhelpers import run_cli
+
+    waiting = value(db, "select id from graphile_worker.add_job('t')")
+    running = value(db, "select id from graphile_worker.add_job('t')")
+    rows(db, "update graphile_worker._private_jobs set locked_at = now(), locked_by = 'p' "
+             "where id = %s", (running,))  # fmt: skip
+    done = run_cli("cancel", "-c", db, str(waiting), str(running), "999999", "--reason", "cli")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        f"Job {waiting}: cancelled",
+        f"Job {running}: running (told to stop; recorded when it ends)",
+        "Job 999999: unknown",
+    ]
+    assert history(db, waiting)["cancel_reason"] == "cli"
+    bad = run_cli("cancel", "-c", db, "x")
+    assert bad.returncode == 2 and "'x' is not a job id" in bad.stderr
+    assert "Traceback" not in bad.stderr and bad.stderr.strip().splitlines()[-1].startswith(
+        "Error:"
+    )

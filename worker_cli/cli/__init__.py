@@ -12,9 +12,10 @@ package; nothing imports it but ``worker_cli/__init__.py`` (lazily) and
 from __future__ import annotations
 
 from .commands import command, main
-from .job_commands import add_job, job
+from .job_commands import add_job, cancel, job
 
 command.add_command(add_job)
 command.add_command(job)
+command.add_command(cancel)
 
 __all__ = ["command", "main"]

@@ -77,6 +77,13 @@ def job_id(_ctx: click.Context, _param: click.Parameter, value: str) -> int:
     return number
 
 
+def job_ids(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> list[int]:
+    """Job ids (see :func:`job_id`), at least one."""
+    if not values:
+        raise click.BadParameter("give at least one job id")
+    return [job_id(ctx, param, value) for value in values]
+
+
 def json_payload(_ctx: click.Context, _param: click.Parameter, value: str | None) -> Any:
     if value is None:
         return None

@@ -250,7 +250,7 @@ class SyncWorkerUtils:
         return self._run(self._plans.job_result(job_id))
 
     def cancel_job(self, job_id: int, reason: str | None = None) -> JobState:
-        """Cancel a job (README, "Cancelling"); its state after the call:
+        """Cancel a job (README, "Cancel"); its state after the call:
         ``cancelled``, ``running`` (told), or that of a job already gone."""
         return (self._run(self._plans.cancel_jobs([job_id], reason)))[job_id]  # type: ignore[no-any-return]
 

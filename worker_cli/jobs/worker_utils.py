@@ -251,7 +251,7 @@ class WorkerUtils:
         return await self._run(self._plans.job_result(job_id))
 
     async def cancel_job(self, job_id: int, reason: str | None = None) -> JobState:
-        """Cancel a job (README, "Cancelling"); its state after the call:
+        """Cancel a job (README, "Cancel"); its state after the call:
         ``cancelled``, ``running`` (told), or that of a job already gone."""
         return (await self._run(self._plans.cancel_jobs([job_id], reason)))[job_id]  # type: ignore[no-any-return]
 
