@@ -13,8 +13,9 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
+from .finished import finished_filter_of
 from .inputs import BadInput, checked_text, parse_cursor, parse_job_id, shown
-from .queries import JOB_STATES, WINDOW
+from .queries import FINISHED_STATES, JOB_STATES, WINDOW
 from .reads import NEWEST, PAGE_SIZE, JobFilter
 
 if TYPE_CHECKING:
@@ -47,6 +48,7 @@ def routes(dashboard: Site) -> list[Route]:
         Route("/", pages.overview, name="overview"),
         Route("/jobs", pages.jobs, name="jobs"),
         Route("/jobs/{job_id}", pages.job, name="job"),
+        Route("/finished", pages.finished, name="finished"),
         Route("/pools", pages.pools, name="pools"),
         Route("/crontab", pages.crontab, name="crontab"),
         Route("/healthz", pages.healthz, name="healthz"),
@@ -146,6 +148,27 @@ class _Pages:
             title=f"Job {job_id}",
             page="jobs",
             job=job,
+            now=now,
+            notice=notice(request),
+        )
+
+    async def finished(self, request: Request) -> Response:
+        finished_filter, problems = finished_filter_of(request.query_params)
+        async with self.dashboard.reading() as reader:
+            page = await reader.finished(finished_filter)
+            tasks = await reader.task_identifiers()
+            now = await reader.now()
+        return self.dashboard.render(
+            request,
+            "finished.html",
+            status=400 if problems else 200,
+            refresh=True,
+            title="Finished jobs",
+            page="finished",
+            data=page,
+            tasks=tasks,
+            states=FINISHED_STATES,
+            problems=problems,
             now=now,
             notice=notice(request),
         )
