@@ -1,9 +1,11 @@
 """The dashboard and the job lifecycle, over HTTP: the Finished view (the
-history, filtered and paged)."""
+history, filtered and paged), a finished job's page, the unknown job, and a
+live job's state in ``py_job_status``'s words."""
 
 from __future__ import annotations
 
 import re
+import secrets
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -13,6 +15,7 @@ import pytest
 from dashboard_helpers import Reply, http, serve_app
 from dbhelpers import rows, value
 
+from worker_cli import Helpers, WorkerUtils, run_once
 from worker_cli.dashboard import create_app
 
 pytestmark = pytest.mark.db
@@ -85,6 +88,19 @@ def older_link(reply: Reply) -> str | None:
 
 def finished(url: str, **query: str) -> Reply:
     return http(f"{url}/finished?{urlencode(query)}")
+
+
+def status(db: str, job_id: int) -> str:
+    return str(value(db, "select state from graphile_worker.py_job_status(%s)", (job_id,)))
+
+
+def shown_state(url: str, job_id: int) -> str:
+    """The state a job's page shows in its heading."""
+    page = http(f"{url}/jobs/{job_id}")
+    assert page.status == 200, page.body[-800:]
+    match = re.search(r'<span id="job-state"><span class="badge badge-(\w+)">', page.body)
+    assert match, page.body
+    return match.group(1)
 
 
 # --- the Finished view -----------------------------------------------------------
@@ -201,3 +217,133 @@ def test_the_finished_view_says_when_nothing_is_recorded(db: str, url: str) -> N
     assert listed(filtered) == []
     assert 'id="no-history"' not in filtered.body and 'id="no-finished"' in filtered.body
     assert 'id="no-history"' not in finished(url).body
+
+
+# --- a job's page -------------------------------------------------------------------
+
+
+async def test_a_finished_jobs_page_shows_its_record(db: str, url: str, utils: WorkerUtils) -> None:
+    """Jobs a worker really ran: succeeded with its result, failed for good and
+    archived with its error, cancelled with its reason."""
+    done = await utils.add_job("resize", {"width": 640})
+    failed = await utils.add_job("broken", {}, max_attempts=1)
+    doomed = await utils.add_job("resize", {"width": 1}, run_at=T0 + timedelta(days=3650))
+
+    async def resize(payload: dict[str, int], helpers: Helpers) -> dict[str, Any]:
+        return {"width": payload["width"] // 2, "format": "<b>webp</b>"}
+
+    async def broken(payload: Any, helpers: Helpers) -> None:
+        raise RuntimeError("the <i>image</i> service is down")
+
+    assert (
+        await run_once(db, task_list={"resize": resize, "broken": broken}, no_handle_signals=True)
+        == 0
+    )
+    await utils.cleanup(tasks=["DELETE_PERMAFAILED_JOBS"])
+    assert await utils.cancel_job(doomed.id, "the upload was <deleted>") == "cancelled"
+
+    page = http(f"{url}/jobs/{done.id}")
+    assert page.status == 200
+    assert "its record in the history" in page.body
+    assert shown_state(url, done.id) == "succeeded"
+    result = re.search(r'<pre class="payload" id="job-result">(.*?)</pre>', page.body, re.S)
+    assert result, page.body
+    assert (
+        result.group(1)
+        == "{\n  &#34;width&#34;: 320,\n  &#34;format&#34;: &#34;&lt;b&gt;webp&lt;/b&gt;&#34;\n}"
+    )
+    record_of = await utils.get_job_result(done.id)
+    assert record_of.started_at is not None and record_of.finished_at is not None
+    for moment in (record_of.created_at, record_of.started_at, record_of.finished_at):
+        assert moment is not None
+        assert moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC") in page.body
+    assert 'id="job-attempts">1 of 25<' in page.body
+
+    page = http(f"{url}/jobs/{failed.id}")
+    assert shown_state(url, failed.id) == "failed"
+    assert "the &lt;i&gt;image&lt;/i&gt; service is down" in page.body
+    assert 'id="job-last-error"' in page.body and 'id="job-no-result"' in page.body
+
+    page = http(f"{url}/jobs/{doomed.id}")
+    assert shown_state(url, doomed.id) == "cancelled"
+    assert "the upload was &lt;deleted&gt;" in page.body
+    assert 'id="job-cancelled"' in page.body
+
+
+def test_a_large_result_is_cut_like_a_payload(db: str, url: str) -> None:
+    """A result longer than a payload is shown (200,000 characters, pretty
+    printed) is cut, and one longer than the page reads (a result may be 64
+    MiB) is not even sent whole."""
+    record(db, 1, T0, result='{"text": "' + "x" * 300_000 + '"}')
+    record(db, 2, T0, result='["' + "y" * 3_000_000 + '"]')
+    record(db, 3, T0, result='{"small":[1,2]}')
+    record(db, 4, T0, result='"' + secrets.token_hex(20_000) + '"')  # stored uncompressed
+    one = http(f"{url}/jobs/1")
+    assert one.status == 200 and len(one.body) < 250_000
+    assert "more characters)" in one.body
+    two = http(f"{url}/jobs/2")
+    assert two.status == 200 and len(two.body) < 250_000
+    assert "(2,800,004 more characters)" in two.body
+    assert "{\n  &#34;small&#34;: [\n    1,\n    2\n  ]\n}" in http(f"{url}/jobs/3").body
+    # The list previews a result only up to 300 characters, and not one
+    # stored in more than 16 kB, whose size it shows.
+    listing = finished(url)
+    assert listed(listing) == [4, 3, 2, 1]
+    assert len(listing.body) < 30_000
+    assert "a result of 40.0 kB" in listing.body
+
+
+def test_an_unknown_job_is_a_styled_404(db: str, url: str) -> None:
+    """No row anywhere: a job completed with history off, and an id never used."""
+    job_id = add_job(db)
+    rows(db, "select graphile_worker.complete_jobs(array[%s]::bigint[])", (job_id,))
+    for unknown in (job_id, 424242):
+        reply = http(f"{url}/jobs/{unknown}")
+        assert reply.status == 404
+        assert 'class="topbar"' in reply.body and "Unknown job" in reply.body
+        assert f"job {unknown} is unknown" in reply.body
+        for why in ("Node worker", "--history off", "removed", "pruned", "never existed"):
+            assert why in reply.body, why
+
+
+def test_a_live_jobs_state_is_py_job_status(db: str, url: str) -> None:
+    later = add_job(db, run_at="2099-01-01T00:00:00Z")
+    due = add_job(db)
+    running = add_job(db)
+    retrying = add_job(db, run_at="2099-01-01T00:00:00Z")
+    failed = add_job(db, max_attempts=2)
+    update = "update graphile_worker._private_jobs set {} where id = %s"
+    rows(db, update.format("locked_at = now(), locked_by = 'pool-a', attempts = 1"), (running,))
+    rows(db, update.format("attempts = 1, last_error = 'once'"), (retrying,))
+    rows(db, update.format("attempts = 2, last_error = 'twice'"), (failed,))
+    states = {
+        job_id: shown_state(url, job_id) for job_id in (later, due, running, retrying, failed)
+    }
+    assert states == {job_id: status(db, job_id) for job_id in states}
+    assert list(states.values()) == ["scheduled", "available", "running", "retrying", "failed"]
+
+
+def test_a_running_job_asked_to_cancel_says_so(db: str, url: str) -> None:
+    running = add_job(db)
+    rows(
+        db,
+        "update graphile_worker._private_jobs set locked_at = now(), locked_by = 'pool-a', "
+        "attempts = 1 where id = %s",
+        (running,),
+    )
+    assert 'id="job-cancel-request"' not in http(f"{url}/jobs/{running}").body
+    rows(
+        db,
+        "select * from graphile_worker.py_cancel_jobs(array[%s]::bigint[], 'too slow')",
+        (running,),
+    )
+    page = http(f"{url}/jobs/{running}")
+    requested = value(
+        db,
+        "select requested_at from graphile_worker._private_py_cancellations where job_id = %s",
+        (running,),
+    )
+    assert 'id="job-cancel-request"' in page.body
+    assert f"Asked to cancel at {requested.astimezone(UTC):%Y-%m-%d %H:%M:%S} UTC" in page.body
+    assert "too slow" in page.body and "asked to cancel</span>" in page.body
+    assert shown_state(url, running) == "running"

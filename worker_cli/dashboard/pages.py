@@ -1,4 +1,5 @@
-"""The pages (GET): overview, jobs, a job, worker pools, crontab, /healthz.
+"""The pages (GET): overview, jobs, finished jobs, a job (live or finished),
+worker pools, crontab, /healthz.
 
 Nothing here writes; each page reads in one read-only transaction
 (:meth:`.app.Dashboard.reading`).
@@ -138,7 +139,19 @@ class _Pages:
             return self.dashboard.no_such_job(request, request.path_params["job_id"])
         async with self.dashboard.reading() as reader:
             job = await reader.job(job_id)
+            finished = None if job is not None else await reader.finished_job(job_id)
             now = await reader.now()
+        if finished is not None:
+            return self.dashboard.render(
+                request,
+                "finished_job.html",
+                refresh=True,
+                title=f"Job {job_id}",
+                page="finished",
+                job=finished,
+                now=now,
+                notice=notice(request),
+            )
         if job is None:
             return self.dashboard.no_such_job(request, str(job_id))
         return self.dashboard.render(

@@ -299,8 +299,20 @@ jobs_page = (
 """
 )
 
-# One job, with its queue's holder and, if a pool holds it, that pool's
-# heartbeat (jobs_pkey1; job_queues_pkey1; the heartbeats' primary key).
+# The state of the job row ``j`` in py_job_status's words (migrations/py/
+# 000007.sql: the same case, in the same order).
+_STATUS = """case
+      when j.locked_at is not null then 'running'
+      when j.attempts >= j.max_attempts then 'failed'
+      when j.attempts > 0 then 'retrying'
+      when j.run_at > now() then 'scheduled'
+      else 'available'
+    end"""
+
+# One job, with its queue's holder, if a pool holds it that pool's heartbeat,
+# and its cancel request if it has one (jobs_pkey1; job_queues_pkey1; the
+# heartbeats' and the cancel requests' primary keys). `status` is its state
+# as py_job_status names it.
 job = (
     """
   select j.id,
@@ -313,10 +325,14 @@ job = (
     + """ as state, """
     + _retrying("j")
     + """ as retrying,
-    h.beat_at >= now() - h.timeout as holder_alive, now() as now
+    h.beat_at >= now() - h.timeout as holder_alive, now() as now, """
+    + _STATUS
+    + """ as status,
+    c.requested_at as cancel_requested_at, c.reason as cancel_reason
   from {schema}._private_jobs as j
   left join {schema}._private_job_queues as q on q.id = j.job_queue_id
   left join {schema}._private_py_heartbeats as h on h.pool_id = j.locked_by
+  left join {schema}._private_py_cancellations as c on c.job_id = j.id
   where j.id = %(id)s::bigint
 """
 )
