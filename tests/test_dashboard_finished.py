@@ -1,6 +1,6 @@
 """The dashboard and the job lifecycle, over HTTP: the Finished view (the
-history, filtered and paged), a finished job's page, the unknown job, and a
-live job's state in ``py_job_status``'s words."""
+history, filtered and paged), a finished job's page, the unknown job, a live
+job's state in ``py_job_status``'s words, and the Cancel action."""
 
 from __future__ import annotations
 
@@ -17,11 +17,14 @@ from dbhelpers import rows, value
 
 from worker_cli import Helpers, WorkerUtils, run_once
 from worker_cli.dashboard import create_app
+from worker_cli.dashboard.security import Csrf
 
 pytestmark = pytest.mark.db
 
 HISTORY = "graphile_worker._private_py_job_history"
-SECRET = b"s" * 32
+SECRET, NONCE = b"s" * 32, "a-browser"
+TOKEN = Csrf(SECRET).token(NONCE)
+COOKIE = f"{Csrf.COOKIE}={NONCE}"
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 
 
@@ -88,6 +91,11 @@ def older_link(reply: Reply) -> str | None:
 
 def finished(url: str, **query: str) -> Reply:
     return http(f"{url}/finished?{urlencode(query)}")
+
+
+def post(url: str, fields: dict[str, str] | None = None, **headers: str) -> Reply:
+    body = urlencode({"csrf_token": TOKEN, **(fields or {})}).encode()
+    return http(url, data=body, headers={"Cookie": COOKIE, **headers})
 
 
 def status(db: str, job_id: int) -> str:
@@ -347,3 +355,103 @@ def test_a_running_job_asked_to_cancel_says_so(db: str, url: str) -> None:
     assert f"Asked to cancel at {requested.astimezone(UTC):%Y-%m-%d %H:%M:%S} UTC" in page.body
     assert "too slow" in page.body and "asked to cancel</span>" in page.body
     assert shown_state(url, running) == "running"
+
+
+# --- the Cancel action ---------------------------------------------------------------
+
+
+def test_cancelling_a_waiting_job(db: str, url: str) -> None:
+    job_id = add_job(db, job_key="report-1")
+    assert 'id="action-cancel"' in http(f"{url}/jobs/{job_id}").body
+    confirm = http(f"{url}/jobs/{job_id}/cancel")
+    assert confirm.status == 200 and 'id="confirm-form"' in confirm.body
+    assert "It never runs" in confirm.body
+
+    done = post(f"{url}/jobs/{job_id}/cancel", {"reason": "  not <needed>  "})
+    assert done.status == 303
+    assert done.headers["location"] == f"/jobs/{job_id}?notice=cancel&job={job_id}&state=cancelled"
+    assert status(db, job_id) == "cancelled"
+    assert value(db, "select count(*) from graphile_worker._private_jobs") == 0
+    [kept] = rows(db, f"select state, cancel_reason from {HISTORY} where job_id = %s", (job_id,))
+    assert kept == {"state": "cancelled", "cancel_reason": "not <needed>"}
+
+    page = http(url + done.headers["location"])
+    assert page.status == 200
+    assert f"Job {job_id} was cancelled: it will not run." in page.body
+    assert shown_state(url, job_id) == "cancelled" and "not &lt;needed&gt;" in page.body
+
+
+def test_cancelling_a_running_job(db: str, url: str) -> None:
+    job_id = add_job(db, job_key="sync", max_attempts=5)
+    rows(
+        db,
+        "update graphile_worker._private_jobs set locked_at = now(), locked_by = 'pool-a', "
+        "attempts = 1 where id = %s",
+        (job_id,),
+    )
+    confirm = http(f"{url}/jobs/{job_id}/cancel")
+    assert "its worker is asked to stop it" in confirm.body
+    assert "the admin functions leave it alone" not in confirm.body
+
+    done = post(f"{url}/jobs/{job_id}/cancel", {"reason": ""})
+    assert done.status == 303
+    assert (
+        done.headers["location"]
+        == f"/jobs/{job_id}?notice=cancel-running&job={job_id}&state=running"
+    )
+    assert status(db, job_id) == "running"
+    [job] = rows(
+        db, "select attempts, max_attempts, key, locked_by from graphile_worker._private_jobs"
+    )
+    assert job == {"attempts": 5, "max_attempts": 5, "key": None, "locked_by": "pool-a"}
+    [request] = rows(
+        db, "select job_id, reason, pool_id from graphile_worker._private_py_cancellations"
+    )
+    assert request == {"job_id": job_id, "reason": None, "pool_id": "pool-a"}
+
+    page = http(url + done.headers["location"])
+    assert f"Job {job_id} is running: its worker was asked to stop it" in page.body
+    assert 'id="job-cancel-request"' in page.body
+
+
+def test_cancelling_a_finished_or_unknown_job_changes_nothing(db: str, url: str) -> None:
+    record(db, 7, T0, result='{"ok": true}')
+    done = post(f"{url}/jobs/7/cancel")
+    assert done.headers["location"] == "/jobs/7?notice=finished&job=7&state=succeeded"
+    assert (
+        "Job 7 had already finished (succeeded): nothing was changed."
+        in http(url + done.headers["location"]).body
+    )
+    assert value(db, f"select state from {HISTORY} where job_id = 7") == "succeeded"
+
+    unknown = post(f"{url}/jobs/8/cancel")
+    assert unknown.headers["location"] == "/jobs/8?notice=finished&job=8&state=unknown"
+    page = http(url + unknown.headers["location"])
+    assert page.status == 404 and "Job 8 had already finished (unknown)" in page.body
+    # The confirmation of a job that is gone sends to its page.
+    assert http(f"{url}/jobs/7/cancel").headers["location"] == "/jobs/7?notice=gone&job=7"
+    # A state that is not one is not repeated.
+    odd = http(f"{url}/jobs/7?" + urlencode({"notice": "finished", "job": "7", "state": "<b>x"}))
+    assert "(unknown)" in odd.body and "&lt;b&gt;x" not in odd.body
+
+
+def test_cancel_is_refused_read_only_and_without_its_token(db: str) -> None:
+    job_id = add_job(db)
+    action = f"/jobs/{job_id}/cancel"
+    with serve_app(create_app(db, read_only=True, csrf_secret=SECRET)) as url:
+        assert 'id="action-cancel"' not in http(f"{url}/jobs/{job_id}").body
+        assert http(url + action).status == 403
+        refused = post(url + action, {"reason": "no"})
+        assert refused.status == 403 and "read-only" in refused.body
+    assert status(db, job_id) == "available"
+    with serve_app(create_app(db, csrf_secret=SECRET)) as url:
+        for reply in (
+            http(url + action, data=b"reason=no", headers={"Cookie": COOKIE}),  # no token
+            post(url + action, {"csrf_token": "0" * 64}),  # a wrong one
+            post(url + action, {}, Cookie=f"{Csrf.COOKIE}=another-browser"),  # another's
+            post(url + action, {}, **{"Sec-Fetch-Site": "cross-site"}),
+        ):
+            assert reply.status == 403, reply.body[-400:]
+        assert status(db, job_id) == "available"
+        assert post(url + action).status == 303  # the same form, with its token
+    assert status(db, job_id) == "cancelled"

@@ -37,7 +37,16 @@ NOTICES = {
         "Job {job} is locked by a worker that is running it: nothing was changed "
         "(the admin functions leave locked jobs alone until their lock is 4 hours old)."
     ),
-    "gone": "Job {job} no longer exists: nothing was changed.",
+    "gone": (
+        "Job {job} is no longer in the jobs table (it finished, or was removed): "
+        "nothing was changed."
+    ),
+    "cancel": "Job {job} was cancelled: it will not run. The history records it as cancelled.",
+    "cancel-running": (
+        "Job {job} is running: its worker was asked to stop it, and it will not be retried. "
+        "It is recorded as cancelled when it stops (as succeeded if its task returns normally)."
+    ),
+    "finished": "Job {job} had already finished ({state}): nothing was changed.",
     "unlock": "Released the jobs and named queues that pool {pool} held.",
     "alive": ("Pool {pool} has a live heartbeat: its jobs are running. Nothing was changed."),
 }
@@ -61,8 +70,11 @@ def notice(request: Request) -> str | None:
     template = NOTICES.get(request.query_params.get("notice", ""))
     if template is None:
         return None
+    state = request.query_params.get("state", "")
     return template.format(
-        job=request.query_params.get("job", ""), pool=request.query_params.get("pool", "")
+        job=request.query_params.get("job", ""),
+        pool=request.query_params.get("pool", ""),
+        state=state if state in (*FINISHED_STATES, "unknown") else "unknown",
     )
 
 
