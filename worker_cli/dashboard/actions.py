@@ -38,7 +38,7 @@ ACTIONS = {
     "reschedule": "Reschedule",
     "fail": "Permanently fail",
     "delete": "Delete",
-    "cancel": "Cancel job",
+    "cancel": "Cancel",
 }
 
 DEFAULT_FAIL_REASON = "permanently failed from the dashboard"
