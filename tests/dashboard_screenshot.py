@@ -1,11 +1,15 @@
 """Make the README's screenshot of the dashboard's overview.
 
     python tests/dashboard_screenshot.py [OUTPUT.png]
+    python tests/dashboard_screenshot.py --page finished [OUTPUT.png]
+    python tests/dashboard_screenshot.py --page finished-job [OUTPUT.png]
 
 Fills a throwaway database (TEST_DATABASE_URL's server, else a private one)
-with a small, plausible queue, serves the dashboard and photographs the
-overview with headless Chromium (tests/screenshots/dashboard-overview.png by
-default).
+with a small, plausible queue and history, serves the dashboard and
+photographs a page with headless Chromium: the overview
+(tests/screenshots/dashboard-overview.png by default), the Finished view, or
+the page of a finished job with a result (dashboard-finished.png,
+dashboard-finished-job.png).
 """
 
 from __future__ import annotations
@@ -65,20 +69,91 @@ values ('pool-4f0c9d2e8a7b6c5d4e', interval '5 minutes', 'worker-1', 4123, 8,
 """
 
 
+# The history: a job id each, finished over the last half hour (some in one
+# batch, one now()); succeeded with results, failed, and cancelled.
+HISTORY = """
+insert into graphile_worker._private_py_job_history (
+  job_id, state, task_identifier, queue_name, priority, attempts, max_attempts, revision,
+  result, result_error, last_error, created_at, run_at, started_at, finished_at, pool_id,
+  cancel_requested_at, cancel_reason, expires_at)
+select 100000 + n, spec.state, spec.task, spec.queue, 0, spec.attempts, 25, 0,
+  case when spec.state = 'succeeded' then spec.result::json end, spec.result_error,
+  spec.error, finished - interval '1 minute', finished - interval '1 minute',
+  case when spec.started then finished - spec.took * interval '1 millisecond' end,
+  finished, case when spec.started then 'pool-4f0c9d2e8a7b6c5d4e' end,
+  case when spec.state = 'cancelled' then finished end, spec.reason,
+  finished + interval '1 day'
+from generate_series(1, 60) as n
+cross join lateral (
+  select now() - (60 - n) * interval '29 seconds' - (n % 7) * interval '1 second' as finished
+) as f
+cross join lateral (values (n % 12)) as k (kind)
+cross join lateral (
+  select * from (values
+    (0, 'resize_image', null::text, 'succeeded', 1,
+     '{"width": 640, "height": 427, "format": "webp", "bytes": 48213}', null::text,
+     null::text, null::text, true, 840 + n * 7),
+    (1, 'send_email', null, 'succeeded', 1, '{"message_id": "<20261121.' || n
+     || '@mail.example.com>"}', null, null, null, true, 120 + n),
+    (2, 'billing/charge', 'billing', 'succeeded', 2,
+     '{"charge": "ch_3Pq' || n || '", "amount": 1999, "currency": "eur"}', null,
+     null, null, true, 310),
+    (3, 'send_email', null, 'failed', 25, null, null,
+     'SMTPRecipientsRefused: {''bob@example.invalid'': (550, ''5.1.1 user unknown'')}',
+     null, false, 0),
+    (4, 'reports/nightly', null, 'succeeded', 1, null,
+     'too large: 2400000 bytes, more than the limit of 1048576', null, null, true, 52000),
+    (5, 'resize_image', null, 'cancelled', 1, null, null,
+     'CancelledError: cancelled from the dashboard', 'the upload was deleted', true, 2300),
+    (6, 'sync_crm', 'crm', 'succeeded', 1, '{"synced": 12, "skipped": 0}', null, null,
+     null, true, 1450),
+    (7, 'send_email', null, 'cancelled', 0, null, null, null, 'the order was refunded',
+     false, 0),
+    (8, 'send_email', null, 'succeeded', 3, '{"message_id": "<20261121.' || n
+     || '@mail.example.com>"}', null, null, null, true, 95),
+    (9, 'resize_image', null, 'succeeded', 1,
+     '{"width": 1280, "height": 853, "format": "webp", "bytes": 130442}', null, null,
+     null, true, 1210),
+    (10, 'billing/charge', 'billing', 'succeeded', 1,
+     '{"charge": "ch_3Pr' || n || '", "amount": 4900, "currency": "eur"}', null, null,
+     null, true, 280),
+    (11, 'sync_crm', 'crm', 'succeeded', 1, '{"synced": 3, "skipped": 1}', null, null,
+     null, true, 990)
+  ) as v (kind, task, queue, state, attempts, result, result_error, error, reason, started,
+          took)
+  where v.kind = k.kind
+) as spec;
+"""
+
+#: The pages the script can photograph: path, the element to wait for, height.
+PAGES = {
+    "overview": ("/", "#failures-table", 1480),
+    "finished": ("/finished", "#finished-table", 1200),
+    "finished-job": ("/jobs/100048", "#job-result", 1000),
+}
+
+
 async def fill(url: str) -> None:
     async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
         await migrate(conn, "graphile_worker")
         await conn.execute(DEMO)
+        await conn.execute(HISTORY)
 
 
 def main() -> None:
-    output = Path(sys.argv[1]) if len(sys.argv) > 1 else OUTPUT
+    args = sys.argv[1:]
+    page = "overview"
+    if args[:1] == ["--page"]:
+        page, args = args[1], args[2:]
+    path, element, height = PAGES[page]
+    default = OUTPUT if page == "overview" else OUTPUT.with_name(f"dashboard-{page}.png")
+    output = Path(args[0]) if args else default
     with start_server() as server, server.database() as url:
         asyncio.run(fill(url))
         with serve_app(create_app(url, refresh=0)) as base, chromium() as browser:
-            browser.set_window_size(1280, 1480)
-            browser.get(base + "/")
-            wait_for(browser, "#failures-table")
+            browser.set_window_size(1280, height)
+            browser.get(base + path)
+            wait_for(browser, element)
             output.parent.mkdir(parents=True, exist_ok=True)
             browser.save_screenshot(str(output))
     print(f"wrote {output}")

@@ -64,10 +64,10 @@ def job_row(db: str, job_id: int) -> dict[str, Any] | None:
     return found[0] if found else None
 
 
-def row_ids(browser: WebDriver) -> list[int]:
+def row_ids(browser: WebDriver, table: str = "#jobs-table") -> list[int]:
     return [
         int(row.get_attribute("data-job") or 0)
-        for row in browser.find_elements(By.CSS_SELECTOR, "#jobs-table tbody tr")
+        for row in browser.find_elements(By.CSS_SELECTOR, f"{table} tbody tr")
     ]
 
 
@@ -408,3 +408,94 @@ def test_mounted_under_a_prefix_behind_the_apps_own_auth(
         assert job_row(db, job_id) is None
         assert http(base + "/healthz", headers={"Cookie": "session=staff"}).body == "ok\n"
         assert console_errors(browser) == []
+
+
+def test_the_finished_view_and_cancelling(db: str, browser: WebDriver, tmp_path: Path) -> None:
+    """A real worker: its finished jobs in the Finished view, filtered, each
+    linking to its page with its result; a running job cancelled from its
+    page stops and is recorded as cancelled; a scheduled one is cancelled at
+    once."""
+    (tmp_path / "tasks").mkdir()
+    (tmp_path / "tasks" / "resize.py").write_text(
+        "async def task(payload, helpers):\n    return {'width': payload['width'] // 2}\n"
+    )
+    (tmp_path / "tasks" / "slow.py").write_text(
+        "import asyncio\n\n\nasync def task(payload, helpers):\n    await asyncio.sleep(3600)\n"
+    )
+    resized = [add_job(db, "resize", '{"width": 640}'), add_job(db, "resize", '{"width": 90}')]
+    slow = add_job(db, "slow")
+    later = add_job(db, "resize", '{"width": 1}', run_at="2099-01-01T00:00:00Z")
+    worker = subprocess.Popen(
+        [cli_path(), "-c", db, "--tasks", str(tmp_path / "tasks"), "-j", "3"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_until(
+            lambda: (
+                value(db, "select count(*) from graphile_worker._private_py_job_history") == 2
+                and value(db, "select state from graphile_worker.py_job_status(%s)", (slow,))
+                == "running"
+            ),
+            30,
+            "two jobs finished and the slow one running",
+        )
+        with serve_cli(db) as url:
+            browser.get(url + "/")
+            click(browser, "#nav-finished")
+            newest_first = [
+                row["job_id"]
+                for row in rows(
+                    db,
+                    "select job_id from graphile_worker._private_py_job_history "
+                    "order by finished_at desc, job_id desc",
+                )
+            ]
+            assert sorted(newest_first) == resized
+            assert row_ids(browser, "#finished-table") == newest_first
+            Select(browser.find_element(By.ID, "filter-state")).select_by_value("cancelled")
+            click(browser, "#filter-submit")
+            assert "state=cancelled" in browser.current_url
+            assert "No finished job matches" in wait_for(browser, "#no-finished").text
+            Select(browser.find_element(By.ID, "filter-state")).select_by_value("succeeded")
+            click(browser, "#filter-submit")
+            click(browser, f"#finished-table a[href$='/jobs/{resized[0]}']")
+            assert '"width": 320' in wait_for(browser, "#job-result").text
+            assert wait_for(browser, "#job-state").text == "succeeded"
+
+            # The running job: asked to stop; its worker stops it.
+            browser.get(f"{url}/jobs/{slow}")
+            assert wait_for(browser, "#job-state").text == "running"
+            click(browser, "#action-cancel")
+            assert "asked to stop it" in wait_for(browser, "#cancel-explained").text
+            browser.find_element(By.ID, "cancel-reason").send_keys("too <b>slow</b>")
+            click(browser, "#confirm-button")
+            assert "its worker was asked to stop it" in wait_for(browser, "#notice").text
+            wait_until(
+                lambda: (
+                    value(db, "select state from graphile_worker.py_job_status(%s)", (slow,))
+                    == "cancelled"
+                ),
+                30,
+                "the slow job recorded as cancelled",
+            )
+            browser.get(f"{url}/jobs/{slow}")
+            assert wait_for(browser, "#job-state").text == "cancelled"
+            assert "too <b>slow</b>" in browser.find_element(By.ID, "job-cancelled").text
+
+            # The scheduled job: cancelled at once, never run.
+            browser.get(f"{url}/jobs/{later}")
+            click(browser, "#action-cancel")
+            click(browser, "#confirm-button")
+            assert "was cancelled" in wait_for(browser, "#notice").text
+            assert browser.current_url.startswith(f"{url}/jobs/{later}?")
+            assert wait_for(browser, "#job-state").text == "cancelled"
+            assert job_row(db, later) is None
+
+            browser.get(url + "/finished?state=cancelled")
+            wait_for(browser, "#finished-table")
+            assert row_ids(browser, "#finished-table") == [later, slow]
+            assert console_errors(browser) == []
+    finally:
+        worker.terminate()
+        worker.wait(30)

@@ -93,6 +93,10 @@ def test_nul_characters_are_bad_input(db: str, url: str) -> None:
     failed = post(f"{url}/jobs/{job_id}/fail", {"reason": "bad\x00reason"})
     assert_styled(failed, 400, "NUL character")
     assert 'id="confirm-form"' in failed.body  # the form again, to correct
+    cancelled = post(f"{url}/jobs/{job_id}/cancel", {"reason": "bad\x00reason"})
+    assert_styled(cancelled, 400, "NUL character")
+    assert 'id="cancel-reason"' in cancelled.body
+    assert_styled(http(f"{url}/finished?task=a%00b"), 400, "NUL character")
     assert job_row(db, job_id) == before
 
 

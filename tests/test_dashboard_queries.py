@@ -1,11 +1,13 @@
 """Every dashboard statement stays bounded on a large queue: EXPLAINed on
-200,000 jobs (and 20,000 named queues), none scans ``_private_jobs``
-sequentially, and each reads the index its comment in
-``worker_cli/dashboard/queries.py`` names."""
+200,000 jobs (and 20,000 named queues, 200,000 finished jobs in the history),
+none scans ``_private_jobs`` or the history sequentially, and each reads the
+index its comment in ``worker_cli/dashboard/queries.py`` names."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from typing import Any, LiteralString
 
 import psycopg
@@ -19,6 +21,9 @@ from worker_cli.schema.statements import compose
 pytestmark = pytest.mark.db
 
 JOBS, QUEUES, TASKS = 200_000, 20_000, 20
+HISTORY = 200_000
+#: The tables no statement may scan sequentially.
+LARGE = ("_private_jobs", "_private_py_job_history")
 
 
 @pytest.fixture(scope="module")
@@ -60,6 +65,30 @@ def big_queue(pg: Any, migrated_template: str) -> Iterator[str]:
                 """,
                 {"jobs": JOBS, "queues": QUEUES, "tasks": TASKS, "payload": Jsonb({"n": 1})},
             )
+            # The history: finished over the last day, in batches of 50 (one
+            # finished_at each); every 10th failed, every 7th cancelled.
+            conn.execute(
+                """
+                insert into graphile_worker._private_py_job_history (
+                  job_id, state, task_identifier, queue_name, priority, attempts, max_attempts,
+                  revision, result, last_error, created_at, run_at, started_at, finished_at,
+                  cancel_reason, expires_at)
+                select %(jobs)s + n,
+                  case when n %% 10 = 0 then 'failed' when n %% 7 = 0 then 'cancelled'
+                    else 'succeeded' end,
+                  'task_' || (1 + n %% %(tasks)s), null, 0, 1, 25, 0,
+                  case when n %% 10 <> 0 and n %% 7 <> 0 then '{"ok": true}'::json end,
+                  case when n %% 10 = 0 then 'boom ' || n end,
+                  f.at - interval '1 minute', f.at - interval '1 minute', f.at, f.at,
+                  case when n %% 7 = 0 then 'no longer needed' end,
+                  f.at + interval '1 day'
+                from generate_series(1, %(history)s) as n
+                cross join lateral (
+                  select now() - interval '1 day' + (n / 50) * interval '20 seconds' as at
+                ) as f
+                """,
+                {"jobs": JOBS, "tasks": TASKS, "history": HISTORY},
+            )
             conn.execute(
                 "insert into graphile_worker._private_py_heartbeats (pool_id, timeout) "
                 "values ('pool-1', interval '5 minutes')"
@@ -97,6 +126,10 @@ def scans(nodes: list[dict[str, Any]], relation: str) -> list[str]:
         if node.get("Relation Name") == relation
     ]
 
+
+HISTORY_INDEX = "_private_py_job_history_finished_at"
+#: The history's times are around the fixture's now(): this is close enough.
+NOW = datetime.now(UTC)
 
 CASES: list[tuple[str, LiteralString, dict[str, Any], dict[str, set[str]]]] = [
     (
@@ -150,6 +183,48 @@ CASES: list[tuple[str, LiteralString, dict[str, Any], dict[str, set[str]]]] = [
         {"window": queries.WINDOW},
         {"_private_job_queues": {"job_queues_pkey1"}},
     ),
+    (
+        "finished, no filter",
+        queries.finished_page,
+        {
+            "upper_at": None,
+            "upper_id": None,
+            "after": None,
+            "window": queries.WINDOW,
+            "limit": 51,
+            "task": None,
+            "state": None,
+            "preview_max": 16384,
+        },
+        {"_private_py_job_history": {HISTORY_INDEX, "_private_py_job_history_pkey"}},
+    ),
+    (
+        "finished, every filter, from a cursor",
+        queries.finished_page,
+        {
+            "upper_at": NOW - timedelta(hours=12),
+            "upper_id": JOBS + 100_000,
+            "after": NOW - timedelta(hours=20),
+            "window": queries.WINDOW,
+            "limit": 51,
+            "task": "task_3",
+            "state": "cancelled",
+            "preview_max": 16384,
+        },
+        {"_private_py_job_history": {HISTORY_INDEX, "_private_py_job_history_pkey"}},
+    ),
+    (
+        "latest finished",
+        queries.latest_finished,
+        {},
+        {"_private_py_job_history": {HISTORY_INDEX}},
+    ),
+    (
+        "a finished job",
+        queries.finished_job,
+        {"id": JOBS + 12345, "cut": 1_000_000},
+        {"_private_py_job_history": {"_private_py_job_history_pkey"}},
+    ),
     ("pool alive", queries.pool_alive, {"pool_id": "pool-1"}, {}),
     ("heartbeats", queries.heartbeats, {"limit": 500}, {}),
     ("crontab", queries.crontab, {"limit": 500}, {}),
@@ -184,8 +259,9 @@ def test_no_statement_scans_the_jobs_sequentially(
     costs: dict[str, float],
 ) -> None:
     nodes = explain(big_queue, statement, costs, **params)
-    job_scans = scans(nodes, "_private_jobs")
-    assert not [scan for scan in job_scans if scan.startswith("Seq Scan")], job_scans
+    for table in LARGE:
+        table_scans = scans(nodes, table)
+        assert not [scan for scan in table_scans if scan.startswith("Seq Scan")], table_scans
     for relation, wanted in indexes.items():
         used = {scan.split(" ")[-1] for scan in scans(nodes, relation)}
         assert wanted <= used, f"{relation}: {scans(nodes, relation)}"
@@ -213,3 +289,61 @@ def test_the_sample_is_bounded_on_a_large_table(big_queue: str) -> None:
     [sample] = [n for n in plan_nodes(result[0]["Plan"]) if n["Node Type"] == "Sample Scan"]
     read = sample["Shared Hit Blocks"] + sample["Shared Read Blocks"]
     assert read < 2_000 * 1.25, (pages, percent, read)
+
+
+def test_a_deep_page_of_the_finished_view_reads_only_its_window(big_queue: str) -> None:
+    """A page from a cursor half-way down the history, filtered by a time range
+    and a rare task: the index is entered at the cursor (its bounds are index
+    conditions), so the rows read are at most the window, not every row newer
+    than the cursor."""
+    params = dict(
+        CASES[[case[0] for case in CASES].index("finished, every filter, from a cursor")][2]
+    )
+    with psycopg.connect(big_queue) as conn:
+        query = psycopg.sql.SQL("explain (analyze, format json) ") + compose(
+            queries.finished_page, "graphile_worker"
+        )
+        [(result,)] = conn.execute(query, params).fetchall()
+    [scan] = [
+        node for node in plan_nodes(result[0]["Plan"]) if node.get("Index Name") == HISTORY_INDEX
+    ]
+    read = scan["Actual Rows"] * scan["Actual Loops"] + scan.get("Rows Removed by Filter", 0)
+    assert 0 < read <= queries.WINDOW, scan
+
+
+def generic(statement: LiteralString) -> tuple[str, list[str]]:
+    """``statement`` with its ``%(name)s`` placeholders as ``$1``, ``$2``...
+    (the form PostgreSQL plans once for every value), and their names."""
+    names: list[str] = []
+
+    def number(match: re.Match[str]) -> str:
+        if match.group(1) not in names:
+            names.append(match.group(1))
+        return f"${names.index(match.group(1)) + 1}"
+
+    text = re.sub(r"%\((\w+)\)s", number, statement).replace("%%", "%")
+    return text.format(schema='"graphile_worker"'), names
+
+
+@pytest.mark.parametrize(
+    "case", [case for case in CASES if case[0].startswith("finished")], ids=lambda case: case[0]
+)
+def test_the_finished_view_is_bounded_by_a_generic_plan_too(
+    big_queue: str, case: tuple[str, LiteralString, dict[str, Any], dict[str, set[str]]]
+) -> None:
+    """psycopg prepares a statement run five times, and PostgreSQL may then plan
+    it once for any values (a generic plan): the keyset's bounds must be index
+    conditions without their values too (no ``$1 is null or ...``)."""
+    text, names = generic(case[1])
+    with psycopg.connect(big_queue) as conn:
+        if conn.info.server_version < 160000:
+            pytest.skip("EXPLAIN (GENERIC_PLAN) needs PostgreSQL 16")
+        [(result,)] = conn.execute(
+            "explain (generic_plan, format json) " + text  # type: ignore[arg-type]
+        ).fetchall()
+    nodes = list(plan_nodes(result[0]["Plan"]))
+    assert not [s for s in scans(nodes, "_private_py_job_history") if s.startswith("Seq Scan")]
+    [scan] = [node for node in nodes if node.get("Index Name") == HISTORY_INDEX]
+    if "upper_at" in names:
+        assert "finished_at" in scan["Index Cond"] and "job_id" in scan["Index Cond"], scan
+        assert scan["Index Cond"].count("finished_at") >= 2, scan  # the lower bound too

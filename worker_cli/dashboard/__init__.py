@@ -7,6 +7,7 @@ Starlette, uvicorn and Jinja2. Nothing else in the package imports it.
 - :mod:`.pages` and :mod:`.actions`: what it serves (GET pages; confirmed POSTs);
 - :mod:`.reads`, :mod:`.queries`, :mod:`.census`: what it reads, every
   statement bounded and index-backed, counts exact or sampled;
+- :mod:`.finished`: the Finished view's filter, cursor and page (the history);
 - :mod:`.inputs`: values from URLs and forms, checked before the database;
 - :mod:`.security`: authentication, CSRF, security headers, loopback-only;
 - :mod:`.serve`: the standalone server behind the command;

@@ -1,12 +1,13 @@
-"""The actions: run now, reschedule, permanently fail, delete (complete), and
-unlock a dead pool's jobs.
+"""The actions: run now, reschedule, permanently fail, delete (complete),
+cancel, and unlock a dead pool's jobs.
 
 Each is two steps: a GET shows what will happen and asks to confirm (it
 changes nothing), and the confirmation is a POST carrying the CSRF token.
 Each goes through the same admin functions as the SQL API
 (:class:`worker_cli.WorkerUtils`: ``reschedule_jobs``,
 ``permanently_fail_jobs``, ``complete_jobs``, ``force_unlock_workers``), so a
-locked job is left alone exactly as those functions leave it. ``--read-only``
+locked job is left alone exactly as those functions leave it; cancel is
+``cancel_job`` (a running job is asked to stop). ``--read-only``
 hides the actions and refuses them (403). A POST redirects (303) to the page
 it came from with a notice saying what happened, or that nothing changed.
 """
@@ -37,6 +38,7 @@ ACTIONS = {
     "reschedule": "Reschedule",
     "fail": "Permanently fail",
     "delete": "Delete",
+    "cancel": "Cancel",
 }
 
 DEFAULT_FAIL_REASON = "permanently failed from the dashboard"
@@ -144,6 +146,8 @@ class _Actions:
         form = await self._checked_form(request)
         if isinstance(form, Response):
             return form
+        if action == "cancel":
+            return await self._cancel(request, job_id, form)
         try:
             changed = await self._apply(job_id, action, form)
         except BadInput as exc:
@@ -159,6 +163,26 @@ class _Actions:
         return self._redirect(
             request, "/jobs" if job is None else f"/jobs/{job_id}", notice=why, job=job_id
         )
+
+    async def _cancel(self, request: Request, job_id: int, form: dict[str, str]) -> Response:
+        """``cancel_job``, and a notice of what it did: cancelled (a job that
+        was waiting, scheduled, retrying or failed), asked the running job to
+        stop, or nothing (it had finished already)."""
+        try:
+            reason = checked_text(form.get("reason", ""), "reason").strip() or None
+        except BadInput as exc:
+            return await self.confirm_job(request, error=str(exc))
+        async with self.dashboard.reading() as reader:
+            live = await reader.job(job_id) is not None
+        state = await (await self.dashboard.utils()).cancel_job(job_id, reason)
+        if state == "running":
+            why = "cancel-running"
+        elif state == "cancelled" and live:
+            why = "cancel"
+        else:
+            why = "finished"
+        logger.info("Dashboard: cancel job %d: %s", job_id, state)
+        return self._redirect(request, f"/jobs/{job_id}", notice=why, job=job_id, state=state)
 
     async def _apply(self, job_id: int, action: str, form: dict[str, str]) -> bool:
         """Run the action through WorkerUtils; whether it changed the job."""

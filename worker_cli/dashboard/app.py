@@ -224,17 +224,25 @@ class Dashboard:
 
     def no_such_job(self, request: Request, text: str) -> Response:
         """The 404 of a job id: none has it (not a whole number in bigint's
-        range), or that job does not exist (any more)."""
+        range), or no row has it, in the jobs table or the history (the
+        job is ``unknown``, as ``py_job_status`` says)."""
         job_id = parse_job_id(text)
+        title = "No such job"
         if job_id is None:
             reason = f"{shown(text)} is not a job id (a whole number from 1 to {BIGINT})"
         else:
-            reason = f"job {job_id} does not exist (it may have completed and been deleted)"
+            title = "Unknown job"
+            reason = (
+                f"job {job_id} is unknown: no row has it, in the jobs table or in the history "
+                "of finished jobs. A Node worker (or a Python worker with --history off) "
+                "completed it, an admin function or the dashboard's Delete removed it, its "
+                "history was pruned (kept a day; failed jobs 7 days), or it never existed"
+            )
         return self.render(
             request,
             "error.html",
             status=404,
-            title="No such job",
+            title=title,
             reason=reason,
             notice=pages.notice(request),
         )

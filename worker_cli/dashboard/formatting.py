@@ -25,6 +25,13 @@ STATE_LABELS = {
     "locked": "locked",
     "permanently_failed": "permanently failed",
     "retrying": "retrying",
+    # py_job_status's words (a job's page, the Finished view)
+    "available": "available",
+    "running": "running",
+    "failed": "failed",
+    "succeeded": "succeeded",
+    "cancelled": "cancelled",
+    "cancel_requested": "asked to cancel",
 }
 
 
@@ -99,6 +106,36 @@ def pretty_json(text: str | None) -> str:
     return pretty
 
 
+def pretty_result(text: str | None, length: int | None) -> str:
+    """A finished job's result (its first characters, ``text``, of ``length``):
+    indented like a payload when read whole, else its beginning as stored."""
+    if text is None:
+        return ""
+    if length is None or length <= len(text):
+        return pretty_json(text)
+    return text[:PAYLOAD_SHOWN] + f"\n... ({length - PAYLOAD_SHOWN:,} more characters)"
+
+
+def duration(seconds: float | None) -> str:
+    """How long a job ran: ``0.25s``, ``42s``, ``3m 12s``."""
+    if seconds is None or not math.isfinite(seconds):
+        return ""
+    if seconds < 10:
+        return f"{max(seconds, 0):.2f}s"
+    return format_age(seconds)
+
+
+def size(value: int | None) -> str:
+    """``512 B``, ``12.5 kB``, ``3.2 MB``."""
+    if value is None:
+        return ""
+    if value < 1000:
+        return f"{value} B"
+    if value < 1_000_000:
+        return f"{value / 1000:.1f} kB"
+    return f"{value / 1_000_000:.1f} MB"
+
+
 def flags(value: Any) -> str:
     if not value:
         return ""
@@ -117,5 +154,8 @@ FILTERS = {
     "number": number,
     "state_label": state_label,
     "pretty_json": pretty_json,
+    "pretty_result": pretty_result,
+    "duration": duration,
+    "size": size,
     "flags": flags,
 }

@@ -17,6 +17,7 @@ __all__ = [
     "parse_int",
     "parse_job_id",
     "parse_run_at",
+    "parse_time",
     "shown",
 ]
 
@@ -65,20 +66,25 @@ def checked_text(text: str, name: str) -> str:
     return text
 
 
-def parse_run_at(text: str) -> datetime:
-    """``2026-12-01T09:00`` (UTC, as the form says) or with an offset, within
+def parse_time(text: str, name: str) -> datetime:
+    """``2026-12-01T09:00`` (UTC, as the forms say) or with an offset, within
     the years 1 to 9999 in UTC (the database would take more, but no page
     could show it)."""
     try:
         moment = datetime.fromisoformat(text.strip())
     except ValueError:
-        raise BadInput(f"run at: not a date and time: {shown(text)}") from None
+        raise BadInput(f"{name}: not a date and time: {shown(text)}") from None
     moment = moment if moment.tzinfo else moment.replace(tzinfo=UTC)
     try:
         moment.astimezone(UTC)
     except OverflowError:
-        raise BadInput(f"run at: {shown(text)} is outside the years 1 to 9999 (UTC)") from None
+        raise BadInput(f"{name}: {shown(text)} is outside the years 1 to 9999 (UTC)") from None
     return moment
+
+
+def parse_run_at(text: str) -> datetime:
+    """A job's new ``run_at`` (see :func:`parse_time`)."""
+    return parse_time(text, "run at")
 
 
 def parse_int(text: str, name: str, low: int, high: int = SMALLINT) -> int | None:

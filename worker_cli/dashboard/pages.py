@@ -1,4 +1,5 @@
-"""The pages (GET): overview, jobs, a job, worker pools, crontab, /healthz.
+"""The pages (GET): overview, jobs, finished jobs, a job (live or finished),
+worker pools, crontab, /healthz.
 
 Nothing here writes; each page reads in one read-only transaction
 (:meth:`.app.Dashboard.reading`).
@@ -13,8 +14,9 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
+from .finished import finished_filter_of
 from .inputs import BadInput, checked_text, parse_cursor, parse_job_id, shown
-from .queries import JOB_STATES, WINDOW
+from .queries import FINISHED_STATES, JOB_STATES, WINDOW
 from .reads import NEWEST, PAGE_SIZE, JobFilter
 
 if TYPE_CHECKING:
@@ -35,7 +37,16 @@ NOTICES = {
         "Job {job} is locked by a worker that is running it: nothing was changed "
         "(the admin functions leave locked jobs alone until their lock is 4 hours old)."
     ),
-    "gone": "Job {job} no longer exists: nothing was changed.",
+    "gone": (
+        "Job {job} is no longer in the jobs table (it finished, or was removed): "
+        "nothing was changed."
+    ),
+    "cancel": "Job {job} was cancelled: it will not run. The history records it as cancelled.",
+    "cancel-running": (
+        "Job {job} is running: its worker was asked to stop it, and it will not be retried. "
+        "It is recorded as cancelled when it stops (as succeeded if its task returns normally)."
+    ),
+    "finished": "Job {job} had already finished ({state}): nothing was changed.",
     "unlock": "Released the jobs and named queues that pool {pool} held.",
     "alive": ("Pool {pool} has a live heartbeat: its jobs are running. Nothing was changed."),
 }
@@ -47,6 +58,7 @@ def routes(dashboard: Site) -> list[Route]:
         Route("/", pages.overview, name="overview"),
         Route("/jobs", pages.jobs, name="jobs"),
         Route("/jobs/{job_id}", pages.job, name="job"),
+        Route("/finished", pages.finished, name="finished"),
         Route("/pools", pages.pools, name="pools"),
         Route("/crontab", pages.crontab, name="crontab"),
         Route("/healthz", pages.healthz, name="healthz"),
@@ -58,8 +70,11 @@ def notice(request: Request) -> str | None:
     template = NOTICES.get(request.query_params.get("notice", ""))
     if template is None:
         return None
+    state = request.query_params.get("state", "")
     return template.format(
-        job=request.query_params.get("job", ""), pool=request.query_params.get("pool", "")
+        job=request.query_params.get("job", ""),
+        pool=request.query_params.get("pool", ""),
+        state=state if state in (*FINISHED_STATES, "unknown") else "unknown",
     )
 
 
@@ -136,7 +151,19 @@ class _Pages:
             return self.dashboard.no_such_job(request, request.path_params["job_id"])
         async with self.dashboard.reading() as reader:
             job = await reader.job(job_id)
+            finished = None if job is not None else await reader.finished_job(job_id)
             now = await reader.now()
+        if finished is not None:
+            return self.dashboard.render(
+                request,
+                "finished_job.html",
+                refresh=True,
+                title=f"Job {job_id}",
+                page="finished",
+                job=finished,
+                now=now,
+                notice=notice(request),
+            )
         if job is None:
             return self.dashboard.no_such_job(request, str(job_id))
         return self.dashboard.render(
@@ -146,6 +173,27 @@ class _Pages:
             title=f"Job {job_id}",
             page="jobs",
             job=job,
+            now=now,
+            notice=notice(request),
+        )
+
+    async def finished(self, request: Request) -> Response:
+        finished_filter, problems = finished_filter_of(request.query_params)
+        async with self.dashboard.reading() as reader:
+            page = await reader.finished(finished_filter)
+            tasks = await reader.task_identifiers()
+            now = await reader.now()
+        return self.dashboard.render(
+            request,
+            "finished.html",
+            status=400 if problems else 200,
+            refresh=True,
+            title="Finished jobs",
+            page="finished",
+            data=page,
+            tasks=tasks,
+            states=FINISHED_STATES,
+            problems=problems,
             now=now,
             notice=notice(request),
         )

@@ -19,6 +19,12 @@ The indexes of ``_private_jobs`` used here (migrations/base.sql):
 - ``jobs_pkey1`` (``id``): a job's page; the windows of newest jobs;
 - ``jobs_main_index`` (``priority, run_at`` where ``is_available``): the
   oldest waiting job.
+
+The finished jobs are read from the history (``_private_py_job_history``,
+migrations/py/000007.sql), through its primary key (a finished job's page)
+and the one index the dashboard adds, ``_private_py_job_history_finished_at``
+(``finished_at, job_id``; migrations/py/000010.sql): the Finished view's
+keyset, windows of the latest finished jobs.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from __future__ import annotations
 from typing import LiteralString
 
 __all__ = [
+    "FINISHED_STATES",
     "JOB_STATES",
     "WINDOW",
 ]
@@ -43,6 +50,11 @@ JOB_STATES: tuple[str, ...] = (
     "permanently_failed",
     "retrying",
 )
+
+
+#: The states of a finished job (the history's), as the Finished view's filter
+#: and ``py_job_status`` name them.
+FINISHED_STATES: tuple[str, ...] = ("succeeded", "cancelled", "failed")
 
 
 def _state(j: LiteralString) -> LiteralString:
@@ -287,8 +299,20 @@ jobs_page = (
 """
 )
 
-# One job, with its queue's holder and, if a pool holds it, that pool's
-# heartbeat (jobs_pkey1; job_queues_pkey1; the heartbeats' primary key).
+# The state of the job row ``j`` in py_job_status's words (migrations/py/
+# 000007.sql: the same case, in the same order).
+_STATUS = """case
+      when j.locked_at is not null then 'running'
+      when j.attempts >= j.max_attempts then 'failed'
+      when j.attempts > 0 then 'retrying'
+      when j.run_at > now() then 'scheduled'
+      else 'available'
+    end"""
+
+# One job, with its queue's holder, if a pool holds it that pool's heartbeat,
+# and its cancel request if it has one (jobs_pkey1; job_queues_pkey1; the
+# heartbeats' and the cancel requests' primary keys). `status` is its state
+# as py_job_status names it.
 job = (
     """
   select j.id,
@@ -301,10 +325,14 @@ job = (
     + """ as state, """
     + _retrying("j")
     + """ as retrying,
-    h.beat_at >= now() - h.timeout as holder_alive, now() as now
+    h.beat_at >= now() - h.timeout as holder_alive, now() as now, """
+    + _STATUS
+    + """ as status,
+    c.requested_at as cancel_requested_at, c.reason as cancel_reason
   from {schema}._private_jobs as j
   left join {schema}._private_job_queues as q on q.id = j.job_queue_id
   left join {schema}._private_py_heartbeats as h on h.pool_id = j.locked_by
+  left join {schema}._private_py_cancellations as c on c.job_id = j.id
   where j.id = %(id)s::bigint
 """
 )
@@ -315,6 +343,96 @@ task_identifiers = """
 """
 
 now = "select now() as now"
+
+# --- Finished jobs (the history) -------------------------------------------------
+
+# The history's keyset: rows strictly below the upper bound (the page's
+# cursor, or the "finished before" filter as (time, 0)) and after the "finished
+# after" filter, newest first. Both bounds are conditions of the
+# _private_py_job_history_finished_at index (finished_at, job_id), read
+# backward, so a page starts where it should however deep it is. The defaults
+# (null) are the ends of time.
+_FINISHED_RANGE = """
+    (h.finished_at, h.job_id) < (
+      coalesce(%(upper_at)s::timestamptz, 'infinity'),
+      coalesce(%(upper_id)s::bigint, 9223372036854775807))
+    and h.finished_at > coalesce(%(after)s::timestamptz, '-infinity')"""
+
+# A page of the Finished view: as the job list's, at most %(window)s rows of
+# the range are examined (`scanned`), whatever the filters, and up to
+# %(limit)s of them that match the task and state are returned; `examined`
+# and the lowest row examined let the page search older ones when a rare
+# filter found fewer. Only the rows shown are read back, by primary key; a
+# result is previewed only when it is stored in at most %(preview_max)s bytes
+# (pg_column_size reads no more than the row), since a result may be 64 MiB.
+finished_page = (
+    """
+  with scanned as materialized (
+    select h.job_id, h.finished_at, h.task_identifier, h.state
+    from {schema}._private_py_job_history as h
+    where """
+    + _FINISHED_RANGE
+    + """
+    order by h.finished_at desc, h.job_id desc
+    limit %(window)s
+  ),
+  window_end as (
+    select count(*)::int as examined from scanned
+  ),
+  lowest as (
+    select s.finished_at as lowest_at, s.job_id as lowest_id
+    from scanned as s
+    order by s.finished_at, s.job_id
+    limit 1
+  ),
+  shown as materialized (
+    select s.job_id, s.finished_at
+    from scanned as s
+    where (%(task)s::text is null or s.task_identifier = %(task)s::text)
+      and (%(state)s::text is null or s.state = %(state)s::text)
+    order by s.finished_at desc, s.job_id desc
+    limit %(limit)s
+  )
+  select w.examined, l.lowest_at, l.lowest_id, r.*
+  from window_end as w
+  left join lowest as l on true
+  left join lateral (
+    select h.job_id as id, h.state, h.task_identifier, h.queue_name, h.attempts,
+      h.max_attempts, h.created_at, h.started_at, h.finished_at,
+      extract(epoch from h.finished_at - h.started_at)::float8 as took,
+      left(h.last_error, 300) as last_error,
+      case when pg_column_size(h.result) <= %(preview_max)s
+        then left(h.result::text, 300) end as result,
+      pg_column_size(h.result) as result_size, h.result_error,
+      left(h.cancel_reason, 300) as cancel_reason, h.timed_out
+    from shown as s
+    join {schema}._private_py_job_history as h on h.job_id = s.job_id
+    order by s.finished_at desc, s.job_id desc
+  ) as r on true
+"""
+)
+
+# The latest finished job (_private_py_job_history_finished_at, backward: one
+# row), or none: whether the history holds anything at all.
+latest_finished = """
+  select h.job_id, h.finished_at
+  from {schema}._private_py_job_history as h
+  order by h.finished_at desc, h.job_id desc
+  limit 1
+"""
+
+# A finished job's record (the history's primary key). Of its result (up to
+# 64 MiB) the first %(cut)s characters are sent, with its whole length.
+finished_job = """
+  select h.job_id as id, h.state, h.task_identifier, h.queue_name, h.key, h.priority,
+    h.attempts, h.max_attempts, h.revision, h.flags,
+    left(h.result::text, %(cut)s) as result, length(h.result::text) as result_length,
+    h.result_error, h.last_error, h.created_at, h.run_at, h.started_at, h.finished_at,
+    extract(epoch from h.finished_at - h.started_at)::float8 as took,
+    h.pool_id, h.cancel_requested_at, h.cancel_reason, h.timed_out, h.expires_at
+  from {schema}._private_py_job_history as h
+  where h.job_id = %(id)s::bigint
+"""
 
 # --- Worker pools -----------------------------------------------------------------
 

@@ -20,6 +20,7 @@ from ..schema.migrate import MigrationFiles
 from ..schema.statements import compose
 from . import queries
 from .census import Census, Count, sample_percent
+from .finished import FinishedFilter, FinishedPage, encode_cursor
 
 __all__ = [
     "JobFilter",
@@ -41,6 +42,12 @@ LIST_LIMIT = 500
 
 #: The cursor of the first page: below every id.
 NEWEST = 2**63 - 1
+
+#: A result stored in more bytes than this is not previewed in the Finished
+#: list (its size is shown); a finished job's page reads the first
+#: RESULT_READ characters of a result.
+RESULT_PREVIEW_MAX = 16 * 1024
+RESULT_READ = 1_000_000
 
 
 @dataclass(frozen=True)
@@ -210,6 +217,35 @@ class Reader:
 
     async def job(self, job_id: int) -> Row | None:
         return await self.row(queries.job, id=job_id)
+
+    async def finished(self, finished_filter: FinishedFilter) -> FinishedPage:
+        upper_at, upper_id = finished_filter.upper
+        found = await self.rows(
+            queries.finished_page,
+            upper_at=upper_at,
+            upper_id=upper_id,
+            after=finished_filter.after,
+            window=queries.WINDOW,
+            limit=PAGE_SIZE + 1,
+            task=finished_filter.task,
+            state=finished_filter.state,
+            preview_max=RESULT_PREVIEW_MAX,
+        )
+        latest = await self.row(queries.latest_finished)
+        examined = found[0]["examined"]
+        rows = [row for row in found if row["id"] is not None]
+        if len(rows) > PAGE_SIZE:
+            rows = rows[:PAGE_SIZE]
+            last = encode_cursor(rows[-1]["finished_at"], rows[-1]["id"])
+            return FinishedPage(finished_filter, rows, examined, last, False, latest)
+        if examined == queries.WINDOW:  # rows below this window remain
+            lowest = encode_cursor(found[0]["lowest_at"], found[0]["lowest_id"])
+            return FinishedPage(finished_filter, rows, examined, lowest, True, latest)
+        return FinishedPage(finished_filter, rows, examined, None, False, latest)
+
+    async def finished_job(self, job_id: int) -> Row | None:
+        """A finished job's history record, or None."""
+        return await self.row(queries.finished_job, id=job_id, cut=RESULT_READ)
 
     async def task_identifiers(self) -> list[str]:
         return [

@@ -1,0 +1,139 @@
+"""The Finished view's filter and page: the finished jobs of the history
+(``_private_py_job_history``), newest first, by a keyset on
+``(finished_at, job_id)`` (:data:`.queries.finished_page`).
+
+The cursor names the last job a page showed, with its finish time
+(``2026-11-21T20:49:25.123456Z_1234``): exact, so a page boundary may fall
+among jobs finished in one batch (one ``now()``), and independent of that job
+still being in the history (the pruning may delete it meanwhile).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from .formatting import datetime_input
+from .inputs import BadInput, checked_text, parse_job_id, parse_time, shown
+from .queries import FINISHED_STATES
+
+__all__ = [
+    "FinishedFilter",
+    "FinishedPage",
+    "encode_cursor",
+    "finished_filter_of",
+    "parse_finished_cursor",
+]
+
+Row = dict[str, Any]
+Cursor = tuple[datetime, int]
+
+
+def encode_cursor(finished_at: datetime, job_id: int) -> str:
+    """A page's cursor: the finish time (UTC, microseconds) and id of a job."""
+    moment = finished_at.astimezone(UTC).isoformat(timespec="microseconds")
+    return moment.replace("+00:00", "Z") + f"_{job_id}"
+
+
+def parse_finished_cursor(text: str) -> Cursor:
+    """The Finished view's ``?cursor=`` (see :func:`encode_cursor`)."""
+    moment, _, job = text.rpartition("_")
+    job_id = parse_job_id(job)
+    try:
+        at = parse_time(moment, "cursor") if moment else None
+    except BadInput:
+        at = None
+    if job_id is None or at is None:
+        raise BadInput(f"bad cursor {shown(text)}; showing the latest finished jobs")
+    return at, job_id
+
+
+@dataclass(frozen=True)
+class FinishedFilter:
+    """The Finished view's filters and cursor (from the query string)."""
+
+    task: str | None = None
+    state: str | None = None
+    #: Finished strictly after / before these times.
+    after: datetime | None = None
+    before: datetime | None = None
+    #: The last job of the previous page: this page shows the ones before it.
+    cursor: Cursor | None = None
+
+    @property
+    def filtered(self) -> bool:
+        return bool(self.task or self.state or self.after or self.before)
+
+    @property
+    def upper(self) -> tuple[datetime | None, int | None]:
+        """The keyset's upper bound, exclusive: the cursor or ``(before, 0)``,
+        whichever is lower (job ids start at 1); None for none."""
+        bounds: list[Cursor] = []
+        if self.cursor is not None:
+            bounds.append(self.cursor)
+        if self.before is not None:
+            bounds.append((self.before, 0))
+        if not bounds:
+            return None, None
+        return min(bounds)
+
+    def query(self, **changes: Any) -> dict[str, str]:
+        """The query string of this filter (with ``changes``), without empty values."""
+        values = {
+            "task": self.task,
+            "state": self.state,
+            "after": datetime_input(self.after),
+            "before": datetime_input(self.before),
+            "cursor": self.cursor and encode_cursor(*self.cursor),
+            **changes,
+        }
+        return {name: str(value) for name, value in values.items() if value not in (None, "")}
+
+
+@dataclass
+class FinishedPage:
+    """One page of the Finished view."""
+
+    filter: FinishedFilter
+    rows: list[Row]
+    #: History rows the window examined below the cursor.
+    examined: int
+    #: The cursor of the next page (older jobs), or None at the oldest.
+    next_cursor: str | None
+    #: True when the window ran out before the page was full: the next page
+    #: searches older jobs (a rare filter on a long history).
+    window_ran_out: bool
+    #: The latest finished job of the whole history (None: it is empty).
+    latest: Row | None
+
+
+def finished_filter_of(params: Any) -> tuple[FinishedFilter, list[str]]:
+    """The Finished view's filter from a query string (``request.query_params``),
+    and what was wrong with it (each wrong value left out: the page shows the
+    rest, with a 400)."""
+    problems = []
+    task = None
+    try:
+        task = checked_text(params.get("task") or "", "task") or None
+    except BadInput as exc:
+        problems.append(f"{exc}; showing every task")
+    state = params.get("state") or None
+    if state is not None and state not in FINISHED_STATES:
+        problems.append(f"unknown state {shown(state)}; showing every state")
+        state = None
+    times: dict[str, datetime | None] = {}
+    for name in ("after", "before"):
+        times[name] = None
+        if params.get(name):
+            try:
+                times[name] = parse_time(params[name], f"finished {name}")
+            except BadInput as exc:
+                problems.append(f"{exc}; not filtering by it")
+    cursor = None
+    if params.get("cursor"):
+        try:
+            cursor = parse_finished_cursor(params["cursor"])
+        except BadInput as exc:
+            problems.append(str(exc))
+    return FinishedFilter(task, state, times["after"], times["before"], cursor), problems
