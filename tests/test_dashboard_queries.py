@@ -22,8 +22,9 @@ pytestmark = pytest.mark.db
 
 JOBS, QUEUES, TASKS = 200_000, 20_000, 20
 HISTORY = 200_000
-#: The tables no statement may scan sequentially.
-LARGE = ("_private_jobs", "_private_py_job_history")
+#: The tables no statement may scan sequentially: they may hold millions of
+#: rows (named queues, tens of thousands).
+LARGE = ("_private_jobs", "_private_py_job_history", "_private_job_queues")
 
 
 @pytest.fixture(scope="module")
@@ -225,10 +226,6 @@ CASES: list[tuple[str, LiteralString, dict[str, Any], dict[str, set[str]]]] = [
         {"id": JOBS + 12345, "cut": 1_000_000},
         {"_private_py_job_history": {"_private_py_job_history_pkey"}},
     ),
-    ("pool alive", queries.pool_alive, {"pool_id": "pool-1"}, {}),
-    ("heartbeats", queries.heartbeats, {"limit": 500}, {}),
-    ("crontab", queries.crontab, {"limit": 500}, {}),
-    ("tasks", queries.task_identifiers, {"limit": 500}, {}),
 ]
 
 
@@ -259,6 +256,7 @@ def test_no_statement_scans_the_jobs_sequentially(
     costs: dict[str, float],
 ) -> None:
     nodes = explain(big_queue, statement, costs, **params)
+    assert any(scans(nodes, table) for table in LARGE), "the statement reads no large table"
     for table in LARGE:
         table_scans = scans(nodes, table)
         assert not [scan for scan in table_scans if scan.startswith("Seq Scan")], table_scans
@@ -347,3 +345,26 @@ def test_the_finished_view_is_bounded_by_a_generic_plan_too(
     if "upper_at" in names:
         assert "finished_at" in scan["Index Cond"] and "job_id" in scan["Index Cond"], scan
         assert scan["Index Cond"].count("finished_at") >= 2, scan  # the lower bound too
+
+
+#: The statements about small tables (one row per pool, crontab line or task),
+#: and exactly what each reads: never the jobs or the history.
+SMALL: list[tuple[str, LiteralString, dict[str, Any], set[str]]] = [
+    ("pool alive", queries.pool_alive, {"pool_id": "pool-1"}, {"_private_py_heartbeats"}),
+    ("heartbeats", queries.heartbeats, {"limit": 500}, {"_private_py_heartbeats"}),
+    ("crontab", queries.crontab, {"limit": 500}, {"_private_known_crontabs"}),
+    ("tasks", queries.task_identifiers, {"limit": 500}, {"_private_tasks"}),
+]
+
+
+@pytest.mark.parametrize(
+    ("statement", "params", "relations"),
+    [case[1:] for case in SMALL],
+    ids=[case[0] for case in SMALL],
+)
+def test_the_small_statements_read_only_their_small_table(
+    big_queue: str, statement: LiteralString, params: dict[str, Any], relations: set[str]
+) -> None:
+    nodes = explain(big_queue, statement, **params)
+    read = {node["Relation Name"] for node in nodes if "Relation Name" in node}
+    assert read == relations
