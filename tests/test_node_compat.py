@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -11,6 +12,7 @@ from catalog import differences, snapshot
 from dbhelpers import rows, value
 from node_worker import NodeWorker
 from pg_server import PgServer
+from workers import until
 
 from worker_cli import JobSpec, make_worker_utils
 from worker_cli.schema.migrate import MigrationFiles, migrate
@@ -142,3 +144,60 @@ async def test_same_structure_as_node(pg: PgServer, node: NodeWorker, schema: st
         assert not differences(mine, reference), "\n".join(differences(mine, reference))
         # The comparison really looked at something.
         assert len(reference["columns"]) > 50 and len(reference["functions"]) == 7
+
+
+# A Node task that waits for a row in public.go, then fails.
+WAIT_THEN_FAIL_TASK = """\
+module.exports = async (payload, helpers) => {
+  const record = "insert into public.ran (task, job_id) values ('slow', $1)";
+  await helpers.query(record, [helpers.job.id]);
+  for (;;) {
+    const { rows } = await helpers.query("select count(*)::int as n from public.go");
+    if (rows[0].n > 0) break;
+    await new Promise((resolve) => setTimeout(resolve, 20));
+  }
+  throw new Error("node failed it");
+};
+"""
+
+
+async def test_the_states_of_jobs_node_runs_and_a_cancel_node_cannot_stop(
+    db: str, node: NodeWorker, node_tasks: Path
+) -> None:
+    """Node completes a job: no history, so unknown; Node fails a job we
+    cancelled while it ran: never retried, then recorded as cancelled."""
+    from worker_cli.worker.pruner import HistoryPruner
+
+    create_ran_table(db)
+    rows(db, "create table public.go (x int)")
+    (node_tasks / "tasks" / "slow.cjs").write_text(WAIT_THEN_FAIL_TASK)
+    async with make_worker_utils(connection_string=db) as utils:
+        done = await utils.add_job("a", {})
+        result = node.run("-c", db, "--once", cwd=node_tasks)
+        assert result.returncode == 0, result.stderr
+        assert await utils.get_job_status(done.id) == "unknown"
+
+        slow = await utils.add_job("slow", {}, max_attempts=5)
+        proc = await asyncio.create_subprocess_exec(*node.argv("-c", db, "--once"), cwd=node_tasks)
+        try:
+            running = "select count(*) from public.ran where task = 'slow'"
+            await until(lambda: value(db, running), within=30, what="the Node task running")
+            assert await utils.cancel_job(slow.id, "stop") == "running"
+            rows(db, "insert into public.go values (1)")
+            async with asyncio.timeout(30):
+                assert await proc.wait() == 0
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+        # Node failed it, and cannot retry it: attempts were used up by the cancel.
+        [row] = rows(db, "select attempts, max_attempts, locked_by, last_error "
+                         "from graphile_worker._private_jobs")  # fmt: skip
+        assert row["attempts"] == row["max_attempts"] and row["locked_by"] is None
+        assert "node failed it" in row["last_error"]
+        assert value(db, "select count(*) from public.ran where task = 'slow'") == 1
+        pruner = HistoryPruner(utils, schema="graphile_worker", interval=(60, 120))
+        assert await pruner.finalize_cancelled() == 1
+        record = await utils.get_job_result(slow.id)
+        assert (record.state, record.cancel_reason) == ("cancelled", "stop")
+        assert "node failed it" in (record.last_error or "")
