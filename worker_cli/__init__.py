@@ -32,6 +32,7 @@ from .runner import Runner, run, run_migrations, run_once
 from .schema.migrate import LATEST_REVISION, MigrationReport
 from .tasks.helpers import Helpers
 from .tasks.loader import Task, TaskLoadError
+from .tasks.task_options import TaskOptions, task_options
 from .tasks.typed_tasks import TypedTaskFunction, typed_task_list
 
 __all__ = [
@@ -63,6 +64,7 @@ __all__ = [
     "SyncWorkerUtils",
     "Task",
     "TaskLoadError",
+    "TaskOptions",
     "TaskSpec",
     "TypedTaskFunction",
     "UniqueJobResult",
@@ -82,6 +84,7 @@ __all__ = [
     "run",
     "run_migrations",
     "run_once",
+    "task_options",
     "typed_task_list",
 ]
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, TypeVar, Unpack, overload
 
 import psycopg
@@ -39,7 +39,7 @@ from ..errors import ConfigurationError
 from ..schema.cleanup import CleanupTask
 from ..schema.migrate import MigrationReport
 from .job import Job
-from .job_spec import JobKeyMode, JobSpec, TaskOptions, TaskSpec
+from .job_spec import AddJobOptions, JobKeyMode, JobSpec, TaskSpec
 from .payloads import NamedPayload, job_identity
 from .results import JobResult, JobState
 from .unique import UniqueJobResult, UniqueSpec
@@ -117,6 +117,7 @@ class SyncWorkerUtils:
         job_key_mode: JobKeyMode | None = None,
         priority: int | None = None,
         flags: Sequence[str] | None = None,
+        timeout: float | timedelta | None = None,
         unique: None = None,
     ) -> Job: ...
 
@@ -133,18 +134,19 @@ class SyncWorkerUtils:
         job_key_mode: JobKeyMode | None = None,
         priority: int | None = None,
         flags: Sequence[str] | None = None,
+        timeout: float | timedelta | None = None,
         unique: UniqueSpec,
     ) -> UniqueJobResult: ...
 
     # add_job(SendEmail(...)): the payload's class names its task (IDENTIFIER).
     @overload
     def add_job(
-        self, payload: NamedPayload, /, *, unique: None = None, **options: Unpack[TaskOptions]
+        self, payload: NamedPayload, /, *, unique: None = None, **options: Unpack[AddJobOptions]
     ) -> Job: ...
 
     @overload
     def add_job(
-        self, payload: NamedPayload, /, *, unique: UniqueSpec, **options: Unpack[TaskOptions]
+        self, payload: NamedPayload, /, *, unique: UniqueSpec, **options: Unpack[AddJobOptions]
     ) -> UniqueJobResult: ...
 
     def add_job(
@@ -159,6 +161,7 @@ class SyncWorkerUtils:
         job_key_mode: JobKeyMode | None = None,
         priority: int | None = None,
         flags: Sequence[str] | None = None,
+        timeout: float | timedelta | None = None,
         unique: UniqueSpec | None = None,
     ) -> Job | UniqueJobResult:
         """Add one job (or update the pending job with the same ``job_key``).
@@ -178,6 +181,7 @@ class SyncWorkerUtils:
             job_key_mode=job_key_mode,
             priority=priority,
             flags=flags,
+            timeout=timeout,
         )
         return self._run(self._plans.add_job(identifier, payload, options, unique))
 

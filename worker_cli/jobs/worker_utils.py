@@ -21,7 +21,7 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, TypeVar, Unpack, overload
 
 import psycopg
@@ -37,7 +37,7 @@ from ..errors import ConfigurationError, GraphileWorkerError
 from ..schema.cleanup import CleanupTask
 from ..schema.migrate import MigrationReport
 from .job import Job
-from .job_spec import JobKeyMode, JobSpec, TaskOptions, TaskSpec
+from .job_spec import AddJobOptions, JobKeyMode, JobSpec, TaskSpec
 from .payloads import NamedPayload, job_identity
 from .results import JobResult, JobState
 from .unique import UniqueJobResult, UniqueSpec
@@ -121,6 +121,7 @@ class WorkerUtils:
         job_key_mode: JobKeyMode | None = None,
         priority: int | None = None,
         flags: Sequence[str] | None = None,
+        timeout: float | timedelta | None = None,  # noqa: ASYNC109 (the job's, not the call's)
         unique: None = None,
     ) -> Job: ...
 
@@ -137,18 +138,19 @@ class WorkerUtils:
         job_key_mode: JobKeyMode | None = None,
         priority: int | None = None,
         flags: Sequence[str] | None = None,
+        timeout: float | timedelta | None = None,  # noqa: ASYNC109 (the job's, not the call's)
         unique: UniqueSpec,
     ) -> UniqueJobResult: ...
 
     # add_job(SendEmail(...)): the payload's class names its task (IDENTIFIER).
     @overload
     async def add_job(
-        self, payload: NamedPayload, /, *, unique: None = None, **options: Unpack[TaskOptions]
+        self, payload: NamedPayload, /, *, unique: None = None, **options: Unpack[AddJobOptions]
     ) -> Job: ...
 
     @overload
     async def add_job(
-        self, payload: NamedPayload, /, *, unique: UniqueSpec, **options: Unpack[TaskOptions]
+        self, payload: NamedPayload, /, *, unique: UniqueSpec, **options: Unpack[AddJobOptions]
     ) -> UniqueJobResult: ...
 
     async def add_job(
@@ -163,6 +165,7 @@ class WorkerUtils:
         job_key_mode: JobKeyMode | None = None,
         priority: int | None = None,
         flags: Sequence[str] | None = None,
+        timeout: float | timedelta | None = None,  # noqa: ASYNC109 (the job's, not the call's)
         unique: UniqueSpec | None = None,
     ) -> Job | UniqueJobResult:
         """Add one job (or update the pending job with the same ``job_key``).
@@ -182,6 +185,7 @@ class WorkerUtils:
             job_key_mode=job_key_mode,
             priority=priority,
             flags=flags,
+            timeout=timeout,
         )
         return await self._run(self._plans.add_job(identifier, payload, options, unique))
 
