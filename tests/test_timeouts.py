@@ -115,3 +115,71 @@ async def test_a_jobs_own_timeout_is_stored_beside_it_only_when_given(
         await utils.add_jobs([{"identifier": "t"}, {"identifier": "t", "timeout": -3}])
     assert info.value.field == "specs[1].timeout"
     assert value(db, f"select count(*) from {JOBS}") == 10  # nothing half added
+
+
+# --- The fetch ---------------------------------------------------------------
+
+
+@pytest.mark.db
+def test_the_fetch_is_py_get_jobs_with_the_jobs_timeout_added(db: str) -> None:
+    """py_fetch_jobs cannot drift from py_get_jobs (which stays, unchanged, for
+    workers of older versions): the same body with now() read once (or the
+    worker's now_at) and the timeout column added."""
+    functions = {
+        (row["name"], row["arity"]): row
+        for row in rows(
+            db,
+            "select p.proname as name, p.pronargs as arity, p.prosrc as source, "
+            "p.proconfig as settings from pg_proc as p "
+            "join pg_namespace as n on n.oid = p.pronamespace "
+            "where n.nspname = 'graphile_worker' and p.proname in ('py_get_jobs', 'py_fetch_jobs')",
+        )
+    }
+    assert sorted(functions) == [("py_fetch_jobs", 5), ("py_get_jobs", 4), ("py_get_jobs", 5)]
+    old, new = functions["py_get_jobs", 4], functions["py_fetch_jobs", 5]
+    expected = (
+        old["source"]
+        .replace("now()", "v_now")
+        .replace(
+            "\nbegin\n", "\ndeclare\n  v_now timestamptz := coalesce(now_at, now());\nbegin\n", 1
+        )
+        .replace(
+            "\n    end;\nend;\n",
+            "\n    end,\n"
+            "    -- The job's own timeout, if it has one: a primary-key lookup per job,\n"
+            "    -- made only while any job has options (one look per fetch: an initplan).\n"
+            "    case when (select exists (select from"
+            ' "graphile_worker"._private_py_job_options)) then\n'
+            '      (select o.timeout from "graphile_worker"._private_py_job_options as o'
+            " where o.job_id = j.id)\n"
+            "    end;\nend;\n",
+        )
+    )
+    assert new["source"] == expected
+    assert new["settings"] == old["settings"]
+
+
+@pytest.mark.db
+async def test_the_fetch_returns_each_jobs_timeout_and_looks_once_when_none_has_one(
+    utils: WorkerUtils, db: str
+) -> None:
+    """A drain of jobs without options costs the fetch one look at the
+    options per fetch, not one per job (a functional check of its plan)."""
+    import psycopg
+
+    await utils.add_jobs([{"identifier": "t"} for _ in range(40)])
+    with psycopg.connect(db) as conn:
+        task_id = conn.execute("select id from graphile_worker._private_tasks").fetchone()
+        fetch = "select id, timeout from graphile_worker.py_fetch_jobs(%s::int[], null, 20, 'p')"
+        scans = (
+            "select pg_stat_get_xact_numscans("
+            "'graphile_worker._private_py_job_options_pkey'::regclass)"
+        )
+        fetched = conn.execute(fetch, ([task_id[0]],)).fetchall()
+        assert len(fetched) == 20 and {t for _, t in fetched} == {None}
+        assert conn.execute(scans).fetchone() == (1,)  # one look, for 20 jobs
+        conn.commit()
+        timed = await utils.add_job("t", {}, timeout=9, priority=-1)
+        timeouts = dict(conn.execute(fetch, ([task_id[0]],)).fetchall())
+        assert len(timeouts) == 20 and timeouts.pop(timed.id) == timedelta(seconds=9)
+        assert set(timeouts.values()) == {None}

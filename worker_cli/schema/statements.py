@@ -156,18 +156,19 @@ register_tasks = """
 """
 
 # Lock up to %(limit)s runnable jobs of our tasks for this pool, at most one
-# per named queue, and return them with their queue names. The statement is
-# the function py_get_jobs (migrations/py/000003.sql), for its plan settings.
+# per named queue, and return them with their queue names and their own
+# timeouts. The statement is the function py_fetch_jobs
+# (migrations/py/000009.sql), for its plan settings.
 get_jobs = """
-  select * from {schema}.py_get_jobs(
+  select * from {schema}.py_fetch_jobs(
     %(task_ids)s::int[], %(forbidden_flags)s::text[], %(limit)s::int, %(pool_id)s::text
   )
 """
 
 # The same on the worker's clock (use_local_time): %(now)s replaces the
-# database's now() (migrations/py/000005.sql).
+# database's now().
 get_jobs_at = """
-  select * from {schema}.py_get_jobs(
+  select * from {schema}.py_fetch_jobs(
     %(task_ids)s::int[], %(forbidden_flags)s::text[], %(limit)s::int, %(pool_id)s::text,
     %(now)s::timestamptz
   )
@@ -208,9 +209,10 @@ lost_fetch_session_gone = """
 lost_fetch_jobs = """
   select j.id, j.job_queue_id, j.task_id, j.payload, j.priority, j.run_at, j.attempts,
     j.max_attempts, j.last_error, j.created_at, j.updated_at, j.key, j.locked_at,
-    j.locked_by, j.revision, j.flags, j.is_available, q.queue_name
+    j.locked_by, j.revision, j.flags, j.is_available, q.queue_name, o.timeout
   from {schema}._private_jobs as j
   left join {schema}._private_job_queues as q on q.id = j.job_queue_id
+  left join {schema}._private_py_job_options as o on o.job_id = j.id
   where j.locked_by = %(pool_id)s and j.id <> all(%(known_ids)s::bigint[])
   order by j.priority, j.run_at, j.id
 """

