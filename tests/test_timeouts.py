@@ -1,9 +1,18 @@
 """Timeouts: declared per task (``@task_options``) or per job (``add_job(...,
-timeout=...)``)."""
+timeout=...)``); each attempt is timed from its task call; an ``async def``
+task is cancelled at its timeout, a plain one is told; a plain one stuck past
+the grace waits (never run twice) or stops the worker (exit code 75); long
+jobs keep their locks."""
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import math
+import os
 import stat
+import threading
+from collections import Counter
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -11,6 +20,8 @@ from typing import Any, ClassVar
 
 import pytest
 from dbhelpers import rows, value
+from fault_helpers import Worker, kill_leftover_workers
+from workers import until, worker
 
 from worker_cli import (
     Helpers,
@@ -22,10 +33,35 @@ from worker_cli import (
     task_options,
     typed_task_list,
 )
+from worker_cli.config.options import WorkerOptions
 from worker_cli.tasks.loader import load_task_directory, make_task_list
+from worker_cli.worker import WorkerPool
 
+HISTORY = "graphile_worker._private_py_job_history"
 OPTIONS = "graphile_worker._private_py_job_options"
 JOBS = "graphile_worker._private_jobs"
+
+
+def history(db: str, job_id: int) -> dict[str, Any]:
+    [row] = rows(db, f"select * from {HISTORY} where job_id = %s", (job_id,))
+    return row
+
+
+def job_row(db: str, job_id: int) -> dict[str, Any]:
+    [row] = rows(db, f"select * from {JOBS} where id = %s", (job_id,))
+    return row
+
+
+def ended(db: str, job_id: int) -> Any:
+    """The job's history row or its failed attempt (a condition for ``until``)."""
+    in_history = value(db, f"select 1 from {HISTORY} where job_id = %s", (job_id,))
+    failed = value(db, f"select 1 from {JOBS} where id = %s and last_error is not null", (job_id,))
+    return in_history or failed
+
+
+def alive(pid_file: Path) -> bool:
+    """The process whose pid the file holds still exists."""
+    return Path(f"/proc/{pid_file.read_text().strip()}").exists()
 
 
 # --- Declaring timeouts --------------------------------------------------------
@@ -183,3 +219,328 @@ async def test_the_fetch_returns_each_jobs_timeout_and_looks_once_when_none_has_
         timeouts = dict(conn.execute(fetch, ([task_id[0]],)).fetchall())
         assert len(timeouts) == 20 and timeouts.pop(timed.id) == timedelta(seconds=9)
         assert set(timeouts.values()) == {None}
+
+
+# --- At the timeout ------------------------------------------------------------
+
+
+@pytest.mark.db
+@pytest.mark.parametrize("on_timeout", ["retry", "fail", "cancel"])
+async def test_an_async_task_is_cancelled_at_its_timeout(
+    utils: WorkerUtils, db: str, on_timeout: Any
+) -> None:
+    job = await utils.add_job("slow", {}, max_attempts=3)
+    caught: list[str | None] = []
+
+    @task_options(timeout=0.2, on_timeout=on_timeout)
+    async def slow(payload: Any, helpers: Helpers) -> None:
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            caught.append(helpers.cancel_reason)
+            raise
+
+    async with asyncio.timeout(30), worker(db, {"slow": slow}):
+        await until(lambda: ended(db, job.id), what="the timeout")
+    assert caught == ["timed out after 0.2s"]
+    if on_timeout == "cancel":
+        row = history(db, job.id)
+        assert (row["state"], row["timed_out"], row["last_error"]) == (
+            "cancelled",
+            True,
+            "JobTimeout: exceeded 0.2s",
+        )
+        assert row["cancel_reason"] == "timed out (JobTimeout: exceeded 0.2s)"
+        assert value(db, f"select count(*) from {JOBS}") == 0
+    else:
+        row = job_row(db, job.id)
+        assert (row["last_error"], row["locked_by"]) == ("JobTimeout: exceeded 0.2s", None)
+        # retry: a failure like any other (retried with backoff); fail: for good now.
+        assert row["attempts"] == (1 if on_timeout == "retry" else 3)
+        expected = "retrying" if on_timeout == "retry" else "failed"
+        assert await utils.get_job_status(job.id) == expected
+    if on_timeout == "fail":  # archived by the cleanup: its last attempt timed out
+        await utils.cleanup(["DELETE_PERMAFAILED_JOBS"])
+        row = history(db, job.id)
+        assert (row["state"], row["timed_out"]) == ("failed", True)
+
+
+@pytest.mark.db
+async def test_an_async_task_that_returns_after_its_timeout_succeeded(
+    utils: WorkerUtils, db: str
+) -> None:
+    """Its work is done: a success, recorded as timed out. Its slot goes on as
+    before: the next job raising CancelledError itself fails alone."""
+    stubborn = await utils.add_job("stubborn", {})
+    raising = await utils.add_job("raising", {})
+    after = await utils.add_job("quick", {})
+
+    @task_options(timeout=0.2)
+    async def stubborn_task(payload: Any, helpers: Helpers) -> dict[str, str]:
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            return {"done": "partly"}
+        return {"done": "all"}
+
+    async def raising_task(payload: Any, helpers: Helpers) -> None:
+        cancelled = asyncio.get_running_loop().create_future()
+        cancelled.cancel()
+        await cancelled  # someone else's cancellation: only this job fails
+
+    async def quick(payload: Any, helpers: Helpers) -> str:
+        return "ran"
+
+    tasks = {"stubborn": stubborn_task, "raising": raising_task, "quick": quick}
+    async with asyncio.timeout(30), worker(db, tasks, concurrency=1):
+        await until(lambda: ended(db, after.id), what="the last job")
+    row = history(db, stubborn.id)
+    assert (row["state"], row["timed_out"], row["result"]) == (
+        "succeeded",
+        True,
+        {"done": "partly"},
+    )
+    assert job_row(db, raising.id)["last_error"] == "CancelledError"
+    assert (history(db, after.id)["result"], history(db, after.id)["timed_out"]) == ("ran", False)
+
+
+@pytest.mark.db
+@pytest.mark.parametrize("mode", ["raise", "return"])
+async def test_a_plain_task_is_told_at_its_timeout(utils: WorkerUtils, db: str, mode: str) -> None:
+    job = await utils.add_job("plain", {"mode": mode}, max_attempts=5)
+    seen: list[tuple[bool, bool, str | None]] = []
+
+    @task_options(timeout=0.2, on_timeout="fail")
+    def plain(payload: dict[str, str], helpers: Helpers) -> str:
+        seen.append((helpers.cancelled, helpers.timed_out, helpers.cancel_reason))
+        while not helpers.cancelled:  # a step of its work at a time
+            threading.Event().wait(0.005)
+        seen.append((helpers.cancelled, helpers.timed_out, helpers.cancel_reason))
+        if payload["mode"] == "raise":
+            helpers.raise_if_cancelled()
+        return "stopped at the timeout"
+
+    async with asyncio.timeout(30), worker(db, {"plain": plain}):
+        await until(lambda: ended(db, job.id), what="the timeout")
+    assert seen == [(False, False, None), (True, True, "timed out after 0.2s")]
+    if mode == "raise":
+        row = job_row(db, job.id)  # on_timeout="fail": failed for good
+        assert (row["last_error"], row["attempts"]) == ("JobTimeout: exceeded 0.2s", 5)
+    else:
+        row = history(db, job.id)
+        assert (row["state"], row["timed_out"], row["result"]) == (
+            "succeeded",
+            True,
+            "stopped at the timeout",
+        )
+
+
+@pytest.mark.db
+async def test_an_executable_task_is_killed_at_its_jobs_timeout(
+    utils: WorkerUtils, db: str, tmp_path: Path
+) -> None:
+    """An executable task file cannot declare options, but its jobs can: its
+    process is killed at the job's timeout."""
+    from worker_cli import run
+
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    pid_file = tmp_path / "pid"
+    (tasks / "sleeper").write_text(f"#!/bin/sh\necho $$ > {pid_file}\nexec sleep 60\n")
+    (tasks / "sleeper").chmod(stat.S_IRWXU)
+    job = await utils.add_job("sleeper", {}, timeout=0.5)
+    async with asyncio.timeout(30):
+        runner = await run(db, task_directory=tasks, no_handle_signals=True)
+        try:
+            await until(lambda: ended(db, job.id), what="the timeout")
+        finally:
+            await runner.stop()
+    assert job_row(db, job.id)["last_error"] == "JobTimeout: exceeded 0.5s"
+    assert not alive(pid_file)  # killed, and reaped
+
+
+@pytest.mark.db
+async def test_a_jobs_own_timeout_wins_over_its_tasks(utils: WorkerUtils, db: str) -> None:
+    release = asyncio.Event()
+
+    @task_options(timeout=0.3)
+    async def short(payload: Any, helpers: Helpers) -> str:
+        await release.wait()
+        return "released"
+
+    @task_options(timeout=60)
+    async def long(payload: Any, helpers: Helpers) -> None:
+        await release.wait()
+
+    by_task = await utils.add_job("short", {})
+    longer = await utils.add_job("short", {}, timeout=60)
+    shorter = await utils.add_job("long", {}, timeout=0.2)
+    async with asyncio.timeout(30), worker(db, {"short": short, "long": long}, concurrency=3):
+        await until(lambda: ended(db, by_task.id) and ended(db, shorter.id), what="timeouts")
+        release.set()
+        await until(lambda: ended(db, longer.id), what="the job with a longer timeout")
+    assert job_row(db, by_task.id)["last_error"] == "JobTimeout: exceeded 0.3s"
+    assert job_row(db, shorter.id)["last_error"] == "JobTimeout: exceeded 0.2s"
+    row = history(db, longer.id)
+    assert (row["state"], row["result"], row["timed_out"]) == ("succeeded", "released", False)
+
+
+@pytest.mark.db
+async def test_the_timeout_counts_from_the_task_call_not_from_the_queue(
+    utils: WorkerUtils, db: str
+) -> None:
+    """A job fetched ahead waits in the local queue longer than its timeout,
+    then runs its whole attempt."""
+    blocker = await utils.add_job("block", {}, priority=-1)
+    queued = await utils.add_job("quick", {}, timeout=0.2)
+    started = asyncio.Event()
+    release = asyncio.Event()
+
+    async def block(payload: Any, helpers: Helpers) -> None:
+        started.set()
+        await release.wait()
+
+    async def quick(payload: Any, helpers: Helpers) -> str:
+        await asyncio.sleep(0)  # where a timeout already passed would land
+        return "in time"
+
+    options = {"concurrency": 1, "local_queue_horizon": math.inf}
+    async with asyncio.timeout(30), worker(db, {"block": block, "quick": quick}, **options):
+        await started.wait()
+        waiting = f"select now() - locked_at > interval '0.6 s' from {JOBS} where id = %s"
+        await until(lambda: value(db, waiting, (queued.id,)), what="a queued job past 0.6s")
+        release.set()
+        await until(lambda: ended(db, queued.id), what="the queued job")
+    row = history(db, queued.id)
+    assert (row["state"], row["result"], row["timed_out"]) == ("succeeded", "in time", False)
+    assert history(db, blocker.id)["state"] == "succeeded"
+
+
+# --- Stuck past the grace ------------------------------------------------------
+
+
+@pytest.mark.db
+async def test_a_stuck_plain_task_keeps_its_slot_and_lock_and_never_runs_twice(
+    utils: WorkerUtils, db: str, caplog: Any
+) -> None:
+    job = await utils.add_job("deaf", {})
+    started = threading.Event()
+    stop = threading.Event()
+    runs = Counter[int]()
+    quick_ran: list[int] = []
+
+    @task_options(timeout=0.2)  # on_stuck="wait"
+    def deaf(payload: Any, helpers: Helpers) -> None:
+        runs[helpers.job.id] += 1
+        started.set()
+        stop.wait(30)  # ignores helpers.cancelled
+        raise RuntimeError("gave up")
+
+    async def quick(payload: Any, helpers: Helpers) -> None:
+        quick_ran.append(helpers.job.id)
+
+    options = WorkerOptions(concurrency=2, timeout_grace=0.3, heartbeat_interval=None)
+    pool = WorkerPool(db, make_task_list({"deaf": deaf, "quick": quick}), options)
+    running = asyncio.create_task(pool.run())
+    try:
+        with caplog.at_level(logging.WARNING, logger="graphile_worker"):
+            await asyncio.to_thread(started.wait)
+            stuck = f"Job {job.id} is stuck: still running 0.3s after its timeout (0.2s)"
+            await until(lambda: any(stuck in r.getMessage() for r in caplog.records))
+        warning = next(r.getMessage() for r in caplog.records if stuck in r.getMessage())
+        assert "it keeps its slot and its lock, and is never run twice" in warning
+        assert "in deaf" in warning  # where its task is
+        assert (job_row(db, job.id)["locked_by"], pool.stopping) == (pool.id, False)
+        other = await utils.add_job("quick", {})  # the other slot goes on
+        await until(lambda: quick_ran == [other.id], what="another job")
+        stop.set()
+        await until(lambda: ended(db, job.id), what="the stuck job's end")
+    finally:
+        stop.set()
+        pool.stop()
+        await running
+    assert runs == {job.id: 1}
+    row = job_row(db, job.id)  # on_timeout="retry": it runs again later
+    assert (row["last_error"], row["attempts"], row["locked_by"]) == (
+        "JobTimeout: exceeded 0.2s",
+        1,
+        None,
+    )
+
+
+STUCK_TASK = """\
+import os
+import threading
+
+from worker_cli import task_options
+
+
+@task_options(timeout=0.3, on_stuck="exit")
+def task(payload, helpers):
+    helpers.run(helpers.query(
+        "insert into public.stuck_runs (job_id, pid, attempt) values (%s, %s, %s)",
+        (helpers.job.id, os.getpid(), helpers.job.attempts),
+    ))
+    if helpers.job.attempts == 1:
+        threading.Event().wait()  # ignores its timeout for ever
+    return "second attempt"
+"""
+
+SLOW_TASK = """\
+import asyncio
+from pathlib import Path
+
+GO = Path(__file__).parent.parent / "go"
+
+
+async def task(payload, helpers):
+    while not GO.exists():  # until the test says so
+        await asyncio.sleep(0.02)
+    return "finished"
+"""
+
+
+@pytest.mark.db
+@pytest.mark.slow
+async def test_a_stuck_plain_task_with_on_stuck_exit_stops_the_worker_with_code_75(
+    utils: WorkerUtils, db: str, tmp_path: Path
+) -> None:
+    """The worker stops fetching, lets its other jobs finish and write their
+    results, gives back the ones not started, and exits 75; the stuck job
+    stays locked until another worker finds the pool dead, then runs again."""
+    from worker_cli import run
+
+    rows(db, "create table public.stuck_runs (job_id bigint, pid int, attempt int)")
+    (tmp_path / "tasks").mkdir()
+    (tmp_path / "tasks" / "stuck.py").write_text(STUCK_TASK)
+    (tmp_path / "tasks" / "slow.py").write_text(SLOW_TASK)
+    slow = await utils.add_job("slow", {})
+    stuck = await utils.add_job("stuck", {})
+    queued = await utils.add_job("slow", {}, priority=1)
+    process = Worker(db, tmp_path, "-j", "2", "--timeout-grace", "0.3",
+                     "--heartbeat-interval", "0.2", "--heartbeat-timeout", "1")  # fmt: skip
+    try:
+        await until(lambda: f"Job {stuck.id} is stuck" in process.log(), what="the stuck job")
+        assert process.proc.poll() is None  # still running: the slow job holds it
+        (tmp_path / "go").touch()  # the other job finishes
+        assert await asyncio.to_thread(process.wait, 30) == 75, process.log()
+    finally:
+        kill_leftover_workers()
+    log = process.log()
+    assert "exits with code 75" in log and "in task" in log
+    assert history(db, slow.id)["result"] == "finished"  # written before the exit
+    left = job_row(db, stuck.id)  # still locked by the pool that is gone
+    assert (left["attempts"], left["locked_by"] is not None) == (1, True)
+    assert job_row(db, queued.id)["attempts"] == 0  # given back, not started
+    # Another worker declares the pool dead (its own 1 s timeout) and runs the job.
+    async with asyncio.timeout(30):
+        runner = await run(db, task_directory=tmp_path / "tasks", no_handle_signals=True,
+                           heartbeat_interval=0.2, heartbeat_timeout=1)  # fmt: skip
+        try:
+            done = f"select 1 from {HISTORY} where job_id = %s"
+            await until(lambda: value(db, done, (stuck.id,)), within=20, what="its second run")
+        finally:
+            await runner.stop()
+    assert history(db, stuck.id)["result"] == "second attempt"
+    runs = rows(db, "select pid, attempt from public.stuck_runs order by attempt")
+    assert runs == [{"pid": process.pid, "attempt": 1}, {"pid": os.getpid(), "attempt": 2}]

@@ -30,6 +30,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from ..config.options import WorkerOptions
 from ..db.connections import WorkerConnections
+from ..jobs.job import Job
 from ..jobs.worker_utils import WorkerUtils
 from ..observe.events import Events
 from ..tasks.loader import Task
@@ -40,7 +41,13 @@ from .heartbeat import Heartbeat, PoolReport
 from .local_queue import LocalQueue
 from .result_writer import HistorySettings
 from .slots import Slots
-from .stopping import cancel_and_wait, log_unwritten, wait_for_running, wait_until_forced
+from .stopping import (
+    cancel_and_wait,
+    log_stuck,
+    log_unwritten,
+    wait_for_running,
+    wait_until_forced,
+)
 from .unreadable import Unreadable
 
 if TYPE_CHECKING:
@@ -86,6 +93,10 @@ class WorkerPool:
         #: writing back their results (or giving them back): they run again
         #: once released. Empty after a clean stop.
         self.unwritten_job_ids: list[int] = []
+        #: Ids of the jobs stuck past their timeout that stopped the pool (their
+        #: task says on_stuck="exit", exit code 75): left locked by this pool,
+        #: they run again once it is gone.
+        self.stuck_job_ids: list[int] = []
         #: Set once the pool is connected and its tasks are registered.
         self.ready = asyncio.Event()
         self.connections = WorkerConnections(conninfo, self.id, options.no_prepared_statements)
@@ -241,6 +252,9 @@ class WorkerPool:
             log_success=options.log_success,
             events=self.events,
             result_limit=options.max_result_bytes if options.history else None,
+            timeouts=self._timeouts,
+            timeout_grace=options.timeout_grace,
+            on_stuck_exit=self._on_stuck_exit,
         )
         try:
             async with asyncio.TaskGroup() as group:
@@ -300,6 +314,12 @@ class WorkerPool:
         if self.once and not self._held:
             self.stop("no runnable jobs left")
 
+    def _on_stuck_exit(self, job: Job) -> None:
+        """A plain job stuck past its timeout was let go (on_stuck="exit"):
+        stop, leaving it locked (exit code 75)."""
+        self.stuck_job_ids.append(job.id)
+        self.stop(f"job {job.id} ({job.task_identifier}) is stuck past its timeout")
+
     def _on_breaking_migration(self, message: str) -> None:
         self.breaking_migration = message
         self.stop(message)
@@ -326,8 +346,11 @@ class WorkerPool:
     ) -> None:
         forced = self._forced.is_set()
         self._utils = None
-        if self._held or self._fetcher.lost_fetch:
-            self.unwritten_job_ids = sorted(self._held)
+        stuck = self._held.intersection(self.stuck_job_ids)
+        if stuck:
+            log_stuck(self.id, sorted(stuck), self.options)
+        if self._held - stuck or self._fetcher.lost_fetch:
+            self.unwritten_job_ids = sorted(self._held - stuck)
             log_unwritten(self.id, self.unwritten_job_ids, self._fetcher.lost_fetch, self.options)
         if heartbeat:
             # Beats on until every result is written; a pool that stops
