@@ -544,3 +544,60 @@ async def test_a_stuck_plain_task_with_on_stuck_exit_stops_the_worker_with_code_
     assert history(db, stuck.id)["result"] == "second attempt"
     runs = rows(db, "select pid, attempt from public.stuck_runs order by attempt")
     assert runs == [{"pid": process.pid, "attempt": 1}, {"pid": os.getpid(), "attempt": 2}]
+
+
+# --- Long jobs keep their locks ------------------------------------------------
+
+
+@pytest.mark.db
+@pytest.mark.parametrize("heartbeats", [True, False], ids=["heartbeat thread", "event loop"])
+async def test_a_long_jobs_lock_is_refreshed_so_no_stale_sweep_releases_it(
+    utils: WorkerUtils, db: str, heartbeats: bool
+) -> None:
+    """A job (and its named queue) locked five hours ago by a live pool is
+    locked again, and the 4-hour sweep (Node's rule, and ours) spares it."""
+    import psycopg
+
+    from worker_cli.schema import statements
+
+    job = await utils.add_job("long", {}, queue_name="q")
+    started = asyncio.Event()
+    release = asyncio.Event()
+    runs = Counter[int]()
+
+    async def long(payload: Any, helpers: Helpers) -> str:
+        runs[helpers.job.id] += 1
+        started.set()
+        await release.wait()
+        return "done"
+
+    options = WorkerOptions(
+        lock_refresh_age=timedelta(seconds=1),
+        heartbeat_interval=0.1 if heartbeats else None,
+        heartbeat_timeout=1,
+    )
+    pool = WorkerPool(db, make_task_list({"long": long}), options)
+    running = asyncio.create_task(pool.run())
+    queue_lock = "select locked_at from graphile_worker._private_job_queues where queue_name = 'q'"
+    try:
+        async with asyncio.timeout(30):
+            await started.wait()
+            rows(db, f"update {JOBS} set locked_at = now() - interval '5 hours'")
+            rows(db, "update graphile_worker._private_job_queues set locked_at = now() - "
+                     "interval '5 hours'")  # fmt: skip
+            fresh = f"select locked_at > now() - interval '1 minute' from {JOBS} where id = %s"
+            await until(lambda: value(db, fresh, (job.id,)), what="the job's lock refreshed")
+            await until(lambda: value(db, queue_lock) > job_row(db, job.id)["created_at"])
+            sweep = statements.compose(statements.release_stale_locks, "graphile_worker")
+            with psycopg.connect(db, autocommit=True) as conn:
+                released = conn.execute(sweep, {"now": None, "lock_timeout": "4 hours"})
+                assert released.fetchone() == (0, 0)
+            assert job_row(db, job.id)["locked_by"] == pool.id
+            release.set()
+            await until(lambda: ended(db, job.id), what="the job's end")
+    finally:
+        release.set()
+        pool.stop()
+        await running
+    assert runs == {job.id: 1}
+    assert history(db, job.id)["result"] == "done"

@@ -140,6 +140,10 @@ class WorkerOptions:
     #: Seconds after its timeout after which a job still running is stuck: it
     #: is reported, and its task's ``on_stuck`` applies (``--timeout-grace``).
     timeout_grace: float = 30.0
+    #: Locks this pool holds that are older than this are taken again (their
+    #: ``locked_at`` set to now), so that no 4-hour stale-lock sweep, Node's or
+    #: ours, releases a job that runs longer; looked at about every half of it.
+    lock_refresh_age: timedelta = timedelta(hours=1)
 
     def __post_init__(self) -> None:
         _check_range("concurrency", self.concurrency, 1, MAX_CONCURRENCY)
@@ -153,6 +157,11 @@ class WorkerOptions:
         if not self.forced_shutdown_timeout >= 0:
             raise ValueError("forced_shutdown_timeout must not be negative")
         _check_range("timeout_grace", self.timeout_grace, 0, MAX_TIMEOUT_GRACE, "s")
+        if not timedelta(0) < self.lock_refresh_age < timedelta(hours=4):
+            raise ValueError(
+                f"lock_refresh_age must be more than 0 and less than 4 hours (the stale-lock "
+                f"sweeps' age), not {self.lock_refresh_age}"
+            )
         if self.heartbeat_interval:
             _check_range(
                 "heartbeat_interval",

@@ -39,6 +39,7 @@ from .completer import Completer
 from .fetcher import Fetcher, FetchSettings, OnFetched
 from .heartbeat import Heartbeat, PoolReport
 from .local_queue import LocalQueue
+from .lock_refresh import LockRefresh
 from .result_writer import HistorySettings
 from .slots import Slots
 from .stopping import (
@@ -195,20 +196,14 @@ class WorkerPool:
         has passed (see :attr:`unwritten_job_ids`)."""
         options = self.options
         db = self.connections.pool(min_size=2, max_size=options.max_pool_size)
-        heartbeat = None
-        if options.heartbeat_interval:
-            heartbeat = Heartbeat(
-                self.connections,
-                schema=options.schema,
-                interval=options.heartbeat_interval,
-                timeout=options.heartbeat_timeout,
-                on_released=self.nudge,
-                report=PoolReport(
-                    concurrency=options.concurrency,
-                    task_identifiers=list(self.tasks),
-                    jobs_done=lambda: self.jobs_done,
-                ),
-            )
+        lock_refresh = LockRefresh.of(options, self.id, self._held)
+        heartbeat = Heartbeat.of_pool(
+            self.connections,
+            options,
+            on_released=self.nudge,
+            report=PoolReport(options.concurrency, list(self.tasks), lambda: self.jobs_done),
+            lock_refresh=lock_refresh,
+        )
         self.events.emit("pool:create", pool=self)
         started = False
         try:
@@ -224,11 +219,12 @@ class WorkerPool:
                 raise failure.exceptions[0] from None  # the first error, as it was raised
             started = True
             self._utils = WorkerUtils(db, options.schema, use_local_time=options.use_local_time)
-            await self._run_parts(self._utils)
+            # Without heartbeats, the locks of long jobs are refreshed on the loop.
+            await self._run_parts(self._utils, None if heartbeat else lock_refresh)
         finally:
             await self._close(heartbeat, db, started=started)
 
-    async def _run_parts(self, utils: WorkerUtils) -> None:
+    async def _run_parts(self, utils: WorkerUtils, lock_refresh: LockRefresh | None) -> None:
         options, queue = self.options, self._queue
         completer = Completer(
             utils.pool,
@@ -261,7 +257,8 @@ class WorkerPool:
                 slot_tasks = slots.start(group)
                 fetcher = group.create_task(self._fetcher.run(self._on_exhausted))
                 writer = group.create_task(completer.run())
-                helpers = [group.create_task(loop) for loop in self._background(utils, slots)]
+                loops = self._background(utils, slots, lock_refresh)
+                helpers = [group.create_task(loop) for loop in loops]
                 self.nudge()
                 self.ready.set()
                 await self._stop.wait()
@@ -285,7 +282,9 @@ class WorkerPool:
         finally:
             slots.close()
 
-    def _background(self, utils: WorkerUtils, slots: Slots) -> list[Coroutine[Any, Any, None]]:
+    def _background(
+        self, utils: WorkerUtils, slots: Slots, lock_refresh: LockRefresh | None
+    ) -> list[Coroutine[Any, Any, None]]:
         """The loops that run beside the pipeline (see :mod:`.background`)."""
         return background_loops(
             PoolHooks(
@@ -298,6 +297,7 @@ class WorkerPool:
                 nudge=self.nudge,
                 exhausted=lambda: self._fetcher.exhausted,
                 on_breaking_migration=self._on_breaking_migration,
+                lock_refresh=lock_refresh,
             ),
             utils,
             slots,
