@@ -300,6 +300,7 @@ async def test_an_async_task_that_returns_after_its_timeout_succeeded(
         True,
         {"done": "partly"},
     )
+    assert (await utils.get_job_result(stubborn.id)).timed_out is True
     assert job_row(db, raising.id)["last_error"] == "CancelledError"
     assert (history(db, after.id)["result"], history(db, after.id)["timed_out"]) == ("ran", False)
 
@@ -401,7 +402,7 @@ async def test_the_timeout_counts_from_the_task_call_not_from_the_queue(
         await release.wait()
 
     async def quick(payload: Any, helpers: Helpers) -> str:
-        await asyncio.sleep(0)  # where a timeout already passed would land
+        await asyncio.sleep(0.05)  # its work: well within its timeout
         return "in time"
 
     options = {"concurrency": 1, "local_queue_horizon": math.inf}
@@ -601,3 +602,39 @@ async def test_a_long_jobs_lock_is_refreshed_so_no_stale_sweep_releases_it(
         await running
     assert runs == {job.id: 1}
     assert history(db, job.id)["result"] == "done"
+
+
+# --- The README ----------------------------------------------------------------
+
+
+@pytest.mark.db
+def test_the_readmes_timeouts_example_runs_as_written(db: str, tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from dbhelpers import cli_path
+    from test_python_apps import app_env, blocks, write_files
+
+    heading = "### Timeouts"
+    files = write_files(heading, tmp_path)
+    assert set(files) == {"tasks/render.py", "add_render.py"}
+    assert set(write_files("### Results and history", tmp_path)) >= {"show_result.py"}
+    [transcript] = blocks(heading, "text")
+    lines = transcript.splitlines()
+    env = app_env(db)
+
+    def shell(line: str) -> subprocess.CompletedProcess[str]:
+        command = line.removeprefix("$ ").split()
+        command = [sys.executable, *command[1:]] if command[0] == "python" else command
+        command = [cli_path(), *command[1:]] if command[0] == "graphile-worker" else command
+        return subprocess.run(
+            command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60,
+            check=False,
+        )  # fmt: skip
+
+    added = shell(lines[0])
+    assert added.stdout.strip() == lines[1], added.stderr
+    worked = shell(lines[2])
+    assert worked.returncode == 0, worked.stderr
+    shown = shell(lines[3])
+    assert shown.stdout.strip() == lines[4], shown.stderr
