@@ -217,8 +217,6 @@ class Heartbeat:
             try:
                 self._beat()
                 self._reap()
-                if self._lock_refresh is not None:
-                    self._lock_refresh.refresh_sync(self._connection())
                 failures = 0
             except Exception as exc:
                 failures += 1
@@ -230,6 +228,23 @@ class Heartbeat:
                     one_line(exc),
                     min(self.interval, DEFAULT.delay(failures)),
                 )
+                continue
+            if self._lock_refresh is not None:
+                self._refresh_locks(self._lock_refresh)
+
+    def _refresh_locks(self, refresh: LockRefresh) -> None:
+        """After a beat: refresh the old locks of this pool's long jobs, if it
+        is time; a failure is logged (it is tried again at the next beat)."""
+        try:
+            refresh.refresh_sync(self._connection())
+        except Exception as exc:
+            self._disconnect()
+            logger.warning(
+                "Worker pool %s: refreshing the locks of long jobs failed (%s); retrying "
+                "at the next heartbeat",
+                self.pool_id,
+                one_line(exc),
+            )
 
     def _connection(self) -> psycopg.Connection[Any]:
         if self._conn is None or self._conn.closed:

@@ -96,14 +96,14 @@ class LockRefresh:
 
     def refresh_sync(self, conn: psycopg.Connection[Any]) -> None:
         """From the heartbeat's thread, after a beat: refresh if it is time.
-        Errors propagate (the heartbeat logs and retries)."""
+        Errors propagate (the heartbeat logs them; the next beat tries again)."""
         if self._clock() < self._next:
             return
-        self._next = self._clock() + self.period
         params = self._params()
         if params is not None:
             row = conn.execute(self._statement, params).fetchone()
             self._refreshed(row)
+        self._next = self._clock() + self.period  # (after a failure: at the next beat)
 
     async def run(self, utils: WorkerUtils) -> None:
         """Without heartbeats: refresh every :attr:`period` seconds on the
