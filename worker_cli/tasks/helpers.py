@@ -52,6 +52,12 @@ class Helpers:
       the worker's event loop and return its result
     """
 
+    #: A cancel request came (``mark_cancelled``), and the timeout (seconds)
+    #: once it has passed (``mark_timed_out``): class defaults, set per job
+    #: only when they happen.
+    _requested = False
+    _timed_out: float | None = None
+
     def __init__(
         self,
         job: Job,
@@ -67,8 +73,6 @@ class Helpers:
         self._utils = utils
         self._loop = loop or asyncio.get_running_loop()
         self._cancelled = False
-        self._requested = False
-        self._timed_out: float | None = None
         #: Why the job was cancelled (``cancel_job(..., reason)``), once it
         #: was; ``timed out after 30s`` once its timeout has passed.
         self.cancel_reason: str | None = None

@@ -27,13 +27,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from ..jobs.job import Job
+from ..tasks.loader import Task
 from ..tasks.task_options import OnStuck
 from .cancel_watch import KEPT, report_stuck
 
-__all__ = ["EXIT", "Deadlines"]
+__all__ = ["EXIT", "Deadlines", "job_timeout", "task_timeouts"]
 
 logger = logging.getLogger("graphile_worker")
 
@@ -42,6 +43,22 @@ EXIT = (
     "the worker stops fetching, lets its other jobs finish and exits with code 75, "
     "leaving this job locked until the worker is gone (then it runs again)"
 )
+
+
+def task_timeouts(tasks: Mapping[str, Task]) -> dict[str, float]:
+    """The timeouts of the tasks that declare one, by identifier."""
+    return {
+        name: task.options.timeout
+        for name, task in tasks.items()
+        if task.options.timeout is not None
+    }
+
+
+def job_timeout(job: Job, timeouts: dict[int, float], by_task: Mapping[str, float]) -> float | None:
+    """The timeout of a job about to start: its own (taken from ``timeouts``,
+    where the fetch put it), else its task's, else None."""
+    timeout = timeouts.pop(job.id, None) if timeouts else None
+    return by_task.get(job.task_identifier) if timeout is None else timeout
 
 
 class Deadlines:

@@ -108,14 +108,13 @@ class Slot:
         self.cancel_sent = False
 
     def settle(self) -> float | None:
-        """After a job: take back a cancellation it swallowed, forget its
-        state; the timeout it went past, if any."""
+        """After a job that had a timeout or was cancelled: take back a
+        cancellation it swallowed; the timeout it went past, if any."""
         if self.cancel_sent:
             self.cancel_sent = False
             if self.task is not None and self.task.cancelling():
                 self.task.uncancel()
         timed_out, self.timed_out = self.timed_out, None
-        self.job = self.helpers = None
         return timed_out
 
 

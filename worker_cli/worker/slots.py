@@ -40,7 +40,7 @@ from ..observe.events import Events
 from ..tasks.helpers import Helpers
 from ..tasks.loader import Task
 from .completer import Completer
-from .deadlines import Deadlines
+from .deadlines import Deadlines, job_timeout, task_timeouts
 from .local_queue import LocalQueue, Refill
 from .loop_watch import LoopWatch
 from .outcome import batch_failures
@@ -110,8 +110,11 @@ class Slots(SlotGroup):
         self._report = self._reporter.report
         super().__init__([Slot(f"worker-{secrets.token_hex(9)}") for _ in range(concurrency)])
         self._loop = asyncio.get_running_loop()
-        #: The fetched jobs' own timeouts (seconds), by job id: taken at their start.
+        #: The fetched jobs' own timeouts (seconds), by job id: taken at their
+        #: start; and the tasks' (only those that have one). While both are
+        #: empty, a job costs one test here.
         self._timeouts = {} if timeouts is None else timeouts
+        self._task_timeouts = task_timeouts(tasks)
         self._deadlines = Deadlines(
             self._loop,
             grace=timeout_grace,
@@ -135,6 +138,7 @@ class Slots(SlotGroup):
             result_limit=result_limit,
             cancelling=self.cancelling,
             timeouts=self._timeouts,
+            task_timeouts=self._task_timeouts,
         )
         self._watch = LoopWatch(self._loop, self.job_of)
         #: Jobs running now.
@@ -221,13 +225,12 @@ class Slots(SlotGroup):
     async def _run_job(self, slot: Slot, job: Job) -> None:
         """Run one ``async def`` job and hand its outcome to the completer."""
         task = self._tasks[job.task_identifier]
-        # The job's own timeout wins over its task's.
-        timeout = self._timeouts.pop(job.id, None) if self._timeouts else None
+        timeout = None
+        if self._timeouts or self._task_timeouts:
+            timeout = job_timeout(job, self._timeouts, self._task_timeouts)
         if self.cancelling and job.id in self.cancelling:  # cancelled before it started
             self._report(Ran(job, slot.worker_id, JobCancelled(self.cancelling[job.id]), None, 0))
             return
-        if timeout is None:
-            timeout = task.options.timeout
         helpers = Helpers(
             job,
             worker_id=slot.worker_id,
@@ -270,9 +273,12 @@ class Slots(SlotGroup):
             error = exc
         finally:
             exit_forked_child(before, None)
-            if timeout is not None:
-                self._deadlines.disarm(job.id)
-            timed_out = slot.settle()
+            timed_out = None
+            if timeout is not None or slot.cancel_sent:
+                if timeout is not None:
+                    self._deadlines.disarm(job.id)
+                timed_out = slot.settle()
+            slot.job = slot.helpers = None
             self.running -= 1
         if isinstance(error, Returned):
             self.returned.append(job)

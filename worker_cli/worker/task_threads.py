@@ -177,6 +177,8 @@ class ThreadSettings:
     cancelling: Mapping[int, str | None] = field(default_factory=dict)
     #: The fetched jobs' own timeouts (seconds), by job id; taken at their start.
     timeouts: dict[int, float] = field(default_factory=dict)
+    #: The timeouts of the tasks that declare one, by identifier.
+    task_timeouts: Mapping[str, float] = field(default_factory=dict)
 
 
 class TaskThread:
@@ -291,12 +293,13 @@ class TaskThread:
         settings = self._settings
         cancelling = settings.cancelling
         task = settings.tasks[job.task_identifier]
-        # The job's own timeout wins over its task's.
-        timeout = settings.timeouts.pop(job.id, None) if settings.timeouts else None
+        timeout = None
+        if settings.timeouts or settings.task_timeouts:  # its own, else its task's
+            timeout = settings.timeouts.pop(job.id, None) if settings.timeouts else None
+            if timeout is None:
+                timeout = settings.task_timeouts.get(job.task_identifier)
         if cancelling and job.id in cancelling:  # cancelled before it started
             return Ran(job, self._worker_id, JobCancelled(cancelling.get(job.id)), None, 0)
-        if timeout is None:
-            timeout = task.options.timeout
         helpers = Helpers(
             job,
             worker_id=self._worker_id,
