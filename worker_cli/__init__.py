@@ -16,6 +16,7 @@ from .errors import (
     IncompatibleSchemaError,
     JobCancelled,
     JobSpecError,
+    JobTimeout,
     MigrationError,
     PayloadError,
     SchemaNotInstalledError,
@@ -33,6 +34,7 @@ from .runner import Runner, run, run_migrations, run_once
 from .schema.migrate import LATEST_REVISION, MigrationReport
 from .tasks.helpers import Helpers
 from .tasks.loader import Task, TaskLoadError
+from .tasks.task_options import TaskOptions, task_options
 from .tasks.typed_tasks import TypedTaskFunction, typed_task_list
 
 __all__ = [
@@ -53,6 +55,7 @@ __all__ = [
     "JobSpec",
     "JobSpecError",
     "JobState",
+    "JobTimeout",
     "MigrationError",
     "MigrationReport",
     "NamedPayload",
@@ -64,6 +67,7 @@ __all__ = [
     "SyncWorkerUtils",
     "Task",
     "TaskLoadError",
+    "TaskOptions",
     "TaskSpec",
     "TypedTaskFunction",
     "UniqueJobResult",
@@ -84,6 +88,7 @@ __all__ = [
     "run",
     "run_migrations",
     "run_once",
+    "task_options",
     "typed_task_list",
 ]
 

@@ -13,6 +13,7 @@ __all__ = [
     "IncompatibleSchemaError",
     "JobCancelled",
     "JobSpecError",
+    "JobTimeout",
     "MigrationError",
     "PayloadError",
     "SchemaNotInstalledError",
@@ -104,3 +105,16 @@ class JobCancelled(GraphileWorkerError):
     def __init__(self, reason: str | None = None) -> None:
         super().__init__(f"cancelled: {reason}" if reason else "cancelled")
         self.reason = reason
+
+
+class JobTimeout(GraphileWorkerError):
+    """An attempt ran longer than its job's timeout (``add_job(..., timeout=...)``,
+    or its task's ``@task_options(timeout=...)``): the error the attempt is
+    recorded with (``JobTimeout: exceeded 30s``) when its task raised after
+    the timeout (an ``async def`` task is cancelled there). What it raised
+    is the ``__cause__``. ``helpers.raise_if_cancelled()`` raises it too."""
+
+    def __init__(self, timeout: float) -> None:
+        super().__init__(f"exceeded {timeout:g}s")
+        #: The timeout, in seconds.
+        self.timeout = timeout

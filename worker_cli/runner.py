@@ -38,6 +38,9 @@ __all__ = ["Runner", "run", "run_migrations", "run_once"]
 logger = logging.getLogger("graphile_worker")
 
 EXIT_SCHEMA_INCOMPATIBLE = 57
+#: Exit code of a worker that stopped because a job was stuck past its timeout
+#: (its task says on_stuck="exit"): a supervisor should start it again.
+EXIT_JOB_STUCK = 75
 #: Exit code of a worker that stopped (forced) without writing back every result.
 EXIT_RESULTS_UNWRITTEN = 1
 #: After a second signal, the process exits this many seconds later at the
@@ -65,10 +68,14 @@ class Runner:
 
     @property
     def exit_code(self) -> int:
-        """57 if a breaking schema migration stopped the worker; 1 if a forced
-        stop left results unwritten (``pool.unwritten_job_ids``); else 0."""
+        """57 if a breaking schema migration stopped the worker; 75 if a job
+        stuck past its timeout did (``pool.stuck_job_ids``: its task says
+        on_stuck="exit"; exit the process, its thread still runs); 1 if a
+        forced stop left results unwritten (``pool.unwritten_job_ids``); else 0."""
         if self.pool.breaking_migration:
             return EXIT_SCHEMA_INCOMPATIBLE
+        if self.pool.stuck_job_ids:
+            return EXIT_JOB_STUCK
         return EXIT_RESULTS_UNWRITTEN if self.pool.unwritten_job_ids else 0
 
     async def stop(self) -> None:
@@ -152,6 +159,7 @@ async def run(
     use_local_time: bool = WorkerOptions.use_local_time,
     history: bool = WorkerOptions.history,
     max_result_bytes: int = WorkerOptions.max_result_bytes,
+    timeout_grace: float = WorkerOptions.timeout_grace,
     tracing: bool = False,
     metrics_registry: CollectorRegistry | None = None,
 ) -> Runner:
@@ -189,6 +197,7 @@ async def run(
         use_local_time=use_local_time,
         history=history,
         max_result_bytes=max_result_bytes,
+        timeout_grace=timeout_grace,
     )
     _warn_if_pool_too_small(options)
     pool = _make_pool(

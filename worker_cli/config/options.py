@@ -23,6 +23,7 @@ __all__ = [
     "MAX_POLL_INTERVAL",
     "MAX_POOL_SIZE",
     "MAX_RESULT_BYTES",
+    "MAX_TIMEOUT_GRACE",
     "Flag",
     "ForbiddenFlags",
     "WorkerOptions",
@@ -58,6 +59,8 @@ MAX_HEARTBEAT_INTERVAL = 3600
 MAX_HEARTBEAT_TIMEOUT = 86_400
 #: Bytes of a result kept (64 MiB: every result is written with its batch).
 MAX_RESULT_BYTES = 64 << 20
+#: Seconds a job may run past its timeout before it is stuck (``--timeout-grace``, a day).
+MAX_TIMEOUT_GRACE = 86_400
 
 
 @dataclass(frozen=True)
@@ -134,6 +137,13 @@ class WorkerOptions:
     #: Seconds after its cancel request after which a job still running is
     #: reported (it ignores the request).
     cancel_grace: float = 30.0
+    #: Seconds after its timeout after which a job still running is stuck: it
+    #: is reported, and its task's ``on_stuck`` applies (``--timeout-grace``).
+    timeout_grace: float = 30.0
+    #: Locks this pool holds that are older than this are taken again (their
+    #: ``locked_at`` set to now), so that no 4-hour stale-lock sweep, Node's or
+    #: ours, releases a job that runs longer; looked at about every half of it.
+    lock_refresh_age: timedelta = timedelta(hours=1)
 
     def __post_init__(self) -> None:
         _check_range("concurrency", self.concurrency, 1, MAX_CONCURRENCY)
@@ -146,6 +156,12 @@ class WorkerOptions:
         _check_range("max_result_bytes", self.max_result_bytes, 0, MAX_RESULT_BYTES)
         if not self.forced_shutdown_timeout >= 0:
             raise ValueError("forced_shutdown_timeout must not be negative")
+        _check_range("timeout_grace", self.timeout_grace, 0, MAX_TIMEOUT_GRACE, "s")
+        if not timedelta(0) < self.lock_refresh_age < timedelta(hours=4):
+            raise ValueError(
+                f"lock_refresh_age must be more than 0 and less than 4 hours (the stale-lock "
+                f"sweeps' age), not {self.lock_refresh_age}"
+            )
         if self.heartbeat_interval:
             _check_range(
                 "heartbeat_interval",
@@ -314,6 +330,18 @@ FLAGS: tuple[Flag, ...] = (
         help="A pool without a heartbeat for this long is declared dead by the others and "
         "its jobs run again; keep it well above any pause a worker may have (at least "
         "twice the interval).",
+    ),
+    Flag(
+        "timeout_grace",
+        ("--timeout-grace",),
+        envvar="GRAPHILE_WORKER_TIMEOUT_GRACE",
+        metavar="SECONDS",
+        whole=False,
+        low=0,
+        high=MAX_TIMEOUT_GRACE,
+        help="A job still running this long after its timeout is stuck: it is reported, and "
+        "its task's on_stuck applies (wait: it keeps its slot and lock; exit: the worker "
+        "finishes its other jobs and exits with code 75).",
     ),
     Flag(
         "history",

@@ -19,11 +19,12 @@ from typing import Any, LiteralString
 
 from psycopg import errors as pg_errors
 
-from ..db.plan import Plan, Row, execute, fetch, query, send, transaction
+from ..db.plan import Plan, Row, Sent, execute, fetch, query, send, transaction
 from ..errors import JobSpecError
 from ..schema import statements
 from ..schema.probe import schema_required
 from .job import Job, decode_jobs, task_and_queue_ids
+from .job_options import OptionRows, spec_options
 from .job_spec import JobSpec, encode_payload
 from .payloads import json_default
 from .trace_context import carry
@@ -106,16 +107,23 @@ def _insert_chunks(
     keys: dict[str, int],
     job_key_preserve_run_at: bool,
 ) -> Plan[list[Job]]:
-    add_jobs, trace = carry(statements.add_jobs)  # the caller's trace context, if carried
-    statement = statements.compose(add_jobs, schema)
-    sent = [(yield from send(statement, {**first, **trace}, raw_payloads=True))]
+    sent = [(yield from _send_chunk(schema, first))]
     for start in range(ADD_JOBS_CHUNK, len(specs), ADD_JOBS_CHUNK):
         params = _chunk_params(specs, start, keys, job_key_preserve_run_at)
-        sent.append((yield from send(statement, {**params, **trace}, raw_payloads=True)))
+        sent.append((yield from _send_chunk(schema, params)))
     rows: list[Row] = []
     for each in sent:
         rows.extend((yield from fetch(each)))
     return (yield from _jobs(schema, rows))
+
+
+def _send_chunk(schema: str, params: dict[str, Any]) -> Plan[Sent]:
+    """Send one chunk's statement, with the caller's trace context and the
+    specs' options (``options``: whether a spec of the chunk has any)."""
+    options: OptionRows | None = "each" if params.pop("options") else None
+    add_jobs, trace = carry(statements.add_jobs, options=options)
+    statement = statements.compose(add_jobs, schema)
+    return (yield from send(statement, {**params, **trace}, raw_payloads=True))
 
 
 def _chunk_params(
@@ -132,6 +140,7 @@ def _chunk_params(
     return {
         "specs": encode_specs(records, start),
         "job_key_preserve_run_at": job_key_preserve_run_at,
+        "options": spec_options(records) is not None,
     }
 
 

@@ -7,9 +7,10 @@ the field and the limit, instead of a constraint violation from PostgreSQL.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields, replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, Literal, TypeAlias, TypedDict
 
 from ..errors import JobSpecError
@@ -17,11 +18,13 @@ from .payloads import check_named_task, json_default, json_ready, named_task
 
 __all__ = [
     "JOB_KEY_MODES",
+    "MAX_TIMEOUT",
+    "AddJobOptions",
     "JobKeyMode",
     "JobSpec",
-    "TaskOptions",
     "TaskSpec",
     "check_run_at_range",
+    "check_timeout",
     "encode_payload",
     "local_run_at",
     "with_local_run_at",
@@ -36,9 +39,11 @@ SMALLINT_MIN, SMALLINT_MAX = -32768, 32767
 #: The earliest and latest run_at (see check_run_at_range).
 RUN_AT_MIN = datetime(1, 1, 2, tzinfo=UTC)
 RUN_AT_MAX = datetime(9999, 12, 30, 23, 59, 59, 999999, tzinfo=UTC)
+#: The longest timeout a job or a task may have.
+MAX_TIMEOUT = timedelta(days=365)
 
 
-class TaskOptions(TypedDict, total=False):
+class AddJobOptions(TypedDict, total=False):
     """The options of ``add_job`` as keyword arguments (the fields of :class:`TaskSpec`)."""
 
     queue_name: str | None
@@ -48,6 +53,7 @@ class TaskOptions(TypedDict, total=False):
     job_key_mode: JobKeyMode | None
     priority: int | None
     flags: Sequence[str] | None
+    timeout: float | timedelta | None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -61,6 +67,9 @@ class TaskSpec:
     job_key_mode: JobKeyMode | None = None
     priority: int | None = None
     flags: Sequence[str] | None = None
+    #: The job's own timeout (seconds or a timedelta; None: its task's, if any),
+    #: stored beside it in ``_private_py_job_options``.
+    timeout: float | timedelta | None = None
 
     def validate(self) -> None:
         """Raise JobSpecError if any option is outside the schema's limits."""
@@ -89,6 +98,7 @@ class TaskSpec:
             isinstance(flags, str | bytes) or not all(isinstance(flag, str) for flag in flags)
         ):
             raise JobSpecError("flags", "must be a list of strings")
+        check_timeout(self.timeout)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -133,8 +143,10 @@ class JobSpec(TaskSpec):
             )
 
     def to_json_record(self) -> dict[str, Any]:
-        """The spec as a JSON object whose keys are ``job_spec``'s attributes."""
-        return {
+        """The spec as a JSON object whose keys are ``job_spec``'s attributes,
+        and ``timeout`` (seconds) when it has one (``job_spec`` has no such
+        attribute: the SQL reads it from the JSON, see ``job_options``)."""
+        record = {
             "identifier": self.identifier,
             "payload": json_ready(self.payload),
             "queue_name": self.queue_name,
@@ -144,6 +156,10 @@ class JobSpec(TaskSpec):
             "priority": self.priority,
             "flags": list(self.flags) if self.flags is not None else None,
         }
+        timeout = check_timeout(self.timeout)
+        if timeout is not None:
+            record["timeout"] = timeout.total_seconds()
+        return record
 
 
 _SPEC_FIELDS = frozenset(f.name for f in fields(JobSpec))
@@ -203,6 +219,27 @@ def check_run_at_range(run_at: datetime) -> None:
             f"{run_at.isoformat()} is not from {RUN_AT_MIN.date()} to {RUN_AT_MAX.date()} (UTC); "
             "a job's run_at must be a datetime in every time zone it may be read back in",
         )
+
+
+def check_timeout(value: object, field: str = "timeout") -> timedelta | None:
+    """A timeout (seconds, or a timedelta) as a timedelta, or None; raises
+    JobSpecError naming ``field`` unless it is more than 0 and at most
+    :data:`MAX_TIMEOUT`."""
+    if value is None:
+        return None
+    if isinstance(value, timedelta):
+        timeout = value
+    elif isinstance(value, int | float) and not isinstance(value, bool):
+        if not math.isfinite(value) or not 0 < value <= MAX_TIMEOUT.total_seconds():
+            raise JobSpecError(field, f"is {value!r}; it must be more than 0 and at most a year")
+        timeout = timedelta(seconds=value)
+    else:
+        raise JobSpecError(
+            field, f"must be a number of seconds or a timedelta, not {type(value).__name__}"
+        )
+    if not timedelta(0) < timeout <= MAX_TIMEOUT:
+        raise JobSpecError(field, f"is {timeout}; it must be more than 0 and at most a year")
+    return timeout
 
 
 def _check_text(field: str, value: object, minimum: int, maximum: int) -> None:

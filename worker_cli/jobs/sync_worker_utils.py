@@ -23,7 +23,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, TypeVar, Unpack, overload
 
 import psycopg
@@ -40,7 +40,7 @@ from ..schema.cleanup import CleanupTask
 from ..schema.lifecycle import finished_channel
 from ..schema.migrate import MigrationReport
 from .job import Job
-from .job_spec import JobKeyMode, JobSpec, TaskOptions, TaskSpec
+from .job_spec import AddJobOptions, JobKeyMode, JobSpec, TaskSpec
 from .payloads import NamedPayload, job_identity
 from .results import JobResult, JobState
 from .sync_waiting import SyncWaitListener, wait_blocking
@@ -131,6 +131,7 @@ class SyncWorkerUtils:
         job_key_mode: JobKeyMode | None = None,
         priority: int | None = None,
         flags: Sequence[str] | None = None,
+        timeout: float | timedelta | None = None,
         unique: None = None,
     ) -> Job: ...
 
@@ -147,18 +148,19 @@ class SyncWorkerUtils:
         job_key_mode: JobKeyMode | None = None,
         priority: int | None = None,
         flags: Sequence[str] | None = None,
+        timeout: float | timedelta | None = None,
         unique: UniqueSpec,
     ) -> UniqueJobResult: ...
 
     # add_job(SendEmail(...)): the payload's class names its task (IDENTIFIER).
     @overload
     def add_job(
-        self, payload: NamedPayload, /, *, unique: None = None, **options: Unpack[TaskOptions]
+        self, payload: NamedPayload, /, *, unique: None = None, **options: Unpack[AddJobOptions]
     ) -> Job: ...
 
     @overload
     def add_job(
-        self, payload: NamedPayload, /, *, unique: UniqueSpec, **options: Unpack[TaskOptions]
+        self, payload: NamedPayload, /, *, unique: UniqueSpec, **options: Unpack[AddJobOptions]
     ) -> UniqueJobResult: ...
 
     def add_job(
@@ -173,6 +175,7 @@ class SyncWorkerUtils:
         job_key_mode: JobKeyMode | None = None,
         priority: int | None = None,
         flags: Sequence[str] | None = None,
+        timeout: float | timedelta | None = None,
         unique: UniqueSpec | None = None,
     ) -> Job | UniqueJobResult:
         """Add one job (or update the pending job with the same ``job_key``).
@@ -192,6 +195,7 @@ class SyncWorkerUtils:
             job_key_mode=job_key_mode,
             priority=priority,
             flags=flags,
+            timeout=timeout,
         )
         return self._run(self._plans.add_job(identifier, payload, options, unique))
 
@@ -240,8 +244,7 @@ class SyncWorkerUtils:
         return self._run(self._plans.remove_job(job_key))
 
     def get_job_status(self, job_id: int) -> JobState:
-        """The state of a job (``scheduled``, ``available``, ``running``,
-        ``retrying``, ``failed``, ``succeeded``, ``cancelled`` or ``unknown``)."""
+        """The state of a job (see :data:`~worker_cli.jobs.results.JobState`)."""
         return (self._run(self._plans.job_result(job_id))).state
 
     def get_job_result(self, job_id: int) -> JobResult:

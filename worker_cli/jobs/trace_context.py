@@ -10,7 +10,8 @@ Two halves, neither of which imports OpenTelemetry (:mod:`worker_cli.observe.tra
 does, and switches them on):
 
 - :func:`carry`, the adding side. Off (the default) it hands back the add
-  statement as it is: one test of a module global per ``add_job``. Once
+  statement as it is: one test of a module global per ``add_job`` (it also
+  puts a job's options beside the add, see :mod:`.job_options`). Once
   :func:`worker_cli.observe.tracing.propagate_trace_context` has set the injector, a
   call made while a span (or baggage) is current gets the statement wrapped
   so that it also stores the carrier.
@@ -38,6 +39,7 @@ import psycopg
 from ..db.retry import one_line
 from ..schema import statements
 from .job import Job
+from .job_options import OptionRows, options_cte
 
 __all__ = ["JobContexts", "carry", "set_injector"]
 
@@ -57,7 +59,11 @@ def set_injector(inject: Injector | None) -> None:
 
 
 def carry(
-    statement: LiteralString, *, unique: bool = False, order_by: LiteralString = ""
+    statement: LiteralString,
+    *,
+    unique: bool = False,
+    order_by: LiteralString = "",
+    options: OptionRows | None = None,
 ) -> tuple[LiteralString, dict[str, Any]]:
     """The add statement to send, and the parameters to add to it: ``statement``
     and none when propagation is off or no trace context is current; else the
@@ -65,28 +71,32 @@ def carry(
     adds. ``unique``: ``statement`` returns unique results (a job that was
     not added because of a conflict keeps its own context). ``order_by``: a
     column of its rows to order the result by (the rows of a statement that
-    carries a context are ordered outside it)."""
+    carries a context are ordered outside it). ``options``: the statement
+    also writes the jobs' options (see :mod:`.job_options`), whose parameters
+    the caller gives."""
     order: LiteralString = " order by " + order_by if order_by else ""
     inject = _inject
-    if inject is None:
+    if inject is None and options is None:
         return statement + order, {}
     carrier: dict[str, str] = {}
-    inject(carrier)
-    if not carrier:
+    if inject is not None:
+        inject(carrier)
+    if not carrier and options is None:
         return statement + order, {}
-    return _carrying(statement, unique) + order, {"trace_context": json.dumps(carrier)}
+    params = {"trace_context": json.dumps(carrier)} if carrier else {}
+    return _carrying(statement, unique, bool(carrier), options) + order, params
 
 
 @cache
-def _carrying(statement: LiteralString, unique: bool) -> LiteralString:
+def _carrying(
+    statement: LiteralString, unique: bool, trace: bool, options: OptionRows | None
+) -> LiteralString:
+    # One WITH for both: a data-modifying CTE must be at the top level.
     # A job updated through its job_key takes the context of the latest call.
     job_id: LiteralString = "added.job_id" if unique else "added.id"
     added: LiteralString = " where not added.conflict" if unique else ""
-    return (
-        "with added as (\n"
-        + statement
-        + """
-  ),
+    carried: LiteralString = (
+        """,
   carried as (
     insert into {schema}._private_py_job_trace_contexts (job_id, context)
     select """
@@ -95,8 +105,13 @@ def _carrying(statement: LiteralString, unique: bool) -> LiteralString:
         + added
         + """
     on conflict (job_id) do update set context = excluded.context, added_at = now()
-  )
-  select * from added"""
+  )"""
+        if trace
+        else ""
+    )
+    optioned = options_cte(options, unique) if options is not None else ""
+    return (
+        "with added as (\n" + statement + "\n  )" + carried + optioned + "\n  select * from added"
     )
 
 

@@ -29,11 +29,13 @@ from ..schema.cleanup import (
 from ..schema.migrate import MigrationReport, migration_plan
 from ..schema.probe import schema_required, unique_installed
 from .job import Job
+from .job_options import OptionRows, spec_options
 from .job_queries import encode_specs, execute_statement, insert_jobs, jobs, spec_record
 from .job_queries import unique_results as unique_results_plan
 from .job_spec import (
     JobSpec,
     TaskSpec,
+    check_timeout,
     encode_payload,
     local_run_at,
     validate_identifier,
@@ -55,7 +57,7 @@ def add_job_params(
     missing ``run_at`` is this process's time (see :func:`local_run_at`)."""
     validate_identifier(identifier)
     options.validate()
-    return {
+    params: dict[str, Any] = {
         "identifier": identifier,
         "payload": encode_payload(payload),
         "queue_name": options.queue_name,
@@ -66,6 +68,9 @@ def add_job_params(
         "flags": list(options.flags) if options.flags is not None else None,
         "job_key_mode": options.job_key_mode or "replace",
     }
+    if options.timeout is not None:  # written beside the job (job_options)
+        params["timeout"] = check_timeout(options.timeout)
+    return params
 
 
 class UtilsPlans:
@@ -95,13 +100,15 @@ class UtilsPlans:
         (``identifier`` may be the payload, whose class names its task)."""
         identifier, payload = job_identity(identifier, payload)
         params = add_job_params(identifier, payload, options, self.use_local_time)
+        # The caller's trace context and the job's options, if any, beside it.
+        beside: OptionRows | None = "one" if "timeout" in params else None
         if unique is None:
-            statement, trace = carry(statements.add_job)  # the caller's trace context, if carried
+            statement, trace = carry(statements.add_job, options=beside)
             return _first(jobs(self.schema, statement, {**params, **trace}))
         rule = UniqueRule.coerce(unique).to_json()
         check_keys_payload(rule, payload)
         params["unique_rule"] = json.dumps(rule)
-        statement, trace = carry(statements.add_unique_job, unique=True)
+        statement, trace = carry(statements.add_unique_job, unique=True, options=beside)
         return _first(unique_results_plan(self.schema, statement, {**params, **trace}))
 
     def add_jobs(
@@ -127,7 +134,12 @@ class UtilsPlans:
             "unique_rules": json.dumps(rules),
             "job_key_preserve_run_at": job_key_preserve_run_at,
         }
-        statement, trace = carry(statements.add_unique_jobs, unique=True, order_by="spec_index")
+        statement, trace = carry(
+            statements.add_unique_jobs,
+            unique=True,
+            order_by="spec_index",
+            options=spec_options(records),
+        )
         return unique_results_plan(self.schema, statement, {**params, **trace})
 
     def remove_job(self, job_key: str) -> Plan[Job | None]:

@@ -21,7 +21,7 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, TypeVar, Unpack, overload
 
 import psycopg
@@ -38,7 +38,7 @@ from ..schema.cleanup import CleanupTask
 from ..schema.lifecycle import finished_channel
 from ..schema.migrate import MigrationReport
 from .job import Job
-from .job_spec import JobKeyMode, JobSpec, TaskOptions, TaskSpec
+from .job_spec import AddJobOptions, JobKeyMode, JobSpec, TaskSpec
 from .payloads import NamedPayload, job_identity
 from .results import JobResult, JobState
 from .unique import UniqueJobResult, UniqueSpec
@@ -132,6 +132,7 @@ class WorkerUtils:
         job_key_mode: JobKeyMode | None = None,
         priority: int | None = None,
         flags: Sequence[str] | None = None,
+        timeout: float | timedelta | None = None,  # noqa: ASYNC109 (the job's, not the call's)
         unique: None = None,
     ) -> Job: ...
 
@@ -148,18 +149,19 @@ class WorkerUtils:
         job_key_mode: JobKeyMode | None = None,
         priority: int | None = None,
         flags: Sequence[str] | None = None,
+        timeout: float | timedelta | None = None,  # noqa: ASYNC109 (the job's, not the call's)
         unique: UniqueSpec,
     ) -> UniqueJobResult: ...
 
     # add_job(SendEmail(...)): the payload's class names its task (IDENTIFIER).
     @overload
     async def add_job(
-        self, payload: NamedPayload, /, *, unique: None = None, **options: Unpack[TaskOptions]
+        self, payload: NamedPayload, /, *, unique: None = None, **options: Unpack[AddJobOptions]
     ) -> Job: ...
 
     @overload
     async def add_job(
-        self, payload: NamedPayload, /, *, unique: UniqueSpec, **options: Unpack[TaskOptions]
+        self, payload: NamedPayload, /, *, unique: UniqueSpec, **options: Unpack[AddJobOptions]
     ) -> UniqueJobResult: ...
 
     async def add_job(
@@ -174,6 +176,7 @@ class WorkerUtils:
         job_key_mode: JobKeyMode | None = None,
         priority: int | None = None,
         flags: Sequence[str] | None = None,
+        timeout: float | timedelta | None = None,  # noqa: ASYNC109 (the job's, not the call's)
         unique: UniqueSpec | None = None,
     ) -> Job | UniqueJobResult:
         """Add one job (or update the pending job with the same ``job_key``).
@@ -193,6 +196,7 @@ class WorkerUtils:
             job_key_mode=job_key_mode,
             priority=priority,
             flags=flags,
+            timeout=timeout,
         )
         return await self._run(self._plans.add_job(identifier, payload, options, unique))
 
@@ -241,8 +245,7 @@ class WorkerUtils:
         return await self._run(self._plans.remove_job(job_key))
 
     async def get_job_status(self, job_id: int) -> JobState:
-        """The state of a job (``scheduled``, ``available``, ``running``,
-        ``retrying``, ``failed``, ``succeeded``, ``cancelled`` or ``unknown``)."""
+        """The state of a job (see :data:`~worker_cli.jobs.results.JobState`)."""
         return (await self._run(self._plans.job_result(job_id))).state
 
     async def get_job_result(self, job_id: int) -> JobResult:

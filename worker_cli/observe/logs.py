@@ -122,10 +122,13 @@ def job_failed(
     error: BaseException,
     *,
     cancelled: bool = False,
+    timed_out: str | None = None,
 ) -> None:
     """Log ``Failed task <id> (...) with error '<message>'; retrying in Ns`` (or
     ``no attempts left: failed permanently``), with the traceback. A payload that
-    does not fit its task fails permanently at once, without a traceback."""
+    does not fit its task fails permanently at once, without a traceback.
+    ``timed_out``: the attempt went past its timeout, and its task's
+    ``on_timeout`` (``fail`` and ``cancel`` end the job now)."""
     if not outcome_logger.isEnabledFor(_ERROR):
         return
     misfit = isinstance(error, PayloadError)
@@ -135,8 +138,16 @@ def job_failed(
     if isinstance(error, UnreadableJobError):
         fate = "its row cannot be read: failed permanently (no retry)"
         extra["retry_in_s"] = None
-    elif cancelled:
-        fate = "the job was cancelled: recorded as cancelled (no retry)"
+    elif cancelled or timed_out == "cancel":
+        fate = (
+            "the job was cancelled: recorded as cancelled (no retry)"
+            if cancelled
+            else "timed out: recorded as cancelled (on_timeout='cancel')"
+        )
+        extra["retry_in_s"] = None
+        permanent = True
+    elif timed_out == "fail":
+        fate = "timed out: failed permanently (on_timeout='fail')"
         extra["retry_in_s"] = None
         permanent = True
     elif misfit:

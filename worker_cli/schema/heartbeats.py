@@ -1,5 +1,7 @@
 """The heartbeat's statements (migrations/py/000002.sql and 000004.sql;
-:mod:`worker_cli.worker.heartbeat`), composed with :func:`.statements.compose`."""
+:mod:`worker_cli.worker.heartbeat`), and the refresh of long jobs' locks that
+runs with it (:mod:`worker_cli.worker.lock_refresh`), composed with
+:func:`.statements.compose`."""
 
 from __future__ import annotations
 
@@ -79,3 +81,28 @@ heartbeat_reap = """
 
 # A pool stopping cleanly (every result written) forgets its heartbeat.
 heartbeat_remove = "delete from {schema}._private_py_heartbeats where pool_id = %(pool_id)s"
+
+# Long jobs keep their locks (worker_cli/worker/lock_refresh.py): the jobs of
+# %(job_ids)s that this pool holds, locked longer ago than %(age)s, and their
+# named queues, are locked again now, so that no 4-hour stale-lock sweep
+# (Node's or ours) releases a job that is still running. Only locked_at
+# changes, and only on this pool's own locks: Node reads it only in its fetch,
+# its sweep and its admin functions, which then go on treating the job as
+# running. Primary-key lookups for the jobs. %(now)s: the worker's clock with
+# use_local_time, else null (the database's).
+refresh_locks = """
+  with jobs as (
+    update {schema}._private_jobs as j
+    set locked_at = coalesce(%(now)s::timestamptz, now())
+    where j.id = any(%(job_ids)s::bigint[]) and j.locked_by = %(pool_id)s
+      and j.locked_at < coalesce(%(now)s::timestamptz, now()) - %(age)s::interval
+    returning j.job_queue_id
+  ),
+  queues as (
+    update {schema}._private_job_queues as q
+    set locked_at = coalesce(%(now)s::timestamptz, now())
+    where q.id in (select jobs.job_queue_id from jobs) and q.locked_by = %(pool_id)s
+    returning q.id
+  )
+  select (select count(*) from jobs), (select count(*) from queues)
+"""

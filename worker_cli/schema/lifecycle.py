@@ -12,8 +12,9 @@ from . import statements
 # Success with history on: the same, and each deleted job recorded as
 # succeeded in _private_py_job_history, in the same statement (one commit
 # for both), with its result: the jobs of %(result_ids)s returned a value
-# (their JSON text in %(results)s) or one that was not kept (%(result_errors)s).
-# As statements.complete_batch, it deletes the jobs' options and notifies
+# (their JSON text in %(results)s) or one that was not kept (%(result_errors)s);
+# those of %(timed_out)s returned after their timeout. As
+# statements.complete_batch, it deletes the jobs' options and notifies
 # their waiters.
 complete_batch_recording = (
     """
@@ -27,11 +28,12 @@ complete_batch_recording = (
     insert into {schema}._private_py_job_history (
       job_id, state, task_identifier, queue_name, key, priority, attempts, max_attempts,
       revision, flags, result, result_error, created_at, run_at, started_at, finished_at,
-      pool_id, expires_at
+      pool_id, timed_out, expires_at
     )
     select d.id, 'succeeded', t.identifier, q.queue_name, d.key, d.priority, d.attempts,
       d.max_attempts, d.revision, d.flags, r.result::json, r.result_error, d.created_at,
-      d.run_at, d.locked_at, now(), %(pool_id)s, now() + %(keep)s::interval
+      d.run_at, d.locked_at, now(), %(pool_id)s, d.id = any(%(timed_out)s::bigint[]),
+      now() + %(keep)s::interval
     from done as d
     join {schema}._private_tasks as t on t.id = d.task_id
     left join {schema}._private_job_queues as q on q.id = d.job_queue_id
@@ -78,7 +80,9 @@ job_status = "select * from {schema}.py_job_status(%(job_id)s)"
 
 # The cleanup's DELETE_PERMAFAILED_JOBS with the lifecycle installed: the
 # permanently failed jobs are archived in the history (state failed, kept 7
-# days) as they are deleted, and their uniqueness locks released.
+# days) as they are deleted, and their uniqueness locks released. A job whose
+# last attempt went past its timeout (last_error 'JobTimeout: ...', as the
+# worker writes it) is recorded as timed out.
 archive_permafailed_jobs = """
   with deleted as (
     delete from {schema}._private_jobs as j
@@ -88,11 +92,11 @@ archive_permafailed_jobs = """
   archived as (
     insert into {schema}._private_py_job_history (
       job_id, state, task_identifier, queue_name, key, priority, attempts, max_attempts,
-      revision, flags, last_error, created_at, run_at, finished_at, expires_at
+      revision, flags, last_error, created_at, run_at, finished_at, timed_out, expires_at
     )
     select d.id, 'failed', t.identifier, q.queue_name, d.key, d.priority, d.attempts,
       d.max_attempts, d.revision, d.flags, d.last_error, d.created_at, d.run_at, d.updated_at,
-      now() + interval '7 days'
+      coalesce(d.last_error like 'JobTimeout: %%', false), now() + interval '7 days'
     from deleted as d
     join {schema}._private_tasks as t on t.id = d.task_id
     left join {schema}._private_job_queues as q on q.id = d.job_queue_id
@@ -211,3 +215,19 @@ def channel(schema: str, kind: str) -> str:
 def finished_channel(schema: str) -> str:
     """The channel of finished jobs (see :func:`channel`)."""
     return channel(schema, "finished")
+
+
+# A failure whose task says on_timeout="cancel": a cancel request for each job
+# (this pool's, still locked by it), sent with the failure statement in one
+# transaction, so that the failure statement records it as cancelled (never
+# retried), with the reason %(reasons)s. Primary-key lookups only.
+request_cancels = """
+  insert into {schema}._private_py_cancellations as c (job_id, reason, pool_id)
+  select j.id,
+    (select r.reason from unnest(%(job_ids)s::bigint[], %(reasons)s::text[]) as r (id, reason)
+     where r.id = j.id limit 1),
+    j.locked_by
+  from {schema}._private_jobs as j
+  where j.id = any(%(job_ids)s::bigint[]) and j.locked_by = %(pool_id)s
+  on conflict (job_id) do nothing
+"""

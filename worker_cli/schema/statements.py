@@ -156,18 +156,19 @@ register_tasks = """
 """
 
 # Lock up to %(limit)s runnable jobs of our tasks for this pool, at most one
-# per named queue, and return them with their queue names. The statement is
-# the function py_get_jobs (migrations/py/000003.sql), for its plan settings.
+# per named queue, and return them with their queue names and their own
+# timeouts. The statement is the function py_fetch_jobs
+# (migrations/py/000009.sql), for its plan settings.
 get_jobs = """
-  select * from {schema}.py_get_jobs(
+  select * from {schema}.py_fetch_jobs(
     %(task_ids)s::int[], %(forbidden_flags)s::text[], %(limit)s::int, %(pool_id)s::text
   )
 """
 
 # The same on the worker's clock (use_local_time): %(now)s replaces the
-# database's now() (migrations/py/000005.sql).
+# database's now().
 get_jobs_at = """
-  select * from {schema}.py_get_jobs(
+  select * from {schema}.py_fetch_jobs(
     %(task_ids)s::int[], %(forbidden_flags)s::text[], %(limit)s::int, %(pool_id)s::text,
     %(now)s::timestamptz
   )
@@ -208,9 +209,10 @@ lost_fetch_session_gone = """
 lost_fetch_jobs = """
   select j.id, j.job_queue_id, j.task_id, j.payload, j.priority, j.run_at, j.attempts,
     j.max_attempts, j.last_error, j.created_at, j.updated_at, j.key, j.locked_at,
-    j.locked_by, j.revision, j.flags, j.is_available, q.queue_name
+    j.locked_by, j.revision, j.flags, j.is_available, q.queue_name, o.timeout
   from {schema}._private_jobs as j
   left join {schema}._private_job_queues as q on q.id = j.job_queue_id
+  left join {schema}._private_py_job_options as o on o.job_id = j.id
   where j.locked_by = %(pool_id)s and j.id <> all(%(known_ids)s::bigint[])
   order by j.priority, j.run_at, j.id
 """
@@ -264,11 +266,14 @@ complete_batch = (
 )
 
 
-def _cancelled(source: LiteralString, message: LiteralString) -> LiteralString:
+def _cancelled(
+    source: LiteralString, message: LiteralString, timed_out: LiteralString = "false"
+) -> LiteralString:
     """CTEs deleting the jobs of ``source`` (a CTE with an ``id`` column) that
     have a cancel request, recording them in the history as cancelled (last
-    error ``message``), releasing their uniqueness locks and requests; the CTE
-    ``cancelled`` returns them (with ``job_queue_id``)."""
+    error ``message``, whether it had timed out ``timed_out``), releasing
+    their uniqueness locks and requests; the CTE ``cancelled`` returns them
+    (with ``job_queue_id``)."""
     return (
         """
   cancelled as (
@@ -281,17 +286,19 @@ def _cancelled(source: LiteralString, message: LiteralString) -> LiteralString:
         + """.id and c.job_id = j.id and j.locked_by = %(pool_id)s
     returning j.*, """
         + message
-        + """ as message, c.requested_at, c.reason
+        + """ as message, """
+        + timed_out
+        + """ as timed_out, c.requested_at, c.reason
   ),
   recorded as (
     insert into {schema}._private_py_job_history (
       job_id, state, task_identifier, queue_name, key, priority, attempts, max_attempts,
       revision, flags, last_error, created_at, run_at, started_at, finished_at, pool_id,
-      cancel_requested_at, cancel_reason, expires_at
+      cancel_requested_at, cancel_reason, timed_out, expires_at
     )
     select d.id, 'cancelled', t.identifier, q.queue_name, d.key, d.priority, d.attempts,
       d.max_attempts, d.revision, d.flags, d.message, d.created_at, d.run_at, d.locked_at,
-      now(), %(pool_id)s, d.requested_at, d.reason, now() + interval '1 day'
+      now(), %(pool_id)s, d.requested_at, d.reason, d.timed_out, now() + interval '1 day'
     from cancelled as d
     join {schema}._private_tasks as t on t.id = d.task_id
     left join {schema}._private_job_queues as q on q.id = d.job_queue_id
@@ -314,18 +321,20 @@ def _cancelled(source: LiteralString, message: LiteralString) -> LiteralString:
 # re-encoded by the worker. attempts is not touched (it was counted when the
 # job was fetched), except for a permanent failure (a payload that does not
 # fit its task): its attempts are used up, as permanently_fail_jobs does, so
-# that it is not retried in vain. A job with a cancel request (py_cancel_jobs)
-# is not retried: it is deleted and recorded as cancelled (_cancelled). The
+# that it is not retried in vain. A job with a cancel request (py_cancel_jobs,
+# or a timeout whose task says on_timeout="cancel") is not retried: it is
+# deleted and recorded as cancelled (_cancelled), timed out or not (timed_out). The
 # waiters of the jobs (notify_on_finish) are told, in one notification.
 fail_batch = (
     """
   with failure as (
     select *
     from unnest(
-      %(job_ids)b::bigint[], %(messages)s::text[], %(items)s::text[], %(permanent)s::bool[]
-    ) as f(id, message, items, permanent)
+      %(job_ids)b::bigint[], %(messages)s::text[], %(items)s::text[], %(permanent)s::bool[],
+      %(timed_out)s::bool[]
+    ) as f(id, message, items, permanent, timed_out)
   ),"""
-    + _cancelled("failure", "failure.message")
+    + _cancelled("failure", "failure.message", "failure.timed_out")
     + """
   failed as (
     update {schema}._private_jobs as j

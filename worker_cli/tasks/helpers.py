@@ -12,7 +12,7 @@ from typing import Any, TypeVar, overload
 import psycopg
 from psycopg.rows import dict_row
 
-from ..errors import JobCancelled
+from ..errors import JobCancelled, JobTimeout
 from ..jobs.job import Job
 from ..jobs.job_spec import JobSpec
 from ..jobs.payloads import NamedPayload, job_identity
@@ -44,12 +44,19 @@ class Helpers:
     - ``abort_signal``: an ``asyncio.Event`` set when the job must stop
       (graceful-shutdown timeout); check ``abort_signal.is_set()``
     - ``cancelled``, ``raise_if_cancelled()``, ``cancel_reason``: the job was
-      cancelled while running (``cancel_job``)
+      cancelled while running (``cancel_job``), or its timeout has passed
+      (``timed_out``)
     - ``with_pg_client()``, ``query(sql, params)``: the worker's database pool
     - ``add_job(...)``, ``add_jobs(...)``: as in WorkerUtils
     - ``run(awaitable)``: from a plain (threaded) task, run one of the above on
       the worker's event loop and return its result
     """
+
+    #: A cancel request came (``mark_cancelled``), and the timeout (seconds)
+    #: once it has passed (``mark_timed_out``): class defaults, set per job
+    #: only when they happen.
+    _requested = False
+    _timed_out: float | None = None
 
     def __init__(
         self,
@@ -66,24 +73,43 @@ class Helpers:
         self._utils = utils
         self._loop = loop or asyncio.get_running_loop()
         self._cancelled = False
-        #: Why the job was cancelled (``cancel_job(..., reason)``), once it was.
+        #: Why the job was cancelled (``cancel_job(..., reason)``), once it
+        #: was; ``timed out after 30s`` once its timeout has passed.
         self.cancel_reason: str | None = None
 
     @property
     def cancelled(self) -> bool:
-        """True once the job was cancelled while running (``cancel_job``): a
-        plain ``def`` task should check it between steps and stop (an
-        ``async def`` task gets ``CancelledError`` at its next ``await``)."""
+        """True once the job was cancelled while running (``cancel_job``), or
+        its timeout has passed: a plain ``def`` task should check it between
+        steps and stop (an ``async def`` task gets ``CancelledError`` at its
+        next ``await``)."""
         return self._cancelled
 
+    @property
+    def timed_out(self) -> bool:
+        """True once the job's timeout has passed (see :attr:`cancelled`)."""
+        return self._timed_out is not None
+
     def raise_if_cancelled(self) -> None:
-        """Raise :class:`~worker_cli.errors.JobCancelled` if the job was cancelled."""
+        """Raise :class:`~worker_cli.errors.JobCancelled` if the job was
+        cancelled, :class:`~worker_cli.errors.JobTimeout` if its timeout has
+        passed."""
         if self._cancelled:
+            if self._timed_out is not None and not self._requested:
+                raise JobTimeout(self._timed_out)
             raise JobCancelled(self.cancel_reason)
 
     def mark_cancelled(self, reason: str | None) -> None:
         """Called by the worker (any thread) when the job is cancelled."""
         self.cancel_reason = reason
+        self._requested = True
+        self._cancelled = True
+
+    def mark_timed_out(self, timeout: float) -> None:
+        """Called by the worker (any thread) when the job's timeout has passed."""
+        self._timed_out = timeout
+        if not self._requested:
+            self.cancel_reason = f"timed out after {timeout:g}s"
         self._cancelled = True
 
     @cached_property

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 from ..errors import TaskLoadError
+from .task_options import DEFAULT_TASK_OPTIONS, TaskOptions, options_of
 from .typed_tasks import typed_task
 
 if TYPE_CHECKING:
@@ -37,12 +38,14 @@ _NAME = re.compile(r"[A-Za-z0-9_-]+")
 
 @dataclass(frozen=True)
 class Task:
-    """A loaded task: its identifier, the callable, and how to call it."""
+    """A loaded task: its identifier, the callable, how to call it, and its
+    settings (declared with :func:`~worker_cli.tasks.task_options.task_options`)."""
 
     identifier: str
     function: TaskFunction
     is_async: bool
     source: str
+    options: TaskOptions = DEFAULT_TASK_OPTIONS
 
     @classmethod
     def from_function(
@@ -50,10 +53,11 @@ class Task:
     ) -> Task:
         """The task running ``function``: a function whose payload parameter is
         annotated with a type gets that type (see :mod:`.typed_tasks`). Errors
-        name the task by ``label`` (default: ``source``)."""
+        name the task by ``label`` (default: ``source``). Its options are those
+        declared on ``function`` (``@task_options``)."""
         is_async = _is_async(function)
         typed = typed_task(identifier, function, is_async, label or source)
-        return cls(identifier, typed, is_async, source)
+        return cls(identifier, typed, is_async, source, options_of(function))
 
 
 def _is_async(function: Callable[..., Any]) -> bool:

@@ -2,7 +2,8 @@
 
 The listener (LISTEN: new jobs, cancel requests, breaking migrations), the
 poller, the sweeper of stale locks, the pruner of expired history, the
-cancel watch and cron. With ``once`` only the cancel watch runs (it then
+cancel watch, cron, and (heartbeats off) the refresh of long jobs' locks.
+With ``once`` only the cancel watch and that refresh run (the watch then
 polls: there is no listener).
 """
 
@@ -18,6 +19,7 @@ from ..jobs.worker_utils import WorkerUtils
 from ..observe.events import Events
 from .cancel_watch import CancelWatch
 from .listener import Listener
+from .lock_refresh import LockRefresh
 from .maintenance import Poller, Sweeper
 from .pruner import HistoryPruner
 from .slots import Slots
@@ -44,6 +46,9 @@ class PoolHooks:
     #: The last fetch found fewer jobs than it asked for.
     exhausted: Callable[[], bool]
     on_breaking_migration: Callable[[str], None]
+    #: Refreshes the locks of long jobs on the loop (heartbeats off; else the
+    #: heartbeat's thread does).
+    lock_refresh: LockRefresh | None = None
 
 
 def background_loops(
@@ -59,8 +64,9 @@ def background_loops(
         poll_interval=options.cancel_poll_interval,
         grace=options.cancel_grace,
     )
+    refresh = [pool.lock_refresh.run(utils)] if pool.lock_refresh is not None else []
     if pool.once:
-        return [cancels.run()]
+        return [cancels.run(), *refresh]
     listener = Listener(
         pool.connections,
         on_jobs=pool.nudge,
@@ -80,7 +86,7 @@ def background_loops(
         on_released=pool.nudge,
     )
     pruner = HistoryPruner(utils, schema=options.schema, interval=options.history_prune_interval)
-    loops = [listener.run(), poller.run(), sweeper.run(), pruner.run(), cancels.run()]
+    loops = [listener.run(), poller.run(), sweeper.run(), pruner.run(), cancels.run(), *refresh]
     if pool.cron_items:
         from .cron import CronScheduler
 

@@ -28,7 +28,7 @@ import psycopg
 from ..jobs.worker_utils import WorkerUtils
 from ..schema import lifecycle, statements
 
-__all__ = ["FORGET_AFTER", "CancelTarget", "CancelWatch"]
+__all__ = ["FORGET_AFTER", "CancelTarget", "CancelWatch", "report_stuck"]
 
 logger = logging.getLogger("graphile_worker")
 
@@ -127,14 +127,26 @@ class CancelWatch:
             if job_id in running:
                 if now - since >= self._grace and job_id not in self._stuck:
                     self._stuck.add(job_id)
-                    logger.warning(
-                        "Job %d ignores its cancel request (%.0fs ago): it keeps its slot and "
-                        "its lock, and is never run twice; its task is at %s",
+                    report_stuck(
                         job_id,
-                        now - since,
-                        self._target.where(job_id) or "an unknown place",
+                        f"ignores its cancel request ({now - since:.0f}s ago)",
+                        self._target.where(job_id),
                     )
             elif now - since >= FORGET_AFTER:
                 del self._requested[job_id]
                 self._stuck.discard(job_id)
                 self._target.cancelling.pop(job_id, None)
+
+
+#: What happens to a stuck job unless something else is said.
+KEPT = "it keeps its slot and its lock, and is never run twice"
+
+
+def report_stuck(job_id: int, what: str, where: str | None, then: str = KEPT) -> None:
+    """The warning naming a job that goes on running when it should have
+    stopped (it ignores its cancel request, or its timeout): ``what`` it
+    does, ``then`` what follows, and ``where`` its task is (its innermost
+    frames)."""
+    logger.warning(
+        "Job %d %s: %s; its task is at %s", job_id, what, then, where or "an unknown place"
+    )

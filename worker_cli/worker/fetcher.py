@@ -103,6 +103,7 @@ class Fetcher:
         owner: object,
         on_fetched: OnFetched | None = None,
         on_unreadable: OnUnreadable,
+        timeouts: dict[int, float] | None = None,
     ) -> None:
         self._connections = connections
         self._settings = settings
@@ -118,6 +119,8 @@ class Fetcher:
         #: Called with each fetch's connection and jobs before they are queued.
         self._on_fetched = on_fetched
         self._on_unreadable = on_unreadable
+        #: The fetched jobs' own timeouts (seconds), by job id; the slots take them.
+        self._timeouts = timeouts
         self._get_jobs = statements.compose(
             statements.get_jobs_at if settings.use_local_time else statements.get_jobs,
             settings.schema,
@@ -276,7 +279,7 @@ class Fetcher:
             if self._settings.use_local_time:
                 params["now"] = datetime.now(UTC)
             cur = await conn.cursor(binary=True).execute(self._get_jobs, params)
-            jobs, unreadable = await read_jobs(cur, self._task_ids)
+            jobs, unreadable = await read_jobs(cur, self._task_ids, self._timeouts)
             if self._on_fetched is not None:
                 await self._on_fetched(conn, jobs)
         except BaseException as exc:
@@ -332,7 +335,7 @@ class Fetcher:
             statements.compose(statements.lost_fetch_jobs, self._settings.schema),
             {"pool_id": pool_id, "known_ids": list(self._held)},
         )
-        jobs, unreadable = await read_jobs(cur, self._task_ids)
+        jobs, unreadable = await read_jobs(cur, self._task_ids, self._timeouts)
         if self._on_fetched is not None:
             await self._on_fetched(conn, jobs)
         self._lost = False

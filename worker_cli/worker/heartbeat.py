@@ -32,6 +32,9 @@ behind, which is what lets the others find its jobs.
 
 All times are the database's (``now()``): a skewed worker clock changes nothing.
 
+After a beat the thread also refreshes the locks of the pool's long jobs
+(:mod:`.lock_refresh`), so that no 4-hour stale-lock sweep releases them.
+
 Each beat also records what the pool reports (:class:`PoolReport`: its
 concurrency, tasks, version and jobs done so far), for the dashboard's Worker
 pools page; the previous beat's counter and time stay beside it, so a rate
@@ -54,9 +57,11 @@ from typing import Any
 import psycopg
 
 from .._version import __version__
+from ..config.options import WorkerOptions
 from ..db.connections import WorkerConnections
 from ..db.retry import DEFAULT, one_line
 from ..schema import heartbeats, statements
+from .lock_refresh import LockRefresh
 
 __all__ = ["Heartbeat", "PoolReport"]
 
@@ -92,6 +97,7 @@ class Heartbeat:
         timeout: float,
         on_released: Callable[[], None],
         report: PoolReport | None = None,
+        lock_refresh: LockRefresh | None = None,
     ) -> None:
         self.pool_id = pool_id = connections.pool_id
         self.interval = interval
@@ -110,6 +116,8 @@ class Heartbeat:
         self._last_beat: datetime | None = None
         self._watching_since: datetime | None = None
         self._report = report
+        #: Refreshes the old locks of this pool's long jobs after a beat.
+        self._lock_refresh = lock_refresh
         self._params: dict[str, Any] = {
             "pool_id": pool_id,
             "timeout": timedelta(seconds=timeout),
@@ -120,6 +128,29 @@ class Heartbeat:
             "task_identifiers": sorted(report.task_identifiers) if report else None,
             "jobs_done": None,
         }
+
+    @classmethod
+    def of_pool(
+        cls,
+        connections: WorkerConnections,
+        options: WorkerOptions,
+        *,
+        on_released: Callable[[], None],
+        report: PoolReport,
+        lock_refresh: LockRefresh,
+    ) -> Heartbeat | None:
+        """The heartbeat of a pool with ``options`` (None: heartbeats are off)."""
+        if not options.heartbeat_interval:
+            return None
+        return cls(
+            connections,
+            schema=options.schema,
+            interval=options.heartbeat_interval,
+            timeout=options.heartbeat_timeout,
+            on_released=on_released,
+            report=report,
+            lock_refresh=lock_refresh,
+        )
 
     async def start(self) -> None:
         """Make the first beat, then beat on in the background. Errors propagate
@@ -197,6 +228,23 @@ class Heartbeat:
                     one_line(exc),
                     min(self.interval, DEFAULT.delay(failures)),
                 )
+                continue
+            if self._lock_refresh is not None:
+                self._refresh_locks(self._lock_refresh)
+
+    def _refresh_locks(self, refresh: LockRefresh) -> None:
+        """After a beat: refresh the old locks of this pool's long jobs, if it
+        is time; a failure is logged (it is tried again at the next beat)."""
+        try:
+            refresh.refresh_sync(self._connection())
+        except Exception as exc:
+            self._disconnect()
+            logger.warning(
+                "Worker pool %s: refreshing the locks of long jobs failed (%s); retrying "
+                "at the next heartbeat",
+                self.pool_id,
+                one_line(exc),
+            )
 
     def _connection(self) -> psycopg.Connection[Any]:
         if self._conn is None or self._conn.closed:

@@ -31,6 +31,12 @@ class Failure:
     #: its task (a PayloadError), which no retry can change: it is failed for
     #: good now (attempts set to max_attempts; reschedule_jobs revives it).
     permanent: bool = field(init=False)
+    #: The attempt went past its timeout (recorded in the history's timed_out
+    #: if the job ends there now).
+    timed_out: bool = False
+    #: Recorded as cancelled (a cancel request is written with the failure):
+    #: a timeout whose task says on_timeout="cancel".
+    cancel: bool = False
 
     def __post_init__(self) -> None:
         self.permanent = (

@@ -30,6 +30,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from ..config.options import WorkerOptions
 from ..db.connections import WorkerConnections
+from ..jobs.job import Job
 from ..jobs.worker_utils import WorkerUtils
 from ..observe.events import Events
 from ..tasks.loader import Task
@@ -38,9 +39,16 @@ from .completer import Completer
 from .fetcher import Fetcher, FetchSettings, OnFetched
 from .heartbeat import Heartbeat, PoolReport
 from .local_queue import LocalQueue
+from .lock_refresh import LockRefresh
 from .result_writer import HistorySettings
 from .slots import Slots
-from .stopping import cancel_and_wait, log_unwritten, wait_for_running, wait_until_forced
+from .stopping import (
+    cancel_and_wait,
+    log_stuck,
+    log_unwritten,
+    wait_for_running,
+    wait_until_forced,
+)
 from .unreadable import Unreadable
 
 if TYPE_CHECKING:
@@ -86,6 +94,10 @@ class WorkerPool:
         #: writing back their results (or giving them back): they run again
         #: once released. Empty after a clean stop.
         self.unwritten_job_ids: list[int] = []
+        #: Ids of the jobs stuck past their timeout that stopped the pool (their
+        #: task says on_stuck="exit", exit code 75): left locked by this pool,
+        #: they run again once it is gone.
+        self.stuck_job_ids: list[int] = []
         #: Set once the pool is connected and its tasks are registered.
         self.ready = asyncio.Event()
         self.connections = WorkerConnections(conninfo, self.id, options.no_prepared_statements)
@@ -96,6 +108,9 @@ class WorkerPool:
         #: Ids of the jobs this pool has locked and not yet written back or
         #: given back: queued, running, or with a result waiting to be written.
         self._held: set[int] = set()
+        #: The own timeouts (seconds) of fetched jobs that have one, by job id:
+        #: the fetcher puts them, a slot takes a job's when it starts it.
+        self._timeouts: dict[int, float] = {}
         self._queue = LocalQueue()
         self._fetcher = Fetcher(
             self.connections,
@@ -109,6 +124,7 @@ class WorkerPool:
             owner=self,
             on_fetched=on_fetched,
             on_unreadable=self._fail_unreadable,
+            timeouts=self._timeouts,
         )
         self._slots: Slots | None = None
         self._utils: WorkerUtils | None = None
@@ -180,20 +196,14 @@ class WorkerPool:
         has passed (see :attr:`unwritten_job_ids`)."""
         options = self.options
         db = self.connections.pool(min_size=2, max_size=options.max_pool_size)
-        heartbeat = None
-        if options.heartbeat_interval:
-            heartbeat = Heartbeat(
-                self.connections,
-                schema=options.schema,
-                interval=options.heartbeat_interval,
-                timeout=options.heartbeat_timeout,
-                on_released=self.nudge,
-                report=PoolReport(
-                    concurrency=options.concurrency,
-                    task_identifiers=list(self.tasks),
-                    jobs_done=lambda: self.jobs_done,
-                ),
-            )
+        lock_refresh = LockRefresh.of(options, self.id, self._held)
+        heartbeat = Heartbeat.of_pool(
+            self.connections,
+            options,
+            on_released=self.nudge,
+            report=PoolReport(options.concurrency, list(self.tasks), lambda: self.jobs_done),
+            lock_refresh=lock_refresh,
+        )
         self.events.emit("pool:create", pool=self)
         started = False
         try:
@@ -209,11 +219,12 @@ class WorkerPool:
                 raise failure.exceptions[0] from None  # the first error, as it was raised
             started = True
             self._utils = WorkerUtils(db, options.schema, use_local_time=options.use_local_time)
-            await self._run_parts(self._utils)
+            # Without heartbeats, the locks of long jobs are refreshed on the loop.
+            await self._run_parts(self._utils, None if heartbeat else lock_refresh)
         finally:
             await self._close(heartbeat, db, started=started)
 
-    async def _run_parts(self, utils: WorkerUtils) -> None:
+    async def _run_parts(self, utils: WorkerUtils, lock_refresh: LockRefresh | None) -> None:
         options, queue = self.options, self._queue
         completer = Completer(
             utils.pool,
@@ -237,13 +248,17 @@ class WorkerPool:
             log_success=options.log_success,
             events=self.events,
             result_limit=options.max_result_bytes if options.history else None,
+            timeouts=self._timeouts,
+            timeout_grace=options.timeout_grace,
+            on_stuck_exit=self._on_stuck_exit,
         )
         try:
             async with asyncio.TaskGroup() as group:
                 slot_tasks = slots.start(group)
                 fetcher = group.create_task(self._fetcher.run(self._on_exhausted))
                 writer = group.create_task(completer.run())
-                helpers = [group.create_task(loop) for loop in self._background(utils, slots)]
+                loops = self._background(utils, slots, lock_refresh)
+                helpers = [group.create_task(loop) for loop in loops]
                 self.nudge()
                 self.ready.set()
                 await self._stop.wait()
@@ -267,7 +282,9 @@ class WorkerPool:
         finally:
             slots.close()
 
-    def _background(self, utils: WorkerUtils, slots: Slots) -> list[Coroutine[Any, Any, None]]:
+    def _background(
+        self, utils: WorkerUtils, slots: Slots, lock_refresh: LockRefresh | None
+    ) -> list[Coroutine[Any, Any, None]]:
         """The loops that run beside the pipeline (see :mod:`.background`)."""
         return background_loops(
             PoolHooks(
@@ -280,6 +297,7 @@ class WorkerPool:
                 nudge=self.nudge,
                 exhausted=lambda: self._fetcher.exhausted,
                 on_breaking_migration=self._on_breaking_migration,
+                lock_refresh=lock_refresh,
             ),
             utils,
             slots,
@@ -295,6 +313,12 @@ class WorkerPool:
         pool holds no job: none queued, running, or with a result unwritten)."""
         if self.once and not self._held:
             self.stop("no runnable jobs left")
+
+    def _on_stuck_exit(self, job: Job) -> None:
+        """A plain job stuck past its timeout was let go (on_stuck="exit"):
+        stop, leaving it locked (exit code 75)."""
+        self.stuck_job_ids.append(job.id)
+        self.stop(f"job {job.id} ({job.task_identifier}) is stuck past its timeout")
 
     def _on_breaking_migration(self, message: str) -> None:
         self.breaking_migration = message
@@ -324,8 +348,11 @@ class WorkerPool:
         utils, self._utils = self._utils, None
         if utils is not None:  # a task's wait_for_job may have started its listener
             await utils.close()
-        if self._held or self._fetcher.lost_fetch:
-            self.unwritten_job_ids = sorted(self._held)
+        stuck = self._held.intersection(self.stuck_job_ids)
+        if stuck:
+            log_stuck(self.id, sorted(stuck), self.options)
+        if self._held - stuck or self._fetcher.lost_fetch:
+            self.unwritten_job_ids = sorted(self._held - stuck)
             log_unwritten(self.id, self.unwritten_job_ids, self._fetcher.lost_fetch, self.options)
         if heartbeat:
             # Beats on until every result is written; a pool that stops

@@ -5,7 +5,8 @@ success line and the ``job:success`` event; a failure goes to the completer,
 the failure line and the ``job:error`` (and ``job:failed``) events. What
 raises on the way (a user's logging filter, say) is logged: an outcome is
 never lost. A job whose cancel request this pool knows of is logged as
-cancelled (the failure statement records it so).
+cancelled (the failure statement records it so). A job that went past its
+timeout is recorded so, and failed as its task's ``on_timeout`` says.
 """
 
 from __future__ import annotations
@@ -54,6 +55,8 @@ class Reporter:
             if error is None:
                 if ran.result is not None or ran.result_error is not None:
                     self._keep_result(ran)
+                if ran.timed_out is not None:  # it returned after its timeout
+                    self._completer.writer.record_timed_out(job.id)
                 self._completer.succeeded(job, worker_id)
                 if self._log_success:
                     logs.job_succeeded(job, worker_id, self._pool_id, ran.duration_ms)
@@ -63,7 +66,12 @@ class Reporter:
                     )
                 return
             failure = Failure(job, worker_id, error, describe(error), ran.failed_items)
-            if self._cancelling and job.id in self._cancelling:
+            cancelled = bool(self._cancelling) and job.id in self._cancelling
+            if ran.timed_out is not None:
+                failure.timed_out = True
+                failure.permanent = failure.permanent or ran.timed_out != "retry"
+                failure.cancel = ran.timed_out == "cancel" and not cancelled
+            if cancelled:
                 failure.permanent = True
             self._completer.failed(failure)
             logs.job_failed(
@@ -73,7 +81,8 @@ class Reporter:
                 ran.duration_ms,
                 failure.message,
                 error,
-                cancelled=job.id in self._cancelling,
+                cancelled=cancelled,
+                timed_out=ran.timed_out,
             )
             self._events.emit(
                 "job:error", worker_id=worker_id, job=job, error=error, duration_ms=ran.duration_ms

@@ -81,9 +81,12 @@ class ResultWriter:
         self._fail = statements.compose(statements.fail_batch, schema)
         #: Where the waiters of finished jobs are told (wait_for_job).
         self._channel = lifecycle.finished_channel(schema)
+        self._request_cancels = statements.compose(lifecycle.request_cancels, schema)
         #: Results of succeeded jobs waiting to be written: job id -> (JSON
         #: text, why it was not kept); only jobs that returned something.
         self._results: dict[int, tuple[str | None, str | None]] = {}
+        #: Succeeded jobs waiting to be written that went past their timeout.
+        self._timed_out: set[int] = set()
 
     @property
     def keeps_results(self) -> bool:
@@ -95,11 +98,18 @@ class ResultWriter:
         if self._history is not None and (result is not None or error is not None):
             self._results[job_id] = (result, error)
 
+    def record_timed_out(self, job_id: int) -> None:
+        """A job that succeeded after its timeout: its history says so."""
+        if self._history is not None:
+            self._timed_out.add(job_id)
+
     def forget(self, succeeded: Succeeded) -> None:
         """The results of these jobs are written (or never will be)."""
         if self._results:
             for job, _ in succeeded:
                 self._results.pop(job.id, None)
+        if self._timed_out:
+            self._timed_out.difference_update(job.id for job, _ in succeeded)
 
     async def write(self, succeeded: Succeeded, failed: list[Failure]) -> None:
         """Write the results; if the server refuses them for what they hold,
@@ -181,17 +191,31 @@ class ResultWriter:
             if succeeded:
                 await conn.execute(self._complete, self._complete_params(succeeded))
             if failed:
-                await conn.execute(
-                    self._fail,
-                    {
-                        "job_ids": [f.job.id for f in failed],
-                        "messages": [f.message for f in failed],
-                        "items": [_int_array(f.failed_items) for f in failed],
-                        "permanent": [f.permanent for f in failed],
-                        "pool_id": self._pool_id,
-                        "channel": self._channel,
-                    },
-                )
+                params = {
+                    "job_ids": [f.job.id for f in failed],
+                    "messages": [f.message for f in failed],
+                    "items": [_int_array(f.failed_items) for f in failed],
+                    "permanent": [f.permanent for f in failed],
+                    "timed_out": [f.timed_out for f in failed],
+                    "pool_id": self._pool_id,
+                    "channel": self._channel,
+                }
+                cancels = [f for f in failed if f.cancel]
+                if not cancels:
+                    await conn.execute(self._fail, params)
+                    return
+                # on_timeout="cancel": a cancel request first, in the same
+                # transaction, so that the failure is recorded as cancelled.
+                async with conn.transaction():
+                    await conn.execute(
+                        self._request_cancels,
+                        {
+                            "job_ids": [f.job.id for f in cancels],
+                            "reasons": [f"timed out ({f.message})" for f in cancels],
+                            "pool_id": self._pool_id,
+                        },
+                    )
+                    await conn.execute(self._fail, params)
 
     def _complete_params(self, succeeded: Succeeded) -> dict[str, Any]:
         params: dict[str, Any] = {
@@ -207,6 +231,10 @@ class ResultWriter:
         params["results"] = [result for _, (result, _) in kept]
         params["result_errors"] = [error for _, (_, error) in kept]
         params["keep"] = self._history.keep_succeeded
+        timed_out = self._timed_out
+        params["timed_out"] = (
+            [job.id for job, _ in succeeded if job.id in timed_out] if timed_out else []
+        )
         return params
 
 

@@ -12,17 +12,24 @@ Shutdown: the pool ends the slots through the local queue
 ``helpers.abort_signal``) after the graceful timeout, and on a forced stop
 :meth:`Slots.fail_running` cancels the slots inside their jobs, which then
 fail (and retry elsewhere).
+
+Timeouts (:mod:`.deadlines`): a job's own timeout (fetched with it) or its
+task's is armed at the task call; an ``async def`` job is cancelled at its
+deadline (:meth:`.slot.Slot.time_out`), a plain one told through its
+helpers. A plain job stuck past the grace whose task says
+``on_stuck="exit"`` is let go (:meth:`Slots.abandon`): its slot ends, its job
+stays locked, and the pool stops (``on_stuck_exit``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import logging
 import secrets
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ..errors import JobCancelled
@@ -34,10 +41,12 @@ from ..observe.events import Events
 from ..tasks.helpers import Helpers
 from ..tasks.loader import Task
 from .completer import Completer
+from .deadlines import Deadlines, job_timeout, task_timeouts
 from .local_queue import LocalQueue, Refill
 from .loop_watch import LoopWatch
 from .outcome import batch_failures
 from .reporter import Reporter
+from .slot import Returned, Slot, SlotGroup, stopped
 from .task_threads import (
     TASK_THREAD_PREFIX,
     Back,
@@ -45,9 +54,11 @@ from .task_threads import (
     Ran,
     TaskThread,
     ThreadSettings,
+    Timed,
     busy_task_threads,
     exit_forked_child,
     forks,
+    timed_out_error,
 )
 from .unreadable import Unreadable
 
@@ -59,21 +70,7 @@ logger = logging.getLogger("graphile_worker")
 _YIELD_EVERY = 64
 
 
-@dataclass(slots=True)
-class _Slot:
-    """One slot, and what it is running (if anything)."""
-
-    worker_id: str
-    #: The slot's asyncio task, cancelled (inside the job) by a forced stop.
-    task: asyncio.Task[None] | None = None
-    #: The ``async def`` job it is running, and its helpers.
-    job: Job | None = None
-    helpers: Helpers | None = None
-    #: Its thread for plain jobs (made at its first one).
-    thread: TaskThread | None = None
-
-
-class Slots:
+class Slots(SlotGroup):
     """Runs the pool's jobs, ``concurrency`` at a time."""
 
     def __init__(
@@ -89,6 +86,9 @@ class Slots:
         log_success: bool,
         events: Events,
         result_limit: int | None = None,
+        timeouts: dict[int, float] | None = None,
+        timeout_grace: float = 30.0,
+        on_stuck_exit: Callable[[Job], None] = lambda job: None,
     ) -> None:
         self._tasks = tasks
         #: The largest result kept, in bytes (None: results are not kept).
@@ -109,13 +109,21 @@ class Slots:
             cancelling=self.cancelling,
         )
         self._report = self._reporter.report
-        self._slots = [_Slot(f"worker-{secrets.token_hex(9)}") for _ in range(concurrency)]
+        super().__init__([Slot(f"worker-{secrets.token_hex(9)}") for _ in range(concurrency)])
         self._loop = asyncio.get_running_loop()
-        self._failing = False
-        self._returning = False
-        #: ``async def`` jobs cancelled by the graceful stop (:meth:`return_running`),
-        #: to be given back: they run again.
-        self.returned: list[Job] = []
+        #: The fetched jobs' own timeouts (seconds), by job id: taken at their
+        #: start; and the tasks' (only those that have one). While both are
+        #: empty, a job costs one test here.
+        self._timeouts = {} if timeouts is None else timeouts
+        self._task_timeouts = task_timeouts(tasks)
+        self._deadlines = Deadlines(
+            self._loop,
+            grace=timeout_grace,
+            where=self.where,
+            can_abandon=lambda job: self.thread_of(job.id) is not None,
+            abandon=self.abandon,
+        )
+        self._on_stuck_exit = on_stuck_exit
         #: Every running job's ``helpers.abort_signal``.
         self.abort = asyncio.Event()
         self._plain = frozenset(name for name, task in tasks.items() if not task.is_async)
@@ -130,6 +138,8 @@ class Slots:
             abort=self.abort,
             result_limit=result_limit,
             cancelling=self.cancelling,
+            timeouts=self._timeouts,
+            task_timeouts=self._task_timeouts,
         )
         self._watch = LoopWatch(self._loop, self.job_of)
         #: Jobs running now.
@@ -152,34 +162,11 @@ class Slots:
         self.cancelling[job_id] = reason
         for slot in self._slots:
             if slot.job is not None and slot.job.id == job_id:
-                if slot.helpers is not None:
-                    slot.helpers.mark_cancelled(reason)
-                if slot.task is not None:
-                    slot.task.cancel()
+                slot.tell(reason)
                 return True
             if slot.thread is not None and slot.thread.cancel(job_id, reason):
                 return True
         return False
-
-    def running_job_ids(self) -> set[int]:
-        """Ids of the jobs running now."""
-        ids = {slot.job.id for slot in self._slots if slot.job is not None}
-        ids.update(
-            job.id
-            for slot in self._slots
-            if slot.thread is not None and (job := slot.thread.current) is not None
-        )
-        return ids
-
-    def where(self, job_id: int) -> str | None:
-        """Where a running job's task is now (its innermost frames)."""
-        for slot in self._slots:
-            if slot.job is not None and slot.job.id == job_id and slot.task is not None:
-                frames = slot.task.get_stack(limit=None)
-                return _frames(frames[-3:]) if frames else None
-            if slot.thread is not None and (text := slot.thread.where(job_id)) is not None:
-                return text
-        return None
 
     def start(self, group: asyncio.TaskGroup) -> list[asyncio.Task[None]]:
         """Start every slot in ``group``, and the watch that names a job
@@ -191,28 +178,15 @@ class Slots:
             slot.task = group.create_task(self._run(slot), name=name)
         return [slot.task for slot in self._slots if slot.task is not None]
 
-    def job_of(self, task: asyncio.Task[object] | None) -> Job | None:
-        """The ``async def`` job a slot's asyncio task is running (any thread)."""
-        return next((slot.job for slot in self._slots if slot.task is task), None)
-
-    def return_running(self) -> int:
-        """The graceful stop's last step: cancel the ``async def`` jobs still
-        running, to give them back (:attr:`returned`); how many."""
-        self._returning = True
-        count = 0
-        for slot in self._slots:
-            if slot.job is not None and slot.task is not None:
-                slot.task.cancel()
-                count += 1
-        return count
-
-    def fail_running(self) -> None:
-        """A forced stop: end the running jobs now, as failures."""
-        self._failing = True
-        for slot in self._slots:
-            busy = slot.job is not None or (slot.thread is not None and slot.thread.busy)
-            if busy and slot.task is not None:
-                slot.task.cancel()
+    def abandon(self, job: Job) -> None:
+        """Let a stuck plain job go (on_stuck="exit"): its thread is left
+        behind, its slot ends, the job stays locked (it runs again once this
+        worker is gone), and the pool is told to stop."""
+        slot = self.thread_of(job.id)
+        if slot is not None and slot.task is not None:
+            slot.abandoning = True
+            slot.task.cancel()
+        self._on_stuck_exit(job)
 
     def close(self) -> None:
         """Release the threads (a plain task that never returns is left behind)."""
@@ -221,7 +195,7 @@ class Slots:
             if slot.thread is not None:
                 slot.thread.close()
 
-    async def _run(self, slot: _Slot) -> None:
+    async def _run(self, slot: Slot) -> None:
         self._events.emit("worker:create", worker_id=slot.worker_id, tasks=self._tasks)
         queue, refill = self._queue, self._refill
         streak = 0
@@ -233,7 +207,8 @@ class Slots:
             if job is None:
                 break
             if job.task_identifier in self._plain:
-                await self._run_plain(slot, job)
+                if await self._run_plain(slot, job):
+                    break  # its stuck job was let go: the slot ends
             else:
                 await self._run_job(slot, job)
             streak += 1
@@ -250,9 +225,15 @@ class Slots:
                 await asyncio.sleep(0)
         self._events.emit("worker:stop", worker_id=slot.worker_id)
 
-    async def _run_job(self, slot: _Slot, job: Job) -> None:
+    async def _run_job(self, slot: Slot, job: Job) -> None:
         """Run one ``async def`` job and hand its outcome to the completer."""
         task = self._tasks[job.task_identifier]
+        timeout = None
+        if self._timeouts or self._task_timeouts:
+            timeout = job_timeout(job, self._timeouts, self._task_timeouts)
+        if self.cancelling and job.id in self.cancelling:  # cancelled before it started
+            self._report(Ran(job, slot.worker_id, JobCancelled(self.cancelling[job.id]), None, 0))
+            return
         helpers = Helpers(
             job,
             worker_id=slot.worker_id,
@@ -260,9 +241,6 @@ class Slots:
             abort_signal=self.abort,
             loop=self._loop,
         )
-        if self.cancelling and job.id in self.cancelling:  # cancelled before it started
-            self._report(Ran(job, slot.worker_id, JobCancelled(self.cancelling[job.id]), None, 0))
-            return
         slot.job = job
         slot.helpers = helpers
         started = time.perf_counter()
@@ -274,6 +252,15 @@ class Slots:
         failed_items: list[int] | None = None
         result: Any = None
         before = forks()
+        if timeout is not None:  # counted from the task call
+            self._deadlines.arm(
+                job,
+                timeout,
+                time.monotonic(),
+                lambda: slot.time_out(job, timeout),
+                lambda: slot.job is job,
+                task.options.on_stuck,
+            )
         try:
             result = await task.function(job.payload, helpers)
             while result is not None and inspect.isawaitable(result):
@@ -281,56 +268,41 @@ class Slots:
             if isinstance(result, list) and isinstance(job.payload, list):
                 error, failed_items = batch_failures(job, result)
         except asyncio.CancelledError as exc:
-            error = self._cancelled(slot, exc, job.id)
+            error = slot.error_of(
+                exc, job.id, self.cancelling, returning=self._returning, failing=self._failing
+            )
         except BaseException as exc:  # SystemExit, GeneratorExit, ... too: the job failed
             exit_forked_child(before, exc)
             error = exc
         finally:
             exit_forked_child(before, None)
+            timed_out = None
+            if timeout is not None or slot.cancel_sent:
+                if timeout is not None:
+                    self._deadlines.disarm(job.id)
+                timed_out = slot.settle()
             slot.job = slot.helpers = None
             self.running -= 1
-        if isinstance(error, _Returned):
+        if isinstance(error, Returned):
             self.returned.append(job)
             return
         duration = (time.perf_counter() - started) * 1000
         ran = Ran(job, slot.worker_id, error, failed_items, duration)
+        if timed_out is not None:
+            ran.timed_out = task.options.on_timeout
+            if error is not None and not (self.cancelling and job.id in self.cancelling):
+                ran.error = error = timed_out_error(timed_out, error)
         if result is not None and error is None and self._result_limit is not None:
             ran.result, ran.result_error = encode_result(result, self._result_limit)
         self._report(ran)
         if self.cancelling:
             self.cancelling.pop(job.id, None)
 
-    def _cancelled(
-        self, slot: _Slot, error: asyncio.CancelledError, job_id: int | None = None
-    ) -> BaseException:
-        """The job's error for a CancelledError caught in ``slot``'s job.
-
-        A cancel request's cancellation (:meth:`cancel`) and a forced stop's
-        are taken back: the job failed (:class:`JobCancelled`,
-        :func:`_stopped`), the slot goes on. Re-raises it when the slot's task
-        itself was cancelled (the pool ends it). With no cancellation of the
-        slot pending, the task raised it itself (it awaited something someone
-        else cancelled): only its job failed.
-        """
-        task = slot.task
-        if task is None or not task.cancelling():
-            return error
-        if job_id is not None and job_id in self.cancelling:
-            task.uncancel()
-            return JobCancelled(self.cancelling[job_id])
-        if self._returning and not self._failing and job_id is not None:
-            task.uncancel()
-            return _Returned()
-        if not self._failing:
-            raise error
-        task.uncancel()
-        return _stopped()
-
-    async def _run_plain(self, slot: _Slot, job: Job) -> None:
+    async def _run_plain(self, slot: Slot, job: Job) -> bool:
         """Hand a plain job to the slot's thread, which runs it and the plain
         jobs after it (unless someone listens to ``job:start``, which is
-        emitted here); returns when the thread is back. Outcomes arrive
-        through :meth:`_delivered`."""
+        emitted here); returns when the thread is back: True if the slot ends
+        (its stuck job was let go). Outcomes arrive through :meth:`_delivered`."""
         events = self._events
         more = not events.wants("job:start")
         if not more:
@@ -348,11 +320,17 @@ class Slots:
             # The thread takes no other job and reports nothing more.
             slot.thread = None
             abandoned = thread.abandon()
-            self._cancelled(slot, exc)  # raises unless forced
+            if slot.abandoning and slot.task is not None:  # stuck: its job stays locked
+                slot.abandoning = False
+                slot.task.uncancel()
+                return True
+            # Raises unless forced.
+            slot.error_of(exc, None, self.cancelling, returning=False, failing=self._failing)
             if abandoned is not None:
                 running, started = abandoned
                 duration = (time.perf_counter() - started) * 1000
-                self._report(Ran(running, slot.worker_id, _stopped(), None, duration))
+                self._report(Ran(running, slot.worker_id, stopped(), None, duration))
+        return False
 
     def fail_unreadable(self, unreadable: Sequence[Unreadable]) -> None:
         """Fail fetched jobs whose rows cannot be read (never run: their task
@@ -360,33 +338,28 @@ class Slots:
         for job, error in unreadable:
             self._report(Ran(job, self._pool_id, error, None, 0.0))
 
-    def _delivered(self, items: list[Ran | Back], refill: bool) -> None:
+    def _delivered(self, items: list[Ran | Back | Timed], refill: bool) -> None:
         """On the loop: what the task threads reported since the last call."""
         for item in items:  # first, so that the completer sees an idle pool as idle
             if isinstance(item, Back) and not item.done.done():
                 item.done.set_result(None)
                 self.running -= 1
-        for item in items:
+        deadlines = self._deadlines
+        for item in items:  # in order: a job's deadline is armed before it ends
             if isinstance(item, Ran):
+                if deadlines.armed:
+                    deadlines.disarm(item.job.id)
                 self._report(item)
                 if self.cancelling:
                     self.cancelling.pop(item.job.id, None)
+            elif isinstance(item, Timed):
+                deadlines.arm(
+                    item.job,
+                    item.timeout,
+                    item.started,
+                    functools.partial(item.thread.time_out, item.helpers, item.timeout),
+                    functools.partial(item.thread.runs, item.helpers),
+                    self._tasks[item.job.task_identifier].options.on_stuck,
+                )
         if refill and self._queue.runs_short(self._refill):
             self._refill.wake()
-
-
-class _Returned(Exception):
-    """The outcome of a job the graceful stop cancelled: it is given back."""
-
-
-def _stopped() -> RuntimeError:
-    """The error of a job failed by a forced stop."""
-    return RuntimeError("the worker was stopped while the job was running")
-
-
-def _frames(frames: list[Any]) -> str:
-    """``file:line in function`` of each frame, innermost last."""
-    return " <- ".join(
-        f"{frame.f_code.co_filename}:{frame.f_lineno} in {frame.f_code.co_name}"
-        for frame in reversed(frames)
-    )

@@ -12,7 +12,13 @@ from ..config.options import WorkerOptions
 if TYPE_CHECKING:
     from .slots import Slots
 
-__all__ = ["cancel_and_wait", "log_unwritten", "wait_for_running", "wait_until_forced"]
+__all__ = [
+    "cancel_and_wait",
+    "log_stuck",
+    "log_unwritten",
+    "wait_for_running",
+    "wait_until_forced",
+]
 
 logger = logging.getLogger("graphile_worker")
 
@@ -89,17 +95,33 @@ async def cancel_and_wait(task: asyncio.Future[Any], within: float = 2.0) -> Non
         await asyncio.wait({task}, timeout=min(0.1, remaining))
 
 
-def log_unwritten(
-    pool_id: str, job_ids: Sequence[int], lost_fetch: bool, options: WorkerOptions
-) -> None:
-    """After a forced stop: name the jobs whose results (or return) could not
-    be written; they stay locked by the pool until released."""
-    release = (
+def _released(pool_id: str, options: WorkerOptions) -> str:
+    """When the jobs a stopped pool still holds are released."""
+    return (
         f"once another worker declares this pool dead ({options.heartbeat_timeout:g}s "
         "after its last heartbeat)"
         if options.heartbeat_interval
         else "by force_unlock_workers(['" + pool_id + "']) or the 4-hour stale-lock sweep"
     )
+
+
+def log_stuck(pool_id: str, job_ids: Sequence[int], options: WorkerOptions) -> None:
+    """After a stop for stuck jobs (on_stuck="exit"): they stay locked."""
+    logger.warning(
+        "Worker pool %s: stopped for job(s) stuck past their timeout (ids: %s), left locked "
+        "by this pool: they run again %s, when this process (and their thread) is gone",
+        pool_id,
+        ", ".join(map(str, job_ids)),
+        _released(pool_id, options),
+    )
+
+
+def log_unwritten(
+    pool_id: str, job_ids: Sequence[int], lost_fetch: bool, options: WorkerOptions
+) -> None:
+    """After a forced stop: name the jobs whose results (or return) could not
+    be written; they stay locked by the pool until released."""
+    release = _released(pool_id, options)
     lost = (
         "; a fetch was interrupted too, and the jobs it may have locked stay locked as well"
         if lost_fetch

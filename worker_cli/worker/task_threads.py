@@ -15,7 +15,13 @@ reused from job to job).
 
 A forced stop :meth:`~TaskThread.abandon`\\ s a thread: its running job is
 failed by the event loop at once, whatever the thread does later; the thread
-reports nothing more and takes no other job.
+reports nothing more and takes no other job. So does a job stuck past its
+timeout whose task says ``on_stuck="exit"`` (its job is then left locked).
+
+A job with a timeout is reported when it starts (:class:`Timed`): the loop
+arms its deadline (:mod:`.deadlines`), and at the deadline tells it through
+:meth:`TaskThread.time_out` (``helpers.cancelled``); a job that then raises
+fails with :class:`~worker_cli.errors.JobTimeout`.
 """
 
 from __future__ import annotations
@@ -35,7 +41,7 @@ from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import JobCancelled
+from ..errors import JobCancelled, JobTimeout
 from ..jobs.in_task import TASK_THREAD_PREFIX
 from ..jobs.job import Job
 from ..jobs.results import encode_result
@@ -52,10 +58,12 @@ __all__ = [
     "Ran",
     "TaskThread",
     "ThreadSettings",
+    "Timed",
     "busy_task_threads",
     "contained_call",
     "exit_forked_child",
     "forks",
+    "timed_out_error",
 ]
 
 
@@ -75,6 +83,8 @@ class Ran:
     result: str | None = None
     #: Why what it returned was not kept (see ``encode_result``).
     result_error: str | None = None
+    #: It went past its timeout: what its task says follows (``on_timeout``).
+    timed_out: str | None = None
 
 
 @dataclass(slots=True)
@@ -82,6 +92,18 @@ class Back:
     """A task thread is back from a hand-off: it runs nothing now."""
 
     done: asyncio.Future[None]
+
+
+@dataclass(slots=True)
+class Timed:
+    """A job with a timeout has started in a task thread: arm its deadline."""
+
+    thread: TaskThread
+    job: Job
+    helpers: Helpers
+    #: Seconds, and when the task was called (``time.monotonic()``).
+    timeout: float
+    started: float
 
 
 class Outbox:
@@ -95,15 +117,15 @@ class Outbox:
     def __init__(
         self,
         loop: asyncio.AbstractEventLoop,
-        deliver: Callable[[list[Ran | Back], bool], None],
+        deliver: Callable[[list[Ran | Back | Timed], bool], None],
     ) -> None:
         self._loop = loop
         self._deliver = deliver
-        self._items: deque[Ran | Back] = deque()
+        self._items: deque[Ran | Back | Timed] = deque()
         self._scheduled = False
         self._refill = False
 
-    def put(self, item: Ran | Back) -> None:
+    def put(self, item: Ran | Back | Timed) -> None:
         """Report ``item`` (any thread)."""
         self._items.append(item)
         self._schedule()
@@ -151,6 +173,10 @@ class ThreadSettings:
     result_limit: int | None = None
     #: The pool's cancel requests (job id -> reason): such a job never starts.
     cancelling: Mapping[int, str | None] = field(default_factory=dict)
+    #: The fetched jobs' own timeouts (seconds), by job id; taken at their start.
+    timeouts: dict[int, float] = field(default_factory=dict)
+    #: The timeouts of the tasks that declare one, by identifier.
+    task_timeouts: Mapping[str, float] = field(default_factory=dict)
 
 
 class TaskThread:
@@ -166,6 +192,8 @@ class TaskThread:
         self._job: Job | None = None
         #: The helpers of the job running now.
         self._helpers: Helpers | None = None
+        #: The helpers of the job with a timeout running now (None between jobs).
+        self._timed: Helpers | None = None
         self._started = time.perf_counter()
         self._abandoned = False
         self._thread: threading.Thread | None = None
@@ -188,6 +216,19 @@ class TaskThread:
                 return False
         helpers.mark_cancelled(reason)
         return True
+
+    def time_out(self, helpers: Helpers, timeout: float) -> bool:
+        """The timeout of the job of ``helpers`` has passed: tell it, if it
+        still runs here (event loop)."""
+        with self._lock:
+            if self._timed is not helpers or self._abandoned:
+                return False
+            helpers.mark_timed_out(timeout)
+            return True
+
+    def runs(self, helpers: Helpers) -> bool:
+        """The job of ``helpers`` is still running here (and not let go)."""
+        return self._timed is helpers and not self._abandoned
 
     def where(self, job_id: int) -> str | None:
         """Where the task of job ``job_id`` is now, if it runs in this thread."""
@@ -249,6 +290,12 @@ class TaskThread:
     def _run(self, job: Job) -> Ran:
         settings = self._settings
         cancelling = settings.cancelling
+        task = settings.tasks[job.task_identifier]
+        timeout = None
+        if settings.timeouts or settings.task_timeouts:  # its own, else its task's
+            timeout = settings.timeouts.pop(job.id, None) if settings.timeouts else None
+            if timeout is None:
+                timeout = settings.task_timeouts.get(job.task_identifier)
         if cancelling and job.id in cancelling:  # cancelled before it started
             return Ran(job, self._worker_id, JobCancelled(cancelling.get(job.id)), None, 0)
         helpers = Helpers(
@@ -260,18 +307,37 @@ class TaskThread:
         )
         with self._lock:
             self._helpers = helpers
+            if timeout is not None:
+                self._timed = helpers
         # A cancel request that came before the helpers were set is in
         # ``cancelling`` now (it is recorded there before threads are asked).
         if cancelling and job.id in cancelling:
             helpers.mark_cancelled(cancelling.get(job.id))
-        function = settings.tasks[job.task_identifier].function
+        if timeout is not None:  # counted from the task call
+            settings.outbox.put(Timed(self, job, helpers, timeout, time.monotonic()))
         started = self._started = time.perf_counter()
-        error, failed_items, result = contained_call(function, job, helpers, settings.loop)
+        error, failed_items, result = contained_call(task.function, job, helpers, settings.loop)
         duration = (time.perf_counter() - started) * 1000
         ran = Ran(job, self._worker_id, error, failed_items, duration)
+        if timeout is not None:
+            with self._lock:
+                self._timed = None
+            if helpers.timed_out:  # told at its deadline (under the lock: no race)
+                ran.timed_out = task.options.on_timeout
+                if error is not None and not (cancelling and job.id in cancelling):
+                    ran.error = timed_out_error(timeout, error)
         if result is not None and error is None and settings.result_limit is not None:
             ran.result, ran.result_error = encode_result(result, settings.result_limit)
         return ran
+
+
+def timed_out_error(timeout: float, error: BaseException) -> JobTimeout:
+    """What an attempt that raised ``error`` after its timeout failed with."""
+    if isinstance(error, JobTimeout):
+        return error
+    timed_out = JobTimeout(timeout)
+    timed_out.__cause__ = error
+    return timed_out
 
 
 _busy_task_threads: set[threading.Thread] = set()

@@ -37,27 +37,41 @@ __all__ = ["Unreadable", "read_jobs"]
 #: and the error it fails with.
 Unreadable = tuple[Job, UnreadableJobError]
 
-#: The columns of a fetched row: the job's, then its queue name.
-_COLUMNS = (*JOB_COLUMNS, "queue_name")
+#: The columns of a fetched row: the job's, then its queue name and its own timeout.
+_COLUMNS = (*JOB_COLUMNS, "queue_name", "timeout")
+_QUEUE_NAME = len(JOB_COLUMNS)
+_TIMEOUT = len(JOB_COLUMNS) + 1
+_ID = JOB_COLUMNS.index("id")
 _PAYLOAD = JOB_COLUMNS.index("payload")
 _TASK_ID = JOB_COLUMNS.index("task_id")
 _TIMESTAMPTZ_OID = 1184
 
 
 async def read_jobs(
-    cursor: psycopg.AsyncCursor[Any], task_names: Mapping[int, str]
+    cursor: psycopg.AsyncCursor[Any],
+    task_names: Mapping[int, str],
+    timeouts: dict[int, float] | None = None,
 ) -> tuple[list[Job], list[Unreadable]]:
     """The jobs of a fetch's result (rows of ``get_jobs``' columns, payloads
     loaded raw), and those whose row cannot be read. Never raises for what a
-    row holds: the rows are in memory, so the only error left is one row's."""
+    row holds: the rows are in memory, so the only error left is one row's.
+    The jobs' own timeouts (seconds) go into ``timeouts``, by job id."""
     try:
-        return jobs_from_rows(await cursor.fetchall(), dict(task_names)), []
+        rows = await cursor.fetchall()  # (a value out of Python's range raises here)
+        jobs = jobs_from_rows(rows, dict(task_names))
     except Exception:
-        return _one_by_one(cursor, task_names)
+        return _one_by_one(cursor, task_names, timeouts)
+    if timeouts is not None:
+        for row in rows:
+            if row[_TIMEOUT] is not None:
+                timeouts[row[_ID]] = row[_TIMEOUT].total_seconds()
+    return jobs, []
 
 
 def _one_by_one(
-    cursor: psycopg.AsyncCursor[Any], task_names: Mapping[int, str]
+    cursor: psycopg.AsyncCursor[Any],
+    task_names: Mapping[int, str],
+    timeouts: dict[int, float] | None,
 ) -> tuple[list[Job], list[Unreadable]]:
     result = cursor.pgresult
     if result is None:
@@ -89,10 +103,16 @@ def _one_by_one(
         elif problem is not None:
             values[_PAYLOAD] = None
         job = Job._make(
-            (*values[: len(JOB_COLUMNS)], task_names.get(values[_TASK_ID], "?"), values[-1])
+            (
+                *values[: len(JOB_COLUMNS)],
+                task_names.get(values[_TASK_ID], "?"),
+                values[_QUEUE_NAME],
+            )
         )
         if problem is None:
             jobs.append(job)
+            if timeouts is not None and values[_TIMEOUT] is not None:
+                timeouts[job.id] = values[_TIMEOUT].total_seconds()
         else:
             unreadable.append((job, problem))
     return jobs, unreadable
