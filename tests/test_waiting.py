@@ -88,10 +88,14 @@ def write_batch(db: str, statement: str, job_ids: list[int]) -> None:
     """Write a batch's outcome with the worker's statement, as its completer does."""
     params: dict[str, Any] = {"job_ids": job_ids, "pool_id": "p", "channel": CHANNEL}
     if statement == "complete_batch_recording":
-        params.update(result_ids=[], results=[], result_errors=[], keep=timedelta(days=1))
+        params.update(
+            result_ids=[], results=[], result_errors=[], timed_out=[], keep=timedelta(days=1)
+        )
     if statement == "fail_batch":
         n = len(job_ids)
-        params.update(messages=["no"] * n, items=[None] * n, permanent=[False] * n)
+        params.update(
+            messages=["no"] * n, items=[None] * n, permanent=[False] * n, timed_out=[False] * n
+        )
     source = getattr(lifecycle, statement, None) or getattr(statements, statement)
     with psycopg.connect(db, autocommit=True) as conn:
         conn.execute(statements.compose(source, "graphile_worker"), params)
