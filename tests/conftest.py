@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator, Iterator
 
 import psycopg
 import pytest
+from dbhelpers import UNLISTED_HISTORY, value
 from node_worker import NodeUnavailable, NodeWorker, install
 from pg_server import PgServer, start_server
 
@@ -97,9 +98,16 @@ def migrated_template(pg: PgServer) -> Iterator[str]:
 
 @pytest.fixture
 def db(pg: PgServer, migrated_template: str) -> Iterator[str]:
-    """URL of a new database with the schema installed by our migrator."""
+    """URL of a new database with the schema installed by our migrator. After
+    the test, every job it left in the history is listed in the expiry ledger
+    (else the pruning would keep it for ever)."""
     with pg.database(template=migrated_template) as url:
         yield url
+        if value(url, "select to_regclass('graphile_worker._private_py_job_history_expiry')"):
+            unlisted = value(url, UNLISTED_HISTORY)
+            assert not unlisted, (
+                f"{len(unlisted)} history row(s) missing from the expiry ledger: {unlisted[:20]}"
+            )
 
 
 @pytest.fixture

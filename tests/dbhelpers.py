@@ -51,3 +51,39 @@ def run_cli(
         timeout=timeout,
         check=False,
     )
+
+
+#: History rows that no row of the expiry ledger lists (migrations/py/000011.sql):
+#: rows the pruning would never find. Every statement that records a job in
+#: the history lists it there; the ``db`` fixture checks this after each test.
+UNLISTED_HISTORY = """
+  select coalesce(array_agg(u.job_id order by u.job_id), '{}')
+  from (
+    select h.job_id from graphile_worker._private_py_job_history as h
+    except
+    select unnest(e.job_ids) from graphile_worker._private_py_job_history_expiry as e
+  ) as u
+"""
+
+
+def list_history_for_expiry(url: str) -> None:
+    """List the history rows a test wrote itself in the expiry ledger, as the
+    worker's statements do (1,000 ids a ledger row, by expiry time)."""
+    rows(
+        url,
+        """
+        insert into graphile_worker._private_py_job_history_expiry (expires_at, job_ids)
+        select h.expires_at, array_agg(h.job_id order by h.job_id)
+        from (
+          select x.job_id, x.expires_at,
+            (row_number() over (partition by x.expires_at order by x.job_id) - 1) / 1000 as chunk
+          from graphile_worker._private_py_job_history as x
+          where x.job_id in (
+            select h.job_id from graphile_worker._private_py_job_history as h
+            except
+            select unnest(e.job_ids) from graphile_worker._private_py_job_history_expiry as e
+          )
+        ) as h
+        group by h.expires_at, h.chunk
+        """,
+    )

@@ -13,7 +13,7 @@ from urllib.parse import urlencode
 
 import pytest
 from dashboard_helpers import Reply, http, serve_app
-from dbhelpers import rows, value
+from dbhelpers import list_history_for_expiry, rows, value
 
 from worker_cli import Helpers, WorkerUtils, run_once
 from worker_cli.dashboard import create_app
@@ -61,6 +61,7 @@ def record(
     names = ", ".join(values)
     placeholders = ", ".join(f"%({name})s" for name in values)
     rows(db, f"insert into {HISTORY} ({names}) values ({placeholders})", values)
+    list_history_for_expiry(db)
 
 
 def add_job(db: str, task: str = "hello", **options: Any) -> int:
@@ -115,7 +116,8 @@ def shown_state(url: str, job_id: int) -> str:
 
 
 def test_finished_jobs_newest_first_filtered_by_task_state_and_time(db: str, url: str) -> None:
-    """Ordered by when they finished, not by id; each filter, alone and together."""
+    """Newest job first (the history's primary key), whenever each finished;
+    each filter, alone and together."""
     record(db, 11, T0 + timedelta(minutes=5), task="mail")
     record(db, 12, T0 + timedelta(minutes=1), task="resize", state="failed", last_error="boom")
     record(db, 13, T0 + timedelta(minutes=4), task="mail", state="cancelled")
@@ -124,17 +126,17 @@ def test_finished_jobs_newest_first_filtered_by_task_state_and_time(db: str, url
     record(db, 16, T0 + timedelta(minutes=6), task="resize", state="cancelled")
 
     everything = finished(url)
-    assert listed(everything) == [16, 11, 13, 15, 14, 12]
+    assert listed(everything) == [16, 15, 14, 13, 12, 11]
     for job_id in (11, 16):
         assert f'href="/jobs/{job_id}"' in everything.body
-    assert listed(finished(url, task="mail")) == [11, 13, 15]
+    assert listed(finished(url, task="mail")) == [15, 13, 11]
     assert listed(finished(url, state="failed")) == [15, 12]
     assert listed(finished(url, state="cancelled")) == [16, 13]
-    assert listed(finished(url, state="succeeded")) == [11, 14]
+    assert listed(finished(url, state="succeeded")) == [14, 11]
     # Finished strictly after and before (UTC, as the form's fields say).
     assert listed(finished(url, after="2026-03-01T12:02:00", before="2026-03-01T12:05:00")) == [
-        13,
         15,
+        13,
     ]
     assert listed(finished(url, after="2026-03-01T12:04:00")) == [16, 11]
     assert listed(finished(url, before="2026-03-01T13:02:00+01:00")) == [12]
@@ -146,17 +148,15 @@ def test_finished_jobs_newest_first_filtered_by_task_state_and_time(db: str, url
 
 def test_finished_pages_by_cursor_through_a_batch(db: str, url: str) -> None:
     """130 jobs, 60 of them finished by one statement (one finished_at) across
-    the first page's end: three pages, each job once, in order."""
+    the first page's end: three pages, each job once, newest job first."""
     batch_at = T0 + timedelta(minutes=30)
-    expected: list[tuple[datetime, int]] = []
     for job_id in range(1, 131):
         if 20 <= job_id < 80:
             at = batch_at
         else:
             at = T0 + timedelta(seconds=job_id if job_id < 20 else 4000 + job_id)
         record(db, job_id, at)
-        expected.append((at, job_id))
-    order = [job_id for _, job_id in sorted(expected, reverse=True)]
+    order = list(range(130, 0, -1))
 
     seen: list[int] = []
     page = finished(url)
@@ -184,6 +184,7 @@ def test_a_rare_task_beyond_the_window_is_found_by_searching_older(db: str, url:
         "from generate_series(1, 10100) as n",
         {"t": T0},
     )
+    list_history_for_expiry(db)
     first = finished(url, task="rare")
     assert listed(first) == []
     assert "among the 10,000 finished jobs searched" in first.body
@@ -197,7 +198,8 @@ def test_bad_filters_are_bad_input(db: str, url: str) -> None:
     record(db, 1, T0)
     for query, says in (
         ({"cursor": "yesterday_5"}, "bad cursor"),
-        ({"cursor": "2026-03-01T12:00:00Z_0"}, "bad cursor"),
+        ({"cursor": "2026-03-01T12:00:00Z_5"}, "bad cursor"),
+        ({"cursor": "0"}, "bad cursor"),
         ({"after": "last week"}, "finished after: not a date and time"),
         ({"before": "10000-01-01T00:00"}, "finished before: not a date and time"),
         ({"state": "running"}, "unknown state"),

@@ -1,17 +1,19 @@
 """The Finished view's filter and page: the finished jobs of the history
-(``_private_py_job_history``), newest first, by a keyset on
-``(finished_at, job_id)`` (:data:`.queries.finished_page`).
+(``_private_py_job_history``), newest job first, by a keyset on its primary
+key, ``job_id`` (:data:`.queries.finished_page`): the history has no index on
+the finish time, which every completed job would pay for. Jobs finish in
+about the order they were added; one that waited (scheduled, retried) is
+listed by when it was added, with its finish time shown.
 
-The cursor names the last job a page showed, with its finish time
-(``2026-11-21T20:49:25.123456Z_1234``): exact, so a page boundary may fall
-among jobs finished in one batch (one ``now()``), and independent of that job
-still being in the history (the pruning may delete it meanwhile).
+The cursor is the id of the last job a page showed (``?cursor=1234``),
+independent of that job still being in the history (the pruning may delete
+it meanwhile).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from .formatting import datetime_input
@@ -21,32 +23,19 @@ from .queries import FINISHED_STATES
 __all__ = [
     "FinishedFilter",
     "FinishedPage",
-    "encode_cursor",
     "finished_filter_of",
     "parse_finished_cursor",
 ]
 
 Row = dict[str, Any]
-Cursor = tuple[datetime, int]
 
 
-def encode_cursor(finished_at: datetime, job_id: int) -> str:
-    """A page's cursor: the finish time (UTC, microseconds) and id of a job."""
-    moment = finished_at.astimezone(UTC).isoformat(timespec="microseconds")
-    return moment.replace("+00:00", "Z") + f"_{job_id}"
-
-
-def parse_finished_cursor(text: str) -> Cursor:
-    """The Finished view's ``?cursor=`` (see :func:`encode_cursor`)."""
-    moment, _, job = text.rpartition("_")
-    job_id = parse_job_id(job)
-    try:
-        at = parse_time(moment, "cursor") if moment else None
-    except BadInput:
-        at = None
-    if job_id is None or at is None:
-        raise BadInput(f"bad cursor {shown(text)}; showing the latest finished jobs")
-    return at, job_id
+def parse_finished_cursor(text: str) -> int:
+    """The Finished view's ``?cursor=``: a job id."""
+    job_id = parse_job_id(text)
+    if job_id is None:
+        raise BadInput(f"bad cursor {shown(text)}; showing the newest finished jobs")
+    return job_id
 
 
 @dataclass(frozen=True)
@@ -59,24 +48,11 @@ class FinishedFilter:
     after: datetime | None = None
     before: datetime | None = None
     #: The last job of the previous page: this page shows the ones before it.
-    cursor: Cursor | None = None
+    cursor: int | None = None
 
     @property
     def filtered(self) -> bool:
         return bool(self.task or self.state or self.after or self.before)
-
-    @property
-    def upper(self) -> tuple[datetime | None, int | None]:
-        """The keyset's upper bound, exclusive: the cursor or ``(before, 0)``,
-        whichever is lower (job ids start at 1); None for none."""
-        bounds: list[Cursor] = []
-        if self.cursor is not None:
-            bounds.append(self.cursor)
-        if self.before is not None:
-            bounds.append((self.before, 0))
-        if not bounds:
-            return None, None
-        return min(bounds)
 
     def query(self, **changes: Any) -> dict[str, str]:
         """The query string of this filter (with ``changes``), without empty values."""
@@ -85,7 +61,7 @@ class FinishedFilter:
             "state": self.state,
             "after": datetime_input(self.after),
             "before": datetime_input(self.before),
-            "cursor": self.cursor and encode_cursor(*self.cursor),
+            "cursor": self.cursor,
             **changes,
         }
         return {name: str(value) for name, value in values.items() if value not in (None, "")}
@@ -100,11 +76,11 @@ class FinishedPage:
     #: History rows the window examined below the cursor.
     examined: int
     #: The cursor of the next page (older jobs), or None at the oldest.
-    next_cursor: str | None
+    next_cursor: int | None
     #: True when the window ran out before the page was full: the next page
     #: searches older jobs (a rare filter on a long history).
     window_ran_out: bool
-    #: The latest finished job of the whole history (None: it is empty).
+    #: The newest job of the whole history (None: it is empty).
     latest: Row | None
 
 

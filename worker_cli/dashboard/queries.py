@@ -21,10 +21,10 @@ The indexes of ``_private_jobs`` used here (migrations/base.sql):
   oldest waiting job.
 
 The finished jobs are read from the history (``_private_py_job_history``,
-migrations/py/000007.sql), through its primary key (a finished job's page)
-and the one index the dashboard adds, ``_private_py_job_history_finished_at``
-(``finished_at, job_id``; migrations/py/000010.sql): the Finished view's
-keyset, windows of the latest finished jobs.
+migrations/py/000007.sql) through its primary key only (``job_id``): a
+finished job's page, and the Finished view's keyset, windows of the newest
+finished jobs by id. The history has no other index: each would be paid by
+every job a worker completes (migrations/py/000011.sql).
 """
 
 from __future__ import annotations
@@ -346,56 +346,39 @@ now = "select now() as now"
 
 # --- Finished jobs (the history) -------------------------------------------------
 
-# The history's keyset: rows strictly below the upper bound (the page's
-# cursor, or the "finished before" filter as (time, 0)) and after the "finished
-# after" filter, newest first. Both bounds are conditions of the
-# _private_py_job_history_finished_at index (finished_at, job_id), read
-# backward, so a page starts where it should however deep it is. The defaults
-# (null) are the ends of time.
-_FINISHED_RANGE = """
-    (h.finished_at, h.job_id) < (
-      coalesce(%(upper_at)s::timestamptz, 'infinity'),
-      coalesce(%(upper_id)s::bigint, 9223372036854775807))
-    and h.finished_at > coalesce(%(after)s::timestamptz, '-infinity')"""
-
-# A page of the Finished view: as the job list's, at most %(window)s rows of
-# the range are examined (`scanned`), whatever the filters, and up to
-# %(limit)s of them that match the task and state are returned; `examined`
-# and the lowest row examined let the page search older ones when a rare
-# filter found fewer. Only the rows shown are read back, by primary key; a
-# result is previewed only when it is stored in at most %(preview_max)s bytes
-# (pg_column_size reads no more than the row), since a result may be 64 MiB.
-finished_page = (
-    """
+# A page of the Finished view, newest job first: a keyset on the history's
+# primary key, read backward from the page's cursor (a job id; null: the
+# newest). As the job list's, at most %(window)s rows are examined
+# (`scanned`), whatever the filters, and up to %(limit)s of them that match
+# the task, the state and the finish times (strictly after %(after)s and
+# before %(before)s) are returned; `examined` and the lowest id examined let
+# the page search older ones when a rare filter found fewer. Only the rows
+# shown are read back, by primary key; a result is previewed only when it is
+# stored in at most %(preview_max)s bytes (pg_column_size reads no more than
+# the row), since a result may be 64 MiB.
+finished_page = """
   with scanned as materialized (
     select h.job_id, h.finished_at, h.task_identifier, h.state
     from {schema}._private_py_job_history as h
-    where """
-    + _FINISHED_RANGE
-    + """
-    order by h.finished_at desc, h.job_id desc
+    where h.job_id < coalesce(%(upper_id)s::bigint, 9223372036854775807)
+    order by h.job_id desc
     limit %(window)s
   ),
   window_end as (
-    select count(*)::int as examined from scanned
-  ),
-  lowest as (
-    select s.finished_at as lowest_at, s.job_id as lowest_id
-    from scanned as s
-    order by s.finished_at, s.job_id
-    limit 1
+    select count(*)::int as examined, min(s.job_id) as lowest_id from scanned as s
   ),
   shown as materialized (
-    select s.job_id, s.finished_at
+    select s.job_id
     from scanned as s
     where (%(task)s::text is null or s.task_identifier = %(task)s::text)
       and (%(state)s::text is null or s.state = %(state)s::text)
-    order by s.finished_at desc, s.job_id desc
+      and s.finished_at > coalesce(%(after)s::timestamptz, '-infinity')
+      and s.finished_at < coalesce(%(before)s::timestamptz, 'infinity')
+    order by s.job_id desc
     limit %(limit)s
   )
-  select w.examined, l.lowest_at, l.lowest_id, r.*
+  select w.examined, w.lowest_id, r.*
   from window_end as w
-  left join lowest as l on true
   left join lateral (
     select h.job_id as id, h.state, h.task_identifier, h.queue_name, h.attempts,
       h.max_attempts, h.created_at, h.started_at, h.finished_at,
@@ -407,17 +390,16 @@ finished_page = (
       left(h.cancel_reason, 300) as cancel_reason, h.timed_out
     from shown as s
     join {schema}._private_py_job_history as h on h.job_id = s.job_id
-    order by s.finished_at desc, s.job_id desc
+    order by s.job_id desc
   ) as r on true
 """
-)
 
-# The latest finished job (_private_py_job_history_finished_at, backward: one
-# row), or none: whether the history holds anything at all.
+# The newest finished job (the primary key, backward: one row), or none:
+# whether the history holds anything at all.
 latest_finished = """
   select h.job_id, h.finished_at
   from {schema}._private_py_job_history as h
-  order by h.finished_at desc, h.job_id desc
+  order by h.job_id desc
   limit 1
 """
 

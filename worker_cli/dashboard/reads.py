@@ -20,7 +20,7 @@ from ..schema.migrate import MigrationFiles
 from ..schema.statements import compose
 from . import queries
 from .census import Census, Count, sample_percent
-from .finished import FinishedFilter, FinishedPage, encode_cursor
+from .finished import FinishedFilter, FinishedPage
 
 __all__ = [
     "JobFilter",
@@ -219,12 +219,11 @@ class Reader:
         return await self.row(queries.job, id=job_id)
 
     async def finished(self, finished_filter: FinishedFilter) -> FinishedPage:
-        upper_at, upper_id = finished_filter.upper
         found = await self.rows(
             queries.finished_page,
-            upper_at=upper_at,
-            upper_id=upper_id,
+            upper_id=finished_filter.cursor,
             after=finished_filter.after,
+            before=finished_filter.before,
             window=queries.WINDOW,
             limit=PAGE_SIZE + 1,
             task=finished_filter.task,
@@ -236,10 +235,9 @@ class Reader:
         rows = [row for row in found if row["id"] is not None]
         if len(rows) > PAGE_SIZE:
             rows = rows[:PAGE_SIZE]
-            last = encode_cursor(rows[-1]["finished_at"], rows[-1]["id"])
-            return FinishedPage(finished_filter, rows, examined, last, False, latest)
+            return FinishedPage(finished_filter, rows, examined, rows[-1]["id"], False, latest)
         if examined == queries.WINDOW:  # rows below this window remain
-            lowest = encode_cursor(found[0]["lowest_at"], found[0]["lowest_id"])
+            lowest = found[0]["lowest_id"]
             return FinishedPage(finished_filter, rows, examined, lowest, True, latest)
         return FinishedPage(finished_filter, rows, examined, None, False, latest)
 

@@ -8,12 +8,14 @@ from __future__ import annotations
 import hashlib
 
 from . import statements
+from .ledger import expiry_ledger
 
 # Success with history on: the same, and each deleted job recorded as
 # succeeded in _private_py_job_history, in the same statement (one commit
 # for both), with its result: the jobs of %(result_ids)s returned a value
 # (their JSON text in %(results)s) or one that was not kept (%(result_errors)s);
-# those of %(timed_out)s returned after their timeout. As
+# those of %(timed_out)s returned after their timeout. One row of the expiry
+# ledger lists them all (a batch holds at most WRITE_AT_MOST = 1,000 jobs). As
 # statements.complete_batch, it deletes the jobs' options and notifies
 # their waiters.
 complete_batch_recording = (
@@ -41,6 +43,10 @@ complete_batch_recording = (
       %(result_ids)b::bigint[], %(results)s::text[], %(result_errors)s::text[]
     ) as r (id, result, result_error) on r.id = d.id
   ),
+  expiry as (
+    insert into {schema}._private_py_job_history_expiry (expires_at, job_ids)
+    select now() + %(keep)s::interval, array_agg(d.id) from done as d having count(*) > 0
+  ),
   unlocked as (
     update {schema}._private_job_queues as q
     set locked_at = null, locked_by = null
@@ -50,29 +56,45 @@ complete_batch_recording = (
     + statements.notify_waiters
 )
 
-# Delete up to %(limit)s expired history rows (through the expires_at index:
-# a bounded range, whatever the table holds), if this session wins the
-# pruning lock (one pool prunes at a time); returns how many were deleted, or
-# null when another pool holds the lock.
+# Delete expired history rows, if this session wins the pruning lock (one
+# pool prunes at a time): the oldest expired rows of the expiry ledger (at
+# most %(scan)s of them, through its expires_at index: bounded whatever the
+# tables hold), as many as list together fewer than %(limit)s ids before the
+# last one (at least one row; a row lists at most 1,000), and the history
+# rows of their ids (primary key). Returns how many history rows were
+# deleted (null when another pool holds the lock), how many ledger rows, and
+# how many ids they listed.
 prune_history = """
   with allowed as (
     select pg_try_advisory_xact_lock(%(lock_namespace)s, hashtext(%(schema)s::text)) as won
   ),
-  expired as (
-    select h.job_id
-    from {schema}._private_py_job_history as h
-    where h.expires_at < now() and (select allowed.won from allowed)
-    order by h.expires_at
-    limit %(limit)s
-    for update skip locked
+  oldest as (
+    select e.id, e.job_ids,
+      sum(cardinality(e.job_ids)) over (order by e.expires_at, e.id) as running
+    from (
+      select x.id, x.job_ids, x.expires_at
+      from {schema}._private_py_job_history_expiry as x
+      where x.expires_at < now() and (select allowed.won from allowed)
+      order by x.expires_at, x.id
+      limit %(scan)s
+    ) as e
+  ),
+  due as (
+    delete from {schema}._private_py_job_history_expiry as e
+    where e.id = any(array(
+      select o.id from oldest as o where o.running - cardinality(o.job_ids) < %(limit)s
+    ))
+    returning e.job_ids
   ),
   pruned as (
     delete from {schema}._private_py_job_history as h
-    using expired
-    where h.job_id = expired.job_id
+    where h.job_id in (select unnest(due.job_ids) from due)
     returning 1
   )
-  select case when (select allowed.won from allowed) then (select count(*) from pruned) end
+  select
+    case when (select allowed.won from allowed) then (select count(*) from pruned) end as pruned,
+    (select count(*) from due) as ledger_rows,
+    (select coalesce(sum(cardinality(due.job_ids)), 0) from due) as listed
 """
 
 # The state (and result) of one job: migrations/py/000007.sql.
@@ -83,7 +105,8 @@ job_status = "select * from {schema}.py_job_status(%(job_id)s)"
 # days) as they are deleted, and their uniqueness locks released. A job whose
 # last attempt went past its timeout (last_error 'JobTimeout: ...', as the
 # worker writes it) is recorded as timed out.
-archive_permafailed_jobs = """
+archive_permafailed_jobs = (
+    """
   with deleted as (
     delete from {schema}._private_jobs as j
     where j.attempts >= j.max_attempts and j.locked_at is null
@@ -101,10 +124,14 @@ archive_permafailed_jobs = """
     join {schema}._private_tasks as t on t.id = d.task_id
     left join {schema}._private_job_queues as q on q.id = d.job_queue_id
     on conflict (job_id) do nothing
-  )
+    returning job_id, expires_at
+  ),"""
+    + expiry_ledger("archived")
+    + """
   delete from {schema}._private_py_unique_locks as l
   where l.job_id in (select deleted.id from deleted)
 """
+)
 
 # Whether the schema has the lifecycle's objects (Python migration 7).
 lifecycle_installed = """
@@ -122,7 +149,8 @@ cancel_requests = """
 # cancel request that is no longer locked (its Node worker failed it, its
 # crashed pool's jobs were released) is recorded as cancelled; requests of
 # jobs that are gone (the job succeeded) are deleted.
-finalize_cancelled = """
+finalize_cancelled = (
+    """
   with cancelled as (
     delete from {schema}._private_jobs as j
     using {schema}._private_py_cancellations as c
@@ -142,7 +170,10 @@ finalize_cancelled = """
     join {schema}._private_tasks as t on t.id = d.task_id
     left join {schema}._private_job_queues as q on q.id = d.job_queue_id
     on conflict (job_id) do nothing
-  ),
+    returning job_id, expires_at
+  ),"""
+    + expiry_ledger("recorded")
+    + """,
   released as (
     delete from {schema}._private_py_unique_locks as l
     where l.job_id in (select cancelled.id from cancelled)
@@ -154,6 +185,7 @@ finalize_cancelled = """
   )
   select count(*) from cancelled
 """
+)
 
 # Cancel jobs (migrations/py/000008.sql): each id with its state after the call.
 cancel_jobs = "select id, state from {schema}.py_cancel_jobs(%(job_ids)s::bigint[], %(reason)s)"

@@ -12,6 +12,8 @@ from typing import LiteralString
 
 from psycopg import sql
 
+from .ledger import expiry_ledger
+
 __all__ = ["JOB_COLUMNS", "UNIQUE_RESULT_COLUMNS", "compose"]
 
 # The columns of a job row, in this order, as every statement returning jobs
@@ -303,7 +305,11 @@ def _cancelled(
     join {schema}._private_tasks as t on t.id = d.task_id
     left join {schema}._private_job_queues as q on q.id = d.job_queue_id
     on conflict (job_id) do nothing
+    returning job_id, expires_at
   ),
+"""
+        + expiry_ledger("recorded")
+        + """,
   released as (
     delete from {schema}._private_py_unique_locks as l
     where l.job_id in (select cancelled.id from cancelled)

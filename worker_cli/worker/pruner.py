@@ -4,10 +4,13 @@ records as cancelled the jobs whose cancel request nobody can act on.
 Every 1 to 2 minutes (a random moment, so that pools started together do
 not prune together) each pool tries; the one that wins a transaction-level
 advisory lock deletes expired rows of ``_private_py_job_history`` in batches
-of :data:`BATCH` (each an index range on ``expires_at``: bounded whatever the
-table holds), at most :data:`MAX_BATCHES` batches a turn, so a backlog after a
-long stop is worked off over several turns without a long transaction. No
-task has to be scheduled for it, as procrastinate's and Celery's users must.
+of about :data:`BATCH`, found through the expiry ledger (one row per statement
+that recorded jobs, listing their ids: migrations/py/000011.sql), at most
+:data:`SCAN` ledger rows a batch through its ``expires_at`` index (bounded
+whatever the tables hold), at most :data:`MAX_BATCHES` batches a turn, so a
+backlog after a long stop is worked off over several turns without a long
+transaction. No task has to be scheduled for it, as procrastinate's and
+Celery's users must.
 """
 
 from __future__ import annotations
@@ -21,12 +24,17 @@ import psycopg
 from ..jobs.worker_utils import WorkerUtils
 from ..schema import lifecycle, statements
 
-__all__ = ["BATCH", "MAX_BATCHES", "HistoryPruner"]
+__all__ = ["BATCH", "MAX_BATCHES", "SCAN", "HistoryPruner"]
 
 logger = logging.getLogger("graphile_worker")
 
-#: Rows deleted by one statement (one transaction).
+#: History rows deleted by one statement (one transaction): ledger rows are
+#: taken while they list fewer ids before them, so a batch deletes at least
+#: one ledger row's and at most BATCH + 999 history rows.
 BATCH = 10_000
+#: Ledger rows one statement looks at, at most (a turn of one-job batches,
+#: as a quiet pool writes, still deletes SCAN * MAX_BATCHES jobs).
+SCAN = 10_000
 #: Batches one turn deletes at most.
 MAX_BATCHES = 20
 #: First key of the pruning lock (the second is the schema's hash).
@@ -69,18 +77,23 @@ class HistoryPruner:
         """One turn: how many rows were deleted (None: another pool was pruning,
         or the database failed, which is logged; the next turn tries again)."""
         total = 0
-        params = {"lock_namespace": _LOCK_NAMESPACE, "schema": self._schema, "limit": batch}
+        params = {
+            "lock_namespace": _LOCK_NAMESPACE,
+            "schema": self._schema,
+            "limit": batch,
+            "scan": SCAN,
+        }
         try:
             for _ in range(max_batches):
                 async with self._utils.pool.connection() as conn:
                     cur = await conn.execute(self._statement, params)
                     row = await cur.fetchone()
-                deleted = row[0] if row else None
-                if deleted is None:
+                if row is None or row[0] is None:
                     return None if total == 0 else total
+                deleted, ledger_rows, listed = row
                 total += deleted
-                if deleted < batch:
-                    break
+                if listed < batch and ledger_rows < SCAN:
+                    break  # every expired ledger row was taken
         except psycopg.Error as exc:
             logger.warning("Pruning the job history failed: %s", exc)
             return None
