@@ -87,3 +87,13 @@ def list_history_for_expiry(url: str) -> None:
         group by h.expires_at, h.chunk
         """,
     )
+
+
+def stuck_in_heartbeat(db: str, pool_id: str) -> list[int] | None:
+    """The stuck jobs a pool's last beat listed (migrations/py/000012.sql)."""
+    found = value(
+        db,
+        "select stuck_job_ids from graphile_worker._private_py_heartbeats where pool_id = %s",
+        (pool_id,),
+    )
+    return None if found is None else list(found)

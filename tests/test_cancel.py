@@ -15,7 +15,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from dbhelpers import rows, value
+from dbhelpers import rows, stuck_in_heartbeat, value
 from workers import until, worker
 
 from worker_cli import Helpers, JobCancelled, WorkerUtils, make_sync_worker_utils, run_once
@@ -232,7 +232,7 @@ async def test_a_task_ignoring_its_cancel_is_reported_and_never_run_twice(
         stop.wait(30)  # ignores helpers.cancelled
         raise RuntimeError("gave up")
 
-    options = WorkerOptions(cancel_grace=0.3, cancel_poll_interval=0.2)
+    options = WorkerOptions(cancel_grace=0.3, cancel_poll_interval=0.2, heartbeat_interval=0.1)
     pool = WorkerPool(db, make_task_list({"deaf": deaf}), options)
     running = asyncio.create_task(pool.run())
     try:
@@ -248,8 +248,11 @@ async def test_a_task_ignoring_its_cancel_is_reported_and_never_run_twice(
         warning = next(r.getMessage() for r in caplog.records if "ignores" in r.getMessage())
         assert "in deaf" in warning  # where its task is
         assert (await utils.get_job_result(job.id)).state == "running"
+        assert pool.load.stuck == 1  # the metric's figure, and the heartbeat's list
+        await until(lambda: stuck_in_heartbeat(db, pool.id) == [job.id], what="the beat")
         stop.set()
         await until(lambda: value(db, f"select count(*) from {HISTORY}") == 1)
+        assert pool.load.stuck == 0
     finally:
         stop.set()
         pool.stop()

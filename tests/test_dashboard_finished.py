@@ -357,6 +357,33 @@ def test_a_running_job_asked_to_cancel_says_so(db: str, url: str) -> None:
     assert shown_state(url, running) == "running"
 
 
+def test_a_stuck_job_is_shown_on_its_page_and_its_pools(db: str, url: str) -> None:
+    """Only its pool knows a job is stuck: its heartbeat lists it."""
+    stuck, fine = add_job(db), add_job(db)
+    rows(
+        db,
+        "update graphile_worker._private_jobs set locked_at = now(), locked_by = 'pool-a', "
+        "attempts = 1 where id = any(%s)",
+        ([stuck, fine],),
+    )
+    rows(
+        db,
+        "insert into graphile_worker._private_py_heartbeats (pool_id, timeout, stuck_job_ids) "
+        "values ('pool-a', interval '5 minutes', %s)",
+        ([stuck],),
+    )
+    page = http(f"{url}/jobs/{stuck}")
+    assert 'id="job-stuck"' in page.body and 'id="job-stuck-note"' in page.body
+    assert "It keeps its slot and its lock, so it never runs twice" in page.body
+    assert shown_state(url, stuck) == "running"
+    assert 'id="job-stuck"' not in http(f"{url}/jobs/{fine}").body
+    pools = http(f"{url}/pools")
+    assert pools.status == 200
+    stuck_cell = re.search(r'<td class="stuck">(.*?)</td>', pools.body)
+    assert stuck_cell is not None and f'href="/jobs/{stuck}"' in stuck_cell.group(1)
+    assert f'href="/jobs/{fine}"' not in stuck_cell.group(1)
+
+
 # --- the Cancel action ---------------------------------------------------------------
 
 

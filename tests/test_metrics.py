@@ -23,7 +23,7 @@ from dbhelpers import cli_path, rows, run_cli, value
 from prometheus_client.parser import text_string_to_metric_families
 from workers import until, worker
 
-from worker_cli import Helpers, WorkerUtils
+from worker_cli import Helpers, WorkerUtils, task_options
 from worker_cli.observe import queue_depth
 from worker_cli.observe.metrics import MetricsServer, serve_metrics
 from worker_cli.observe.status import read_status
@@ -225,9 +225,42 @@ async def test_running_and_local_queue_gauges(utils: WorkerUtils, db: str) -> No
         finally:
             release.set()
     assert sample(samples, "graphile_worker_jobs_running") == 1
+    assert sample(samples, "graphile_worker_jobs_stuck") == 0
     assert sample(samples, "graphile_worker_local_queue_length") == 3
     assert sample(samples, "graphile_worker_queue_depth", task="hold", state="locked") == 1
     assert sample(samples, "graphile_worker_queue_depth", task="other", state="locked") == 3
+
+
+@pytest.mark.db
+async def test_a_job_stuck_past_its_timeout_is_counted_until_it_ends(
+    utils: WorkerUtils, db: str
+) -> None:
+    """An async task that swallows its timeout's cancellation goes on running:
+    stuck once the grace has passed, no longer once it ends."""
+    release = asyncio.Event()
+
+    @task_options(timeout=0.1)
+    async def deaf(payload: Any, helpers: Helpers) -> None:
+        try:
+            await release.wait()
+        except asyncio.CancelledError:
+            await release.wait()  # swallowed: it goes on
+
+    async with (
+        served() as server,
+        worker(db, {"deaf": deaf}, timeout_grace=0.2, metrics_registry=server.registry) as runner,
+    ):
+        try:
+            await utils.add_job("deaf")
+            await until(lambda: runner.pool.load.stuck == 1, what="the job stuck")
+            stuck = await scrape_async(server.url)
+        finally:
+            release.set()
+        await until(lambda: runner.pool.load.running == 0, what="the job ended")
+        after = await scrape_async(server.url)
+    assert sample(stuck, "graphile_worker_jobs_stuck") == 1
+    assert sample(stuck, "graphile_worker_jobs_running") == 1
+    assert sample(after, "graphile_worker_jobs_stuck") == 0
 
 
 async def add_jobs_in_every_state(db: str) -> None:

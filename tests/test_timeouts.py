@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
-from dbhelpers import rows, value
+from dbhelpers import rows, stuck_in_heartbeat, value
 from fault_helpers import Worker, kill_leftover_workers
 from workers import until, worker
 
@@ -440,7 +440,7 @@ async def test_a_stuck_plain_task_keeps_its_slot_and_lock_and_never_runs_twice(
     async def quick(payload: Any, helpers: Helpers) -> None:
         quick_ran.append(helpers.job.id)
 
-    options = WorkerOptions(concurrency=2, timeout_grace=0.3, heartbeat_interval=None)
+    options = WorkerOptions(concurrency=2, timeout_grace=0.3, heartbeat_interval=0.1)
     pool = WorkerPool(db, make_task_list({"deaf": deaf, "quick": quick}), options)
     running = asyncio.create_task(pool.run())
     try:
@@ -452,10 +452,16 @@ async def test_a_stuck_plain_task_keeps_its_slot_and_lock_and_never_runs_twice(
         assert "it keeps its slot and its lock, and is never run twice" in warning
         assert "in deaf" in warning  # where its task is
         assert (job_row(db, job.id)["locked_by"], pool.stopping) == (pool.id, False)
+        # Listed as stuck in the pool's heartbeat (the dashboard's) and its metric.
+        await until(lambda: stuck_in_heartbeat(db, pool.id) == [job.id], what="the beat")
+        assert pool.load.stuck == 1
         other = await utils.add_job("quick", {})  # the other slot goes on
         await until(lambda: quick_ran == [other.id], what="another job")
+        assert pool.load.stuck == 1
         stop.set()
         await until(lambda: ended(db, job.id), what="the stuck job's end")
+        assert pool.load.stuck == 0
+        await until(lambda: stuck_in_heartbeat(db, pool.id) == [], what="the next beat")
     finally:
         stop.set()
         pool.stop()

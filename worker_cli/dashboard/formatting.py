@@ -32,6 +32,7 @@ STATE_LABELS = {
     "succeeded": "succeeded",
     "cancelled": "cancelled",
     "cancel_requested": "asked to cancel",
+    "stuck": "stuck",
 }
 
 

@@ -328,7 +328,8 @@ job = (
     h.beat_at >= now() - h.timeout as holder_alive, now() as now, """
     + _STATUS
     + """ as status,
-    c.requested_at as cancel_requested_at, c.reason as cancel_reason
+    c.requested_at as cancel_requested_at, c.reason as cancel_reason,
+    coalesce(j.id = any(h.stuck_job_ids), false) as stuck
   from {schema}._private_jobs as j
   left join {schema}._private_job_queues as q on q.id = j.job_queue_id
   left join {schema}._private_py_heartbeats as h on h.pool_id = j.locked_by
@@ -429,7 +430,7 @@ heartbeats = """
     extract(epoch from h.timeout)::float8 as timeout,
     extract(epoch from now() - h.beat_at)::float8 as silent_for,
     h.beat_at >= now() - h.timeout as alive,
-    h.concurrency, h.task_identifiers, h.version, h.jobs_done,
+    h.concurrency, h.task_identifiers, h.version, h.jobs_done, h.stuck_job_ids,
     case when h.beat_before is not null and h.beat_at > h.beat_before
       and h.jobs_done_before is not null
       then (h.jobs_done - h.jobs_done_before)

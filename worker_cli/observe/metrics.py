@@ -195,6 +195,12 @@ class _Collector:
             labels=("task",),
         )
         running = GaugeMetricFamily("graphile_worker_jobs_running", "Jobs running now.")
+        stuck = GaugeMetricFamily(
+            "graphile_worker_jobs_stuck",
+            "Jobs running now that should have stopped: a cancel request ignored past its "
+            "grace, or a task still running past its timeout's grace. Each keeps its slot "
+            "and its lock; a warning names it and the line its task is at.",
+        )
         queued = GaugeMetricFamily(
             "graphile_worker_local_queue_length",
             "Jobs this worker has fetched (locked) and not started yet.",
@@ -228,6 +234,7 @@ class _Collector:
                 )
             load = self._pool.load
             running.add_metric([], load.running)
+            stuck.add_metric([], load.stuck)
             queued.add_metric([], load.queued)
             queue = self._depth.read()
             if queue is not None:
@@ -239,7 +246,7 @@ class _Collector:
                         depth.add_metric([task, state], count)
                 truncated.add_metric([], int(queue.truncated))
             queries.add_metric([], self._depth.queries)
-        yield from (jobs, durations, running, queued, depth, truncated, queries)
+        yield from (jobs, durations, running, stuck, queued, depth, truncated, queries)
 
 
 class WorkerMetrics:

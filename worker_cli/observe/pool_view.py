@@ -16,13 +16,17 @@ __all__ = ["ObservedPool", "PoolLoadView"]
 
 
 class PoolLoadView(Protocol):
-    """Jobs running now, and fetched jobs waiting for a slot."""
+    """Jobs running now, fetched jobs waiting for a slot, and running jobs
+    that should have stopped (stuck)."""
 
     @property
     def running(self) -> int: ...
 
     @property
     def queued(self) -> int: ...
+
+    @property
+    def stuck(self) -> int: ...
 
 
 class ObservedPool(Protocol):

@@ -5,11 +5,11 @@ runs with it (:mod:`worker_cli.worker.lock_refresh`), composed with
 
 from __future__ import annotations
 
-# Record that this pool is alive, with what it reports (migrations/py/000004.sql:
-# null where the pool reports nothing; the previous beat's counter and time are
-# kept, for the dashboard's rate). Returns whether the pool had to register (its
-# first beat, or another pool declared it dead meanwhile and released its
-# jobs), and the database's time of the beat.
+# Record that this pool is alive, with what it reports (migrations/py/000004.sql,
+# and 000012.sql for its stuck jobs: null where the pool reports nothing; the
+# previous beat's counter and time are kept, for the dashboard's rate). Returns
+# whether the pool had to register (its first beat, or another pool declared it
+# dead meanwhile and released its jobs), and the database's time of the beat.
 heartbeat_beat = """
   with beat as (
     update {schema}._private_py_heartbeats as h
@@ -20,16 +20,18 @@ heartbeat_beat = """
         version = %(version)s,
         jobs_done_before = h.jobs_done,
         beat_before = h.beat_at,
-        jobs_done = %(jobs_done)s
+        jobs_done = %(jobs_done)s,
+        stuck_job_ids = %(stuck_job_ids)s::bigint[]
     where h.pool_id = %(pool_id)s
     returning h.pool_id
   ),
   registered as (
     insert into {schema}._private_py_heartbeats as h (
-      pool_id, timeout, hostname, pid, concurrency, task_identifiers, version, jobs_done
+      pool_id, timeout, hostname, pid, concurrency, task_identifiers, version, jobs_done,
+      stuck_job_ids
     )
     select %(pool_id)s, %(timeout)s::interval, %(hostname)s, %(pid)s, %(concurrency)s,
-      %(task_identifiers)s::text[], %(version)s, %(jobs_done)s
+      %(task_identifiers)s::text[], %(version)s, %(jobs_done)s, %(stuck_job_ids)s::bigint[]
     where not exists (select 1 from beat)
     on conflict (pool_id) do nothing
     returning h.pool_id

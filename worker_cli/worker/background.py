@@ -23,6 +23,7 @@ from .lock_refresh import LockRefresh
 from .maintenance import Poller, Sweeper
 from .pruner import HistoryPruner
 from .slots import Slots
+from .stuck import StuckJobs
 
 if TYPE_CHECKING:
     from ..tasks.crontab import ParsedCronItem
@@ -46,6 +47,8 @@ class PoolHooks:
     #: The last fetch found fewer jobs than it asked for.
     exhausted: Callable[[], bool]
     on_breaking_migration: Callable[[str], None]
+    #: The pool's stuck jobs (the cancel watch reports those that ignore a cancel).
+    stuck: StuckJobs
     #: Refreshes the locks of long jobs on the loop (heartbeats off; else the
     #: heartbeat's thread does).
     lock_refresh: LockRefresh | None = None
@@ -61,6 +64,7 @@ def background_loops(
         slots,
         schema=options.schema,
         pool_id=pool.connections.pool_id,
+        stuck=pool.stuck,
         poll_interval=options.cancel_poll_interval,
         grace=options.cancel_grace,
     )

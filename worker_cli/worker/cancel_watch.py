@@ -10,8 +10,9 @@ While jobs run it also reads the requests every ``poll_interval`` seconds,
 the safety net for a notification lost with the listener's connection.
 
 A job still running ``grace`` seconds after its request ignores it: it
-keeps its slot and its lock (it is never run twice), and a warning names it
-once, with the line its task is at. Requests for jobs this pool does not run
+keeps its slot and its lock (it is never run twice), and it is stuck
+(:class:`.stuck.StuckJobs`: a warning names it once, with the line its task
+is at). Requests for jobs this pool does not run
 (any more) are forgotten after :data:`FORGET_AFTER` seconds.
 """
 
@@ -27,8 +28,9 @@ import psycopg
 
 from ..jobs.worker_utils import WorkerUtils
 from ..schema import lifecycle, statements
+from .stuck import StuckJobs
 
-__all__ = ["FORGET_AFTER", "CancelTarget", "CancelWatch", "report_stuck"]
+__all__ = ["FORGET_AFTER", "CancelTarget", "CancelWatch"]
 
 logger = logging.getLogger("graphile_worker")
 
@@ -60,6 +62,7 @@ class CancelWatch:
         *,
         schema: str,
         pool_id: str,
+        stuck: StuckJobs,
         poll_interval: float = 5.0,
         grace: float = 30.0,
     ) -> None:
@@ -73,7 +76,7 @@ class CancelWatch:
         self._last_poll = 0.0
         #: Requests passed on to the slots: job id -> when (monotonic).
         self._requested: dict[int, float] = {}
-        self._stuck: set[int] = set()
+        self._stuck = stuck
 
     def notified(self, payload: str) -> None:
         """A notification on ``<schema>:py:cancel`` (ids of jobs cancelled while running)."""
@@ -126,27 +129,11 @@ class CancelWatch:
         for job_id, since in list(self._requested.items()):
             if job_id in running:
                 if now - since >= self._grace and job_id not in self._stuck:
-                    self._stuck.add(job_id)
-                    report_stuck(
+                    self._stuck.report(
                         job_id,
                         f"ignores its cancel request ({now - since:.0f}s ago)",
                         self._target.where(job_id),
                     )
             elif now - since >= FORGET_AFTER:
                 del self._requested[job_id]
-                self._stuck.discard(job_id)
                 self._target.cancelling.pop(job_id, None)
-
-
-#: What happens to a stuck job unless something else is said.
-KEPT = "it keeps its slot and its lock, and is never run twice"
-
-
-def report_stuck(job_id: int, what: str, where: str | None, then: str = KEPT) -> None:
-    """The warning naming a job that goes on running when it should have
-    stopped (it ignores its cancel request, or its timeout): ``what`` it
-    does, ``then`` what follows, and ``where`` its task is (its innermost
-    frames)."""
-    logger.warning(
-        "Job %d %s: %s; its task is at %s", job_id, what, then, where or "an unknown place"
-    )

@@ -11,7 +11,7 @@ cancelled, a plain ``def`` one sees ``helpers.cancelled``); a task that then
 raises fails its attempt with :class:`~worker_cli.errors.JobTimeout`, one that
 returns succeeded. A job still running ``grace`` seconds (``timeout_grace``)
 after its deadline is stuck: a warning names it and the line its task is at
-(:func:`.cancel_watch.report_stuck`), and its task's ``on_stuck`` applies:
+(:class:`.stuck.StuckJobs`), and its task's ``on_stuck`` applies:
 ``"wait"`` keeps its slot and its lock; ``"exit"`` lets a plain job go (the
 slots' ``abandon``: its thread is left behind, its job stays locked) and
 stops the worker, which exits with code 75. An ``async def`` job cannot be
@@ -32,7 +32,7 @@ from collections.abc import Callable, Mapping
 from ..jobs.job import Job
 from ..tasks.loader import Task
 from ..tasks.task_options import OnStuck
-from .cancel_watch import KEPT, report_stuck
+from .stuck import KEPT, StuckJobs
 
 __all__ = ["EXIT", "Deadlines", "job_timeout", "task_timeouts"]
 
@@ -72,8 +72,10 @@ class Deadlines:
         where: Callable[[int], str | None],
         can_abandon: Callable[[Job], bool],
         abandon: Callable[[Job], None],
+        stuck: StuckJobs,
     ) -> None:
         self._loop = loop
+        self._stuck = stuck
         self._grace = grace
         self._where = where
         #: Whether a stuck job can be let go (a plain ``def`` job: its thread
@@ -136,6 +138,6 @@ class Deadlines:
             return
         what = f"is stuck: still running {self._grace:g}s after its timeout ({timeout:g}s)"
         exits = on_stuck == "exit" and self._can_abandon(job)
-        report_stuck(job.id, what, self._where(job.id), EXIT if exits else KEPT)
+        self._stuck.report(job.id, what, self._where(job.id), EXIT if exits else KEPT)
         if exits:
             self._abandon(job)

@@ -79,6 +79,8 @@ class PoolReport:
     concurrency: int
     task_identifiers: Sequence[str]
     jobs_done: Callable[[], int]
+    #: The ids of the pool's stuck jobs (any thread).
+    stuck_job_ids: Callable[[], Sequence[int]] = tuple
 
 
 class Heartbeat:
@@ -127,6 +129,7 @@ class Heartbeat:
             "concurrency": report.concurrency if report else None,
             "task_identifiers": sorted(report.task_identifiers) if report else None,
             "jobs_done": None,
+            "stuck_job_ids": None,
         }
 
     @classmethod
@@ -260,6 +263,7 @@ class Heartbeat:
         conn = self._connection()
         if self._report is not None:
             self._params["jobs_done"] = self._report.jobs_done()
+            self._params["stuck_job_ids"] = list(self._report.stuck_job_ids())
         row = conn.execute(
             statements.compose(heartbeats.heartbeat_beat, self._schema), self._params
         ).fetchone()

@@ -43,12 +43,12 @@ from .lock_refresh import LockRefresh
 from .result_writer import HistorySettings
 from .slots import Slots
 from .stopping import (
-    cancel_and_wait,
+    finish,
     log_stuck,
     log_unwritten,
     wait_for_running,
-    wait_until_forced,
 )
+from .stuck import StuckJobs
 from .unreadable import Unreadable
 
 if TYPE_CHECKING:
@@ -65,6 +65,8 @@ class PoolLoad(NamedTuple):
     running: int
     #: Fetched (locked) jobs waiting for a slot: the local queue's length.
     queued: int
+    #: Running jobs that should have stopped (:mod:`.stuck`).
+    stuck: int = 0
 
 
 class WorkerPool:
@@ -98,6 +100,7 @@ class WorkerPool:
         #: task says on_stuck="exit", exit code 75): left locked by this pool,
         #: they run again once it is gone.
         self.stuck_job_ids: list[int] = []
+        self._stuck = StuckJobs()  # in the heartbeat, the metrics (load.stuck)
         #: Set once the pool is connected and its tasks are registered.
         self.ready = asyncio.Event()
         self.connections = WorkerConnections(conninfo, self.id, options.no_prepared_statements)
@@ -168,7 +171,8 @@ class WorkerPool:
     @property
     def load(self) -> PoolLoad:
         """Jobs running now, and fetched jobs waiting for a slot (any thread may read it)."""
-        return PoolLoad(self._slots.running if self._slots else 0, len(self._queue))
+        running = self._slots.running if self._slots else 0
+        return PoolLoad(running, len(self._queue), len(self._stuck))
 
     def held_job_ids(self) -> list[int]:
         """Ids of the jobs this pool holds locked and has not written back yet."""
@@ -201,7 +205,9 @@ class WorkerPool:
             self.connections,
             options,
             on_released=self.nudge,
-            report=PoolReport(options.concurrency, list(self.tasks), lambda: self.jobs_done),
+            report=PoolReport(
+                options.concurrency, list(self.tasks), lambda: self.jobs_done, self._stuck.ids
+            ),
             lock_refresh=lock_refresh,
         )
         self.events.emit("pool:create", pool=self)
@@ -251,6 +257,7 @@ class WorkerPool:
             timeouts=self._timeouts,
             timeout_grace=options.timeout_grace,
             on_stuck_exit=self._on_stuck_exit,
+            stuck=self._stuck,
         )
         try:
             async with asyncio.TaskGroup() as group:
@@ -297,6 +304,7 @@ class WorkerPool:
                 nudge=self.nudge,
                 exhausted=lambda: self._fetcher.exhausted,
                 on_breaking_migration=self._on_breaking_migration,
+                stuck=self._stuck,
                 lock_refresh=lock_refresh,
             ),
             utils,
@@ -325,21 +333,7 @@ class WorkerPool:
         self.stop(message)
 
     async def _finish(self, *tasks: asyncio.Future[None]) -> None:
-        """Wait for ``tasks``; once a forced stop has begun, only for
-        ``forced_shutdown_timeout`` more, then cancel what is left (the
-        database may be unreachable)."""
-        pending = [task for task in tasks if not task.done()]
-        if pending:
-            gathered = asyncio.gather(*pending, return_exceptions=True)
-            if not await wait_until_forced(gathered, self._forced):
-                remaining = self._forced_deadline - asyncio.get_running_loop().time()
-                await asyncio.wait({gathered}, timeout=max(0.0, remaining))
-            for task in pending:
-                if not task.done():
-                    await cancel_and_wait(task)
-        for task in tasks:
-            if task.done() and not task.cancelled():
-                task.result()  # raise its error
+        await finish(tasks, self._forced, lambda: self._forced_deadline)
 
     async def _close(
         self, heartbeat: Heartbeat | None, db: AsyncConnectionPool[Any], *, started: bool

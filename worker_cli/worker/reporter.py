@@ -19,6 +19,7 @@ from ..observe import logs
 from ..observe.events import Events
 from .completer import Completer
 from .outcome import Failure
+from .stuck import StuckJobs
 from .task_threads import Ran
 
 __all__ = ["Reporter"]
@@ -37,6 +38,7 @@ class Reporter:
         log_success: bool,
         events: Events,
         cancelling: Collection[int],
+        stuck: StuckJobs,
     ) -> None:
         self._completer = completer
         self._pool_id = pool_id
@@ -44,6 +46,8 @@ class Reporter:
         self._events = events
         #: Ids of the jobs with a cancel request this pool knows of.
         self._cancelling = cancelling
+        #: The pool's stuck jobs: one that reaches an outcome is no longer.
+        self._stuck = stuck
         #: Jobs run to an outcome (success or failure).
         self.done = 0
 
@@ -51,6 +55,8 @@ class Reporter:
         """Hand an outcome on, then log and emit it."""
         self.done += 1
         job, worker_id, error = ran.job, ran.worker_id, ran.error
+        if self._stuck:
+            self._stuck.ended(job.id)
         try:
             if error is None:
                 if ran.result is not None or ran.result_error is not None:

@@ -47,6 +47,7 @@ from .loop_watch import LoopWatch
 from .outcome import batch_failures
 from .reporter import Reporter
 from .slot import Returned, Slot, SlotGroup, stopped
+from .stuck import StuckJobs
 from .task_threads import (
     TASK_THREAD_PREFIX,
     Back,
@@ -89,6 +90,7 @@ class Slots(SlotGroup):
         timeouts: dict[int, float] | None = None,
         timeout_grace: float = 30.0,
         on_stuck_exit: Callable[[Job], None] = lambda job: None,
+        stuck: StuckJobs,
     ) -> None:
         self._tasks = tasks
         #: The largest result kept, in bytes (None: results are not kept).
@@ -107,6 +109,7 @@ class Slots(SlotGroup):
             log_success=log_success,
             events=events,
             cancelling=self.cancelling,
+            stuck=stuck,
         )
         self._report = self._reporter.report
         super().__init__([Slot(f"worker-{secrets.token_hex(9)}") for _ in range(concurrency)])
@@ -122,6 +125,7 @@ class Slots(SlotGroup):
             where=self.where,
             can_abandon=lambda job: self.thread_of(job.id) is not None,
             abandon=self.abandon,
+            stuck=stuck,
         )
         self._on_stuck_exit = on_stuck_exit
         #: Every running job's ``helpers.abort_signal``.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..config.options import WorkerOptions
@@ -78,6 +78,26 @@ async def wait_for_running(
         if forced.is_set():
             slots.fail_running()
     await all_slots
+
+
+async def finish(
+    tasks: Sequence[asyncio.Future[None]], forced: asyncio.Event, deadline: Callable[[], float]
+) -> None:
+    """Wait for ``tasks``; once a forced stop has begun (``forced``), only
+    until ``deadline()`` (the loop's time), then cancel what is left (the
+    database may be unreachable). Raises the first error of a task."""
+    pending = [task for task in tasks if not task.done()]
+    if pending:
+        gathered = asyncio.gather(*pending, return_exceptions=True)
+        if not await wait_until_forced(gathered, forced):
+            remaining = deadline() - asyncio.get_running_loop().time()
+            await asyncio.wait({gathered}, timeout=max(0.0, remaining))
+        for task in pending:
+            if not task.done():
+                await cancel_and_wait(task)
+    for task in tasks:
+        if task.done() and not task.cancelled():
+            task.result()  # raise its error
 
 
 async def cancel_and_wait(task: asyncio.Future[Any], within: float = 2.0) -> None:
