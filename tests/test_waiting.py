@@ -38,7 +38,7 @@ from worker_cli import (
 from worker_cli.db.retry import Backoff
 from worker_cli.jobs import waiting, worker_utils
 from worker_cli.jobs.waiting import VISIBILITY_GRACE, Waiting
-from worker_cli.schema import lifecycle, statements
+from worker_cli.schema import failures, lifecycle, statements
 from worker_cli.worker.maintenance import Sweeper
 
 pytestmark = pytest.mark.db
@@ -94,9 +94,19 @@ def write_batch(db: str, statement: str, job_ids: list[int]) -> None:
     if statement == "fail_batch":
         n = len(job_ids)
         params.update(
-            messages=["no"] * n, items=[None] * n, permanent=[False] * n, timed_out=[False] * n
+            messages=["no"] * n,
+            items=[None] * n,
+            permanent=[False] * n,
+            timed_out=[False] * n,
+            delays=[None] * n,
+            snoozes=[None] * n,
+            max_snoozes=[None] * n,
         )
-    source = getattr(lifecycle, statement, None) or getattr(statements, statement)
+    source = (
+        getattr(lifecycle, statement, None)
+        or getattr(failures, statement, None)
+        or getattr(statements, statement)
+    )
     with psycopg.connect(db, autocommit=True) as conn:
         conn.execute(statements.compose(source, "graphile_worker"), params)
 

@@ -34,16 +34,19 @@ from .runner import Runner, run, run_migrations, run_once
 from .schema.migrate import LATEST_REVISION, MigrationReport
 from .tasks.helpers import Helpers
 from .tasks.loader import Task, TaskLoadError
+from .tasks.retry import Cancel, Discard, RetryPolicy, Snooze
 from .tasks.task_options import TaskOptions, task_options
 from .tasks.typed_tasks import TypedTaskFunction, typed_task_list
 
 __all__ = [
     "LATEST_REVISION",
+    "Cancel",
     "CleanupTask",
     "ConfigurationError",
     "CronItem",
     "CrontabError",
     "DatabaseConnectionError",
+    "Discard",
     "Events",
     "GraphileWorkerError",
     "Helpers",
@@ -62,8 +65,10 @@ __all__ = [
     "ParsedCronItem",
     "PayloadError",
     "ResultUnavailable",
+    "RetryPolicy",
     "Runner",
     "SchemaNotInstalledError",
+    "Snooze",
     "SyncWorkerUtils",
     "Task",
     "TaskLoadError",

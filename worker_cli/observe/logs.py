@@ -123,12 +123,16 @@ def job_failed(
     *,
     cancelled: bool = False,
     timed_out: str | None = None,
+    for_good: bool = False,
+    delay: float | None = None,
 ) -> None:
     """Log ``Failed task <id> (...) with error '<message>'; retrying in Ns`` (or
     ``no attempts left: failed permanently``), with the traceback. A payload that
     does not fit its task fails permanently at once, without a traceback.
     ``timed_out``: the attempt went past its timeout, and its task's
-    ``on_timeout`` (``fail`` and ``cancel`` end the job now)."""
+    ``on_timeout`` (``fail`` and ``cancel`` end the job now). ``for_good``:
+    the task's retry policy (or its Discard) ends the job now; ``delay``:
+    the policy's seconds before the next attempt."""
     if not outcome_logger.isEnabledFor(_ERROR):
         return
     misfit = isinstance(error, PayloadError)
@@ -156,9 +160,14 @@ def job_failed(
     elif permanent:
         fate = "no attempts left: failed permanently"
         extra["retry_in_s"] = None
+    elif for_good:
+        fate = "failed permanently by its task's retry policy (no retry)"
+        extra["retry_in_s"] = None
+        permanent = True
     else:
-        # The same delay the failure statement stores: exp(min(attempts, 10)) s.
-        delay = math.exp(min(job.attempts, 10))
+        # The same delay the failure statement stores: the policy's, else
+        # exp(min(attempts, 10)) s.
+        delay = math.exp(min(job.attempts, 10)) if delay is None else delay
         fate = f"retrying in {delay:.0f}s"
         extra["retry_in_s"] = round(delay, 3)
     extra["permanent"] = permanent

@@ -24,6 +24,7 @@ from datetime import timedelta
 from typing import Any, Literal, TypeAlias, TypeVar, get_args
 
 from ..jobs.job_spec import check_timeout
+from .retry import RetryPolicy
 
 __all__ = [
     "DEFAULT_TASK_OPTIONS",
@@ -57,8 +58,12 @@ class TaskOptions:
     timeout: float | None = None
     on_timeout: OnTimeout = "retry"
     on_stuck: OnStuck = "wait"
+    #: What follows a failed attempt (None: graphile-worker's backoff).
+    retry: RetryPolicy | None = None
 
     def __post_init__(self) -> None:
+        if self.retry is not None and not isinstance(self.retry, RetryPolicy):
+            raise ValueError(f"task_options: retry must be a RetryPolicy, not {self.retry!r}")
         timeout = check_timeout(self.timeout)
         # Kept in seconds: the worker arms timers with it.
         object.__setattr__(self, "timeout", None if timeout is None else timeout.total_seconds())
@@ -71,6 +76,7 @@ def task_options(
     timeout: float | timedelta | None = None,
     on_timeout: OnTimeout = "retry",
     on_stuck: OnStuck = "wait",
+    retry: RetryPolicy | None = None,
 ) -> Callable[[F], F]:
     """Declare a task's settings beside its function::
 
@@ -90,6 +96,9 @@ def task_options(
       never run twice) or ``"exit"`` (the worker stops fetching, finishes its
       other jobs and exits with code 75; the job runs again once the worker
       is gone).
+    - ``retry``: a :class:`~worker_cli.tasks.retry.RetryPolicy`: its most
+      attempts, the delay before the next one, which errors are never
+      retried; None (the default): graphile-worker's backoff.
 
     A bad value raises ValueError at once (when the task's module is imported).
     """
@@ -97,6 +106,7 @@ def task_options(
         timeout=None if timeout is None else _seconds(timeout),
         on_timeout=on_timeout,
         on_stuck=on_stuck,
+        retry=retry,
     )
 
     def decorate(function: F) -> F:

@@ -9,8 +9,9 @@ from typing import Any
 from ..errors import JobCancelled, PayloadError
 from ..jobs.job import Job
 from ..jobs.last_error import describe
+from ..tasks.retry import Cancel, Discard, RetryPolicy, Snooze
 
-__all__ = ["Failure", "batch_failures"]
+__all__ = ["Failure", "apply_task_rules", "batch_failures"]
 
 logger = logging.getLogger("graphile_worker")
 
@@ -35,14 +36,54 @@ class Failure:
     #: if the job ends there now).
     timed_out: bool = False
     #: Recorded as cancelled (a cancel request is written with the failure):
-    #: a timeout whose task says on_timeout="cancel".
+    #: a timeout whose task says on_timeout="cancel", or a task raising
+    #: Cancel (with ``cancel_reason``).
     cancel: bool = False
+    cancel_reason: str | None = None
+    #: Seconds before the next attempt, from the task's retry policy (None:
+    #: graphile-worker's formula).
+    delay: float | None = None
+    #: The task raised Snooze: seconds before it runs again, its attempt given
+    #: back (unless it has snoozed ``max_snoozes`` times already).
+    snooze: float | None = None
+    max_snoozes: int | None = None
 
     def __post_init__(self) -> None:
         self.permanent = (
             isinstance(self.error, PayloadError | JobCancelled)
             or self.job.attempts >= self.job.max_attempts
         )
+
+
+def apply_task_rules(failure: Failure, policy: RetryPolicy | None) -> None:
+    """What the task said (it raised Snooze, Discard or Cancel) and its retry
+    policy decide for a failure: given back for later, failed for good,
+    cancelled, or retried after the policy's delay. A backoff function that
+    fails is logged, and graphile-worker's backoff is used."""
+    error, job = failure.error, failure.job
+    if isinstance(error, Snooze):
+        failure.permanent = False
+        failure.snooze = error.seconds
+        failure.max_snoozes = policy.max_snoozes if policy is not None else None
+    elif isinstance(error, Discard):
+        failure.permanent = True
+    elif isinstance(error, Cancel):
+        failure.permanent = failure.cancel = True
+        failure.cancel_reason = error.reason
+    elif policy is not None:
+        if not policy.retries(error) or policy.last_attempt(job):
+            failure.permanent = True
+        elif not failure.permanent:
+            try:
+                failure.delay = policy.delay_for(job, error)
+            except Exception as exc:
+                logger.warning(
+                    "Job %d (%s): its retry policy's backoff failed (%s); "
+                    "graphile-worker's backoff is used",
+                    job.id,
+                    job.task_identifier,
+                    describe(exc).splitlines()[0],
+                )
 
 
 def batch_failures(job: Job, result: list[Any]) -> tuple[Exception | None, list[int] | None]:

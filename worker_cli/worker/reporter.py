@@ -12,13 +12,15 @@ timeout is recorded so, and failed as its task's ``on_timeout`` says.
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 
 from ..jobs.last_error import describe
 from ..observe import logs
 from ..observe.events import Events
+from ..tasks.loader import Task
+from ..tasks.retry import TaskSignal
 from .completer import Completer
-from .outcome import Failure
+from .outcome import Failure, apply_task_rules
 from .stuck import StuckJobs
 from .task_threads import Ran
 
@@ -39,7 +41,12 @@ class Reporter:
         events: Events,
         cancelling: Collection[int],
         stuck: StuckJobs,
+        tasks: Mapping[str, Task],
     ) -> None:
+        #: The tasks' retry policies, by identifier (only those that have one).
+        self._policies = {
+            name: task.options.retry for name, task in tasks.items() if task.options.retry
+        }
         self._completer = completer
         self._pool_id = pool_id
         self._log_success = log_success
@@ -72,6 +79,8 @@ class Reporter:
                     )
                 return
             failure = Failure(job, worker_id, error, describe(error), ran.failed_items)
+            if self._policies or isinstance(error, TaskSignal):
+                apply_task_rules(failure, self._policies.get(job.task_identifier))
             cancelled = bool(self._cancelling) and job.id in self._cancelling
             if ran.timed_out is not None:
                 failure.timed_out = True
@@ -80,6 +89,14 @@ class Reporter:
             if cancelled:
                 failure.permanent = True
             self._completer.failed(failure)
+            if failure.snooze is not None and not cancelled:
+                logger.info(
+                    "Job %d (%s) snoozed for %gs: it runs again then, with no attempt spent",
+                    job.id,
+                    job.task_identifier,
+                    failure.snooze,
+                )
+                return
             logs.job_failed(
                 job,
                 worker_id,
@@ -87,8 +104,10 @@ class Reporter:
                 ran.duration_ms,
                 failure.message,
                 error,
-                cancelled=cancelled,
+                cancelled=cancelled or failure.cancel_reason is not None,
                 timed_out=ran.timed_out,
+                for_good=failure.permanent,
+                delay=failure.delay,
             )
             self._events.emit(
                 "job:error", worker_id=worker_id, job=job, error=error, duration_ms=ran.duration_ms

@@ -29,7 +29,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from ..jobs.job import Job
 from ..jobs.last_error import storable
-from ..schema import lifecycle, statements
+from ..schema import failures, lifecycle, statements
 from .outcome import Failure
 
 __all__ = ["HistorySettings", "ResultWriter", "refused"]
@@ -78,7 +78,7 @@ class ResultWriter:
             statements.complete_batch if history is None else lifecycle.complete_batch_recording,
             schema,
         )
-        self._fail = statements.compose(statements.fail_batch, schema)
+        self._fail = statements.compose(failures.fail_batch, schema)
         #: Where the waiters of finished jobs are told (wait_for_job).
         self._channel = lifecycle.finished_channel(schema)
         self._request_cancels = statements.compose(lifecycle.request_cancels, schema)
@@ -197,6 +197,9 @@ class ResultWriter:
                     "items": [_int_array(f.failed_items) for f in failed],
                     "permanent": [f.permanent for f in failed],
                     "timed_out": [f.timed_out for f in failed],
+                    "delays": [f.delay for f in failed],
+                    "snoozes": [f.snooze for f in failed],
+                    "max_snoozes": [f.max_snoozes for f in failed],
                     "pool_id": self._pool_id,
                     "channel": self._channel,
                 }
@@ -211,7 +214,9 @@ class ResultWriter:
                         self._request_cancels,
                         {
                             "job_ids": [f.job.id for f in cancels],
-                            "reasons": [f"timed out ({f.message})" for f in cancels],
+                            "reasons": [
+                                f.cancel_reason or f"timed out ({f.message})" for f in cancels
+                            ],
                             "pool_id": self._pool_id,
                         },
                     )

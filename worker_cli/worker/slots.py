@@ -110,6 +110,7 @@ class Slots(SlotGroup):
             events=events,
             cancelling=self.cancelling,
             stuck=stuck,
+            tasks=tasks,
         )
         self._report = self._reporter.report
         super().__init__([Slot(f"worker-{secrets.token_hex(9)}") for _ in range(concurrency)])

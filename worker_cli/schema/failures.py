@@ -1,0 +1,175 @@
+"""The statements that fail a pool's jobs or give them back (the completer's,
+through :mod:`worker_cli.worker.result_writer`), with what both do to a job
+that has a cancel request: record it as cancelled. Templates over the schema
+name, composed with :func:`.statements.compose`."""
+
+from __future__ import annotations
+
+from typing import LiteralString
+
+from .ledger import expiry_ledger
+from .statements import notify_waiters
+
+__all__ = ["fail_batch", "return_jobs"]
+
+
+def _cancelled(
+    source: LiteralString, message: LiteralString, timed_out: LiteralString = "false"
+) -> LiteralString:
+    """CTEs deleting the jobs of ``source`` (a CTE with an ``id`` column) that
+    have a cancel request, recording them in the history as cancelled (last
+    error ``message``, whether it had timed out ``timed_out``), releasing
+    their uniqueness locks and requests; the CTE ``cancelled`` returns them
+    (with ``job_queue_id``)."""
+    return (
+        """
+  cancelled as (
+    delete from {schema}._private_jobs as j
+    using """
+        + source
+        + """, {schema}._private_py_cancellations as c
+    where j.id = """
+        + source
+        + """.id and c.job_id = j.id and j.locked_by = %(pool_id)s
+    returning j.*, """
+        + message
+        + """ as message, """
+        + timed_out
+        + """ as timed_out, c.requested_at, c.reason
+  ),
+  recorded as (
+    insert into {schema}._private_py_job_history (
+      job_id, state, task_identifier, queue_name, key, priority, attempts, max_attempts,
+      revision, flags, last_error, created_at, run_at, started_at, finished_at, pool_id,
+      cancel_requested_at, cancel_reason, timed_out, expires_at
+    )
+    select d.id, 'cancelled', t.identifier, q.queue_name, d.key, d.priority, d.attempts,
+      d.max_attempts, d.revision, d.flags, d.message, d.created_at, d.run_at, d.locked_at,
+      now(), %(pool_id)s, d.requested_at, d.reason, d.timed_out, now() + interval '1 day'
+    from cancelled as d
+    join {schema}._private_tasks as t on t.id = d.task_id
+    left join {schema}._private_job_queues as q on q.id = d.job_queue_id
+    on conflict (job_id) do nothing
+    returning job_id, expires_at
+  ),
+"""
+        + expiry_ledger("recorded")
+        + """,
+  released as (
+    delete from {schema}._private_py_unique_locks as l
+    where l.job_id in (select cancelled.id from cancelled)
+  ),
+  answered as (
+    delete from {schema}._private_py_cancellations as c
+    where c.job_id in (select cancelled.id from cancelled)
+  ),"""
+    )
+
+
+# Failure: record the error, back off, release the lock. The backoff is
+# graphile-worker's, exp(min(attempts, 10)) seconds after greatest(now(),
+# run_at), unless the task's retry policy gave a delay (%(delays)s, seconds
+# from now()). A batch job keeps only its failed items (their 0-based
+# positions, as an int[] literal in ``items``), as they are stored: the payload
+# is never re-encoded by the worker. attempts is not touched (it was counted
+# when the job was fetched), except for a permanent failure (a payload that
+# does not fit its task, an error its policy does not retry, Discard): its
+# attempts are used up, as permanently_fail_jobs does. A snooze (%(snoozes)s:
+# seconds) gives the attempt back and keeps last_error, as a job given back
+# at shutdown, and is counted in the job's options; past %(max_snoozes)s it
+# is a failure. A job with a cancel request (py_cancel_jobs, a timeout whose
+# task says on_timeout="cancel", a task raising Cancel) is not retried: it is
+# deleted and recorded as cancelled (_cancelled), timed out or not
+# (timed_out). The waiters of the jobs (notify_on_finish) are told, in one
+# notification.
+fail_batch = (
+    """
+  with failure as (
+    select f.*,
+      f.snooze is not null and (f.max_snoozes is null or coalesce(o.snoozes, 0) < f.max_snoozes)
+        as snoozing
+    from unnest(
+      %(job_ids)b::bigint[], %(messages)s::text[], %(items)s::text[], %(permanent)s::bool[],
+      %(timed_out)s::bool[], %(delays)s::float8[], %(snoozes)s::float8[], %(max_snoozes)s::int[]
+    ) as f(id, message, items, permanent, timed_out, delay, snooze, max_snoozes)
+    left join {schema}._private_py_job_options as o on o.job_id = f.id
+  ),"""
+    + _cancelled("failure", "failure.message", "failure.timed_out")
+    + """
+  failed as (
+    update {schema}._private_jobs as j
+    set last_error = case
+          when failure.snoozing then j.last_error
+          when failure.snooze is not null
+            then 'Snooze: snoozed ' || failure.max_snoozes || ' times already (max_snoozes)'
+          else failure.message end,
+        attempts = case
+          when failure.snoozing then greatest(0, j.attempts - 1)
+          when failure.permanent then greatest(j.attempts, j.max_attempts)
+          else j.attempts end,
+        run_at = case
+          when failure.snoozing then now() + failure.snooze * interval '1 second'
+          when failure.delay is not null then now() + failure.delay * interval '1 second'
+          else greatest(now(), j.run_at) + exp(least(j.attempts, 10)) * interval '1 second' end,
+        payload = case when failure.items is null or json_typeof(j.payload) <> 'array'
+          then j.payload
+          else (
+            select coalesce(json_agg(item.value order by item.position), '[]'::json)
+            from json_array_elements(j.payload) with ordinality as item(value, position)
+            where item.position - 1 = any(failure.items::int[])
+          ) end,
+        locked_at = null,
+        locked_by = null,
+        updated_at = now()
+    from failure
+    where j.id = failure.id and j.locked_by = %(pool_id)s
+      and failure.id not in (select cancelled.id from cancelled)
+    returning j.id, j.job_queue_id, failure.snoozing
+  ),
+  snoozes_counted as (
+    insert into {schema}._private_py_job_options as o (job_id, snoozes)
+    select failed.id, 1 from failed where failed.snoozing
+    on conflict (job_id) do update set snoozes = o.snoozes + 1
+  ),
+  unlocked as (
+    update {schema}._private_job_queues as q
+    set locked_at = null, locked_by = null
+    where q.id in (
+        select failed.job_queue_id from failed
+        union all select cancelled.job_queue_id from cancelled
+      )
+      and q.locked_by = %(pool_id)s
+  ),
+  finished as (
+    select o.job_id, o.notify_on_finish
+    from {schema}._private_py_job_options as o
+    where o.job_id = any(%(job_ids)b::bigint[])
+  )"""
+    + notify_waiters
+)
+
+# Give back fetched jobs that never started (shutdown), restoring the attempt;
+# one with a cancel request is recorded as cancelled instead (never run).
+return_jobs = (
+    """
+  with given as (
+    select unnest(%(job_ids)b::bigint[]) as id
+  ),"""
+    + _cancelled("given", "j.last_error")
+    + """
+  returned as (
+    update {schema}._private_jobs as j
+    set attempts = greatest(0, j.attempts - 1), locked_at = null, locked_by = null
+    where j.id in (select given.id from given) and j.locked_by = %(pool_id)s
+      and j.id not in (select cancelled.id from cancelled)
+    returning j.job_queue_id
+  )
+  update {schema}._private_job_queues as q
+  set locked_at = null, locked_by = null
+  where q.id in (
+      select returned.job_queue_id from returned
+      union all select cancelled.job_queue_id from cancelled
+    )
+    and q.locked_by = %(pool_id)s
+"""
+)
