@@ -160,6 +160,7 @@ async def run(
     history: bool = WorkerOptions.history,
     max_result_bytes: int = WorkerOptions.max_result_bytes,
     timeout_grace: float = WorkerOptions.timeout_grace,
+    cron_timezone: str = WorkerOptions.cron_timezone,
     tracing: bool = False,
     metrics_registry: CollectorRegistry | None = None,
 ) -> Runner:
@@ -198,6 +199,7 @@ async def run(
         history=history,
         max_result_bytes=max_result_bytes,
         timeout_grace=timeout_grace,
+        cron_timezone=cron_timezone,
     )
     _warn_if_pool_too_small(options)
     pool = _make_pool(

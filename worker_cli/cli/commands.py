@@ -101,6 +101,7 @@ def _parse_cleanup(_ctx: click.Context, _param: click.Parameter, value: str | No
 @worker_option("use_local_time")
 @worker_option("history")
 @worker_option("timeout_grace")
+@worker_option("cron_timezone")
 @click.option(
     "--tasks",
     "tasks_dir",

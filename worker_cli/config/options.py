@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, TypeAlias
 
+from .zones import zone_named
+
 __all__ = [
     "FLAGS",
     "MAX_BATCH_DELAY",
@@ -144,8 +146,12 @@ class WorkerOptions:
     #: ``locked_at`` set to now), so that no 4-hour stale-lock sweep, Node's or
     #: ours, releases a job that runs longer; looked at about every half of it.
     lock_refresh_age: timedelta = timedelta(hours=1)
+    #: The IANA time zone of the crontab lines without ``?tz=``
+    #: (``--cron-timezone``); UTC, as graphile-worker (Node) runs every line.
+    cron_timezone: str = "UTC"
 
     def __post_init__(self) -> None:
+        zone_named(self.cron_timezone)  # ValueError naming an unknown zone
         _check_range("concurrency", self.concurrency, 1, MAX_CONCURRENCY)
         _check_range("poll_interval", self.poll_interval, 0, MAX_POLL_INTERVAL, "s", low_open=True)
         _check_range("max_pool_size", self.max_pool_size, 2, MAX_POOL_SIZE)
@@ -351,6 +357,15 @@ FLAGS: tuple[Flag, ...] = (
         "get_job_result, wait_for_job, `graphile-worker job` and the dashboard (kept a "
         "day); off: delete completed jobs without a trace, as graphile-worker does. "
         "Cancelled jobs are recorded either way.",
+    ),
+    Flag(
+        "cron_timezone",
+        ("--cron-timezone",),
+        envvar="GRAPHILE_WORKER_CRON_TIMEZONE",
+        metavar="ZONE",
+        help="The IANA time zone (Europe/Paris) of the crontab lines without ?tz=; daylight "
+        "saving changes as Debian's cron. graphile-worker (Node) runs every line in UTC: "
+        "do not let Node workers run a crontab meant for another zone.",
     ),
     Flag(
         "use_local_time",

@@ -1,7 +1,7 @@
 """The crontab format of graphile-worker: parsing and matching (no I/O).
 
-A line is five UTC time fields, a task identifier, optional ``?options`` and an
-optional JSON5 payload::
+A line is five time fields (UTC, or the zone of its ``?tz=`` option), a task
+identifier, optional ``?options`` and an optional JSON5 payload::
 
     # m  h  dom mon dow  task               options              payload
     30   4  *   *   1    send_weekly_email  ?fill=2d&max=10      {onboarding: false}
@@ -9,7 +9,8 @@ optional JSON5 payload::
 Fields take numbers, ``*``, ``*/n`` (every n-th value from the field's
 minimum), ranges ``a-b`` and comma-separated lists of these. Day of week is
 0-6 from Sunday (7 is Sunday too). When both day of month and day of week are
-restricted, a day matching either matches, as in cron.
+restricted, a day matching either matches, as in cron. When a line's zone
+fires it (daylight saving time) is :mod:`worker_cli.tasks.cron_zones`'s business.
 """
 
 from __future__ import annotations
@@ -18,10 +19,12 @@ import json
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import date, datetime, timedelta
 from typing import Any
 from urllib.parse import parse_qsl
+from zoneinfo import ZoneInfo
 
+from ..config.zones import zone_named
 from ..errors import ConfigurationError
 from ..jobs.job_spec import IDENTIFIER_MAX, KEY_MAX
 
@@ -85,6 +88,8 @@ class CronItem:
     priority: int | None = None
     job_key: str | None = None
     job_key_mode: str | None = None
+    #: The IANA zone of the pattern (``Europe/Paris``); needs ``identifier``.
+    tz: str | None = None
 
 
 @dataclass(frozen=True)
@@ -105,20 +110,30 @@ class ParsedCronItem:
     priority: int | None = None
     job_key: str | None = None
     job_key_mode: str | None = None
+    #: The hour field is a number, list or range (no ``*``): a *fixed-time*
+    #: item, which a daylight saving change moves rather than skips or doubles.
+    fixed_hour: bool = False
+    #: The zone of ``?tz=`` (None: the worker's ``cron_timezone``, UTC by default).
+    tz: ZoneInfo | None = None
 
     def matches(self, ts: datetime) -> bool:
-        """Whether the item fires at the (UTC) minute ``ts``."""
+        """Whether the item fires at the wall-clock minute ``ts`` (in UTC for
+        an item without a zone)."""
         if ts.minute not in self.minutes or ts.hour not in self.hours:
             return False
-        if ts.month not in self.months:
+        return self.matches_day(ts)
+
+    def matches_day(self, day: date) -> bool:
+        """Whether the item fires on ``day`` (its month, day of month and of week)."""
+        if day.month not in self.months:
             return False
-        dow = ts.isoweekday() % 7  # Sunday = 0
+        dow = day.isoweekday() % 7  # Sunday = 0
         date_restricted = len(self.dates) != 31
         dow_restricted = len(self.dows) != 7
         if date_restricted and dow_restricted:
-            return ts.day in self.dates or dow in self.dows
+            return day.day in self.dates or dow in self.dows
         if date_restricted:
-            return ts.day in self.dates
+            return day.day in self.dates
         if dow_restricted:
             return dow in self.dows
         return True
@@ -195,6 +210,8 @@ def _parse_line(line: str) -> ParsedCronItem:
     options = _parse_options(options_text or "")
     payload = _parse_payload(payload_text) if payload_text else {}
     ranges = _parse_fields(fields)
+    if "tz" in options and "identifier" not in options:
+        raise _id_needed(f"tz={options['tz'].key}")
     return ParsedCronItem(
         identifier=options.pop("identifier", task),
         task=task,
@@ -234,6 +251,11 @@ def _parse_item(item: CronItem) -> ParsedCronItem:
     _check_small_int("max_attempts", item.max_attempts, 1)
     _check_small_int("priority", item.priority, -32768)
     _check_fill(item.backfill_period, "backfill_period")
+    zone = None
+    if item.tz is not None:
+        zone = _zone(item.tz)
+        if item.identifier is None:
+            raise _id_needed(f"tz={item.tz!r}")
     return ParsedCronItem(
         identifier=identifier,
         task=item.task,
@@ -244,17 +266,21 @@ def _parse_item(item: CronItem) -> ParsedCronItem:
         priority=item.priority,
         job_key=item.job_key,
         job_key_mode=item.job_key_mode,
+        tz=zone,
         **_parse_fields(pattern.groups()),
     )
 
 
 def _parse_fields(fields: Iterable[str]) -> dict[str, Any]:
     """The five time fields as the keyword arguments of ParsedCronItem."""
+    fields = list(fields)
     names = ("minutes", "hours", "dates", "months", "dows")
-    return {
+    parsed: dict[str, Any] = {
         name: _parse_field(text, *spec)
         for name, text, spec in zip(names, fields, _FIELDS, strict=True)
     }
+    parsed["fixed_hour"] = "*" not in fields[1]
+    return parsed
 
 
 def _parse_field(text: str, name: str, low: int, high: int) -> frozenset[int]:
@@ -333,6 +359,8 @@ def _parse_options(text: str) -> dict[str, Any]:
             if not 1 <= len(val) <= 512:
                 raise CrontabError("jobKey must be 1 to 512 characters long")
             result["job_key"] = val
+        elif key == "tz":
+            result["tz"] = _zone(val)
         elif key == "jobKeyMode":
             if val not in ("replace", "preserve_run_at"):
                 raise CrontabError(f"jobKeyMode {_shown(val)} must be replace or preserve_run_at")
@@ -340,7 +368,7 @@ def _parse_options(text: str) -> dict[str, Any]:
         else:
             raise CrontabError(
                 f"unknown option {_shown(key)}; known options: id, fill, max, queue, priority, "
-                "jobKey, jobKeyMode"
+                "jobKey, jobKeyMode, tz"
             )
     return result
 
@@ -358,6 +386,24 @@ def _parse_payload(text: str) -> dict[str, Any]:
         raise CrontabError("the payload must be an object ({...})")
     _check_json(payload)
     return payload
+
+
+def _zone(name: object) -> ZoneInfo:
+    if not isinstance(name, str):
+        raise CrontabError(f"tz {name!r} must be the name of a time zone")
+    try:
+        return zone_named(name)
+    except ValueError as exc:
+        raise CrontabError(str(exc)) from None
+
+
+def _id_needed(option: str) -> CrontabError:
+    """A line in a time zone must name its identifier: graphile-worker (Node)
+    would run a line of the same default identifier (the task) in UTC."""
+    return CrontabError(
+        f"{option} needs an explicit id (?id=...&tz=...): the identifier must not be one "
+        "a graphile-worker (Node) crontab uses, as Node runs its lines in UTC"
+    )
 
 
 def _check_json(payload: Mapping[str, Any]) -> None:

@@ -94,5 +94,12 @@ def background_loops(
     if pool.cron_items:
         from .cron import CronScheduler
 
-        loops.append(CronScheduler(pool.cron_items, utils.pool, options.schema).run())
+        loops.append(
+            CronScheduler(
+                pool.cron_items,
+                utils.pool,
+                options.schema,
+                default_zone=options.cron_timezone,
+            ).run()
+        )
     return loops

@@ -8,6 +8,11 @@ of workers, in Python or Node, running the same crontab (see
 are backfilled over their ``fill`` period, oldest minute first; new items are
 recorded and not backfilled. A timer that fires early sleeps again; one that
 fires late (a paused process) catches up every missed minute, once each.
+
+An item in a time zone (its ``?tz=``, or the worker's ``cron_timezone`` when
+that is not UTC) fires at the UTC minutes :mod:`worker_cli.tasks.cron_zones`
+computes, live and in backfill alike; its jobs' ``_cron`` also get ``local``,
+the wall time with its offset. ``ts`` and ``last_execution`` stay UTC instants.
 """
 
 from __future__ import annotations
@@ -15,14 +20,17 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
+from zoneinfo import ZoneInfo
 
 from psycopg_pool import AsyncConnectionPool
 
+from ..config.zones import UTC_NAMES, zone_named
 from ..db.retry import CRON, retry_until_done
 from ..schema import statements
+from ..tasks.cron_zones import ZoneTimetable, local_timestamp
 from ..tasks.crontab import ParsedCronItem
 
 __all__ = ["Clock", "CronScheduler", "SystemClock", "cron_timestamp"]
@@ -62,7 +70,8 @@ def cron_timestamp(ts: datetime) -> str:
 
 
 class CronScheduler:
-    """Schedules ``items`` on ``pool`` until cancelled."""
+    """Schedules ``items`` on ``pool`` until cancelled; items without ``tz``
+    run in ``default_zone`` (an IANA name, UTC by default as in Node)."""
 
     def __init__(
         self,
@@ -71,11 +80,33 @@ class CronScheduler:
         schema: str,
         *,
         clock: Clock | None = None,
+        default_zone: str = "UTC",
     ) -> None:
         self.items = list(items)
         self.pool = pool
         self.schema = schema
         self.clock = clock or SystemClock()
+        default = None if default_zone in UTC_NAMES else zone_named(default_zone)
+        #: The zone of each item that has one (its own, else a non-UTC default).
+        self.zones: dict[str, ZoneInfo] = {}
+        #: Each item with what says whether it fires at a UTC minute.
+        self.timetable: list[tuple[ParsedCronItem, Callable[[datetime], bool]]] = []
+        for item in self.items:
+            zone = item.tz or default
+            if zone is None:
+                self.timetable.append((item, item.matches))
+            else:
+                self.zones[item.identifier] = zone
+                self.timetable.append((item, ZoneTimetable(item, zone).fires_at))
+        defaulted = [item.identifier for item in self.items if item.tz is None]
+        if default is not None and defaulted:
+            logger.warning(
+                "Cron: %d item(s) without ?tz= run in cron_timezone %s, not in UTC as "
+                "graphile-worker (Node) would run them: do not let Node workers run this "
+                "crontab",
+                len(defaulted),
+                default.key,
+            )
 
     async def run(self) -> None:
         start = self.clock.now()
@@ -94,7 +125,7 @@ class CronScheduler:
                 continue  # woken early (clock skew): check again
             if now - ts >= MINUTE:
                 logger.warning("Cron is %s behind (paused process?); catching up", now - ts)
-            due = [item for item in self.items if item.matches(ts)]
+            due = [item for item, fires in self.timetable if fires(ts)]
             if due:
                 await retry_until_done(
                     "schedule cron jobs",
@@ -119,18 +150,20 @@ class CronScheduler:
                     {"identifiers": unknown, "now": start},
                 )
         backfill = [
-            item for item in self.items if item.identifier in known and item.backfill_period
+            (item, fires)
+            for item, fires in self.timetable
+            if item.identifier in known and item.backfill_period
         ]
         if not backfill:
             return
-        ts = round_up_to_minute(start - max(item.backfill_period for item in backfill))
+        ts = round_up_to_minute(start - max(item.backfill_period for item, _ in backfill))
         while ts < start:
             due = [
                 item
-                for item in backfill
+                for item, fires in backfill
                 if item.backfill_period >= start - ts
                 and ts >= (known[item.identifier][1] or known[item.identifier][0])
-                and item.matches(ts)
+                and fires(ts)
             ]
             if due:
                 await self.schedule(ts, due, True)
@@ -145,7 +178,7 @@ class CronScheduler:
             {
                 "identifier": item.identifier,
                 "task": item.task,
-                "payload": {**item.payload, "_cron": {"ts": stamp, "backfilled": backfilled}},
+                "payload": {**item.payload, "_cron": self._cron_field(item, ts, stamp, backfilled)},
                 "queue_name": item.queue_name,
                 "max_attempts": item.max_attempts,
                 "priority": item.priority,
@@ -168,3 +201,14 @@ class CronScheduler:
                 " (backfill)" if backfilled else "",
             )
         return added
+
+    def _cron_field(
+        self, item: ParsedCronItem, ts: datetime, stamp: str, backfilled: bool
+    ) -> dict[str, Any]:
+        """The payload's ``_cron``: Node's ``ts`` (``stamp``, UTC) and
+        ``backfilled``, and ``local`` for an item in a time zone."""
+        field: dict[str, Any] = {"ts": stamp, "backfilled": backfilled}
+        zone = self.zones.get(item.identifier)
+        if zone is not None:
+            field["local"] = local_timestamp(ts, zone)
+        return field
