@@ -123,6 +123,7 @@ def item(pattern: str, zone_name: str) -> object:
     return parsed
 
 
+@pytest.mark.slow  # about 8 s a zone: two years minute by minute
 @pytest.mark.parametrize("zone_name", ZONES)
 def test_two_years_of_instants_equal_a_minute_by_minute_evaluation(zone_name: str) -> None:
     zone = ZoneInfo(zone_name)
