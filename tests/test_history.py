@@ -23,6 +23,7 @@ from worker_cli import (
     ResultUnavailable,
     WorkerUtils,
     make_sync_worker_utils,
+    make_worker_utils,
     run_once,
 )
 from worker_cli.schema import lifecycle, statements
@@ -357,3 +358,41 @@ def test_the_readmes_results_example_runs_as_written(db: str, tmp_path: Any) -> 
     [transcript] = blocks(heading, "text")
     expected = transcript.splitlines()[1]
     assert shown.stdout.strip() == expected, shown.stderr
+
+
+async def test_upgrading_lists_the_history_already_recorded_for_the_pruning(
+    empty_db: str, tmp_path: Any
+) -> None:
+    """A schema at Python migration 10 with history rows: migration 11 lists them
+    in the expiry ledger (1,000 ids a row), so the pruning finds them."""
+    import shutil
+
+    from worker_cli.schema.migrate import MigrationFiles, migrate
+
+    files_dir = tmp_path / "migrations"
+    shutil.copytree(MigrationFiles().directory, files_dir)
+    for later in files_dir.glob("py/0000*.sql"):
+        if int(later.stem) > 10:
+            later.unlink()
+    async with await psycopg.AsyncConnection.connect(empty_db, autocommit=True) as conn:
+        await migrate(conn, "graphile_worker", MigrationFiles(files_dir))
+    rows(
+        empty_db,
+        f"""
+        insert into {HISTORY} (job_id, state, task_identifier, priority, attempts,
+          max_attempts, revision, created_at, run_at, finished_at, expires_at)
+        select n, 'succeeded', 't', 0, 1, 25, 0, now(), now(), now(),
+          case when n <= 2500 then now() - interval '1 minute' else now() + interval '1 day' end
+        from generate_series(1, 2600) as n
+        """,
+    )
+    async with await psycopg.AsyncConnection.connect(empty_db, autocommit=True) as conn:
+        report = await migrate(conn, "graphile_worker")
+    assert 11 in report.applied_py
+    ledger = rows(empty_db, f"select expires_at < now() as expired, job_ids from {EXPIRY}")
+    assert sorted(len(r["job_ids"]) for r in ledger if r["expired"]) == [500, 1000, 1000]
+    assert sorted(len(r["job_ids"]) for r in ledger if not r["expired"]) == [100]
+    async with make_worker_utils(connection_string=empty_db) as utils:
+        pruner = HistoryPruner(utils, schema="graphile_worker", interval=(60, 120))
+        assert await pruner.prune() == 2500
+    assert value(empty_db, f"select count(*) from {HISTORY}") == 100
