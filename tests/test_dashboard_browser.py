@@ -204,14 +204,19 @@ def test_each_action_confirmed_changes_the_database(db: str, browser: WebDriver)
         # Delete (complete): the row is gone; back on the list.
         confirm(browser, url, gone, "delete")
         click(browser, "#confirm-button")
-        assert "deleted" in wait_for(browser, "#notice").text
+        done = wait_for(browser, "#notice.notice-done")
+        assert "deleted" in done.text
+        done_colour = done.value_of_css_property("background-color")
         assert browser.current_url.startswith(url + "/jobs?")
         assert job_row(db, gone) is None
 
         # A locked job is left alone, as complete_jobs leaves it.
         confirm(browser, url, running, "delete")
         click(browser, "#confirm-button")
-        assert "locked" in wait_for(browser, "#notice").text
+        refused = wait_for(browser, "#notice")
+        assert "locked" in refused.text and refused.text.startswith("Refused:")
+        assert refused.get_attribute("class") == "notice notice-refused"
+        assert refused.value_of_css_property("background-color") != done_colour
         assert job_row(db, running) is not None
 
         # Cancel changes nothing.

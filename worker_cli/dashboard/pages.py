@@ -16,40 +16,16 @@ from starlette.routing import Route
 
 from .finished import finished_filter_of
 from .inputs import BadInput, checked_text, parse_cursor, parse_job_id, shown
+from .notices import Notice, notice_of
 from .queries import FINISHED_STATES, JOB_STATES, WINDOW
 from .reads import NEWEST, PAGE_SIZE, JobFilter
 
 if TYPE_CHECKING:
     from .site import Site
 
-__all__ = ["NOTICES", "routes"]
+__all__ = ["notice", "routes"]
 
 logger = logging.getLogger("graphile_worker.dashboard")
-
-#: What an action's redirect says (``?notice=``): fixed sentences, filled
-#: with the job id or pool named in the query string (escaped like any value).
-NOTICES = {
-    "run-now": "Job {job} will run now.",
-    "reschedule": "Job {job} was rescheduled.",
-    "fail": "Job {job} was permanently failed.",
-    "delete": "Job {job} was deleted (completed).",
-    "locked": (
-        "Job {job} is locked by a worker that is running it: nothing was changed "
-        "(the admin functions leave locked jobs alone until their lock is 4 hours old)."
-    ),
-    "gone": (
-        "Job {job} is no longer in the jobs table (it finished, or was removed): "
-        "nothing was changed."
-    ),
-    "cancel": "Job {job} was cancelled: it will not run. The history records it as cancelled.",
-    "cancel-running": (
-        "Job {job} is running: its worker was asked to stop it, and it will not be retried. "
-        "It is recorded as cancelled when it stops (as succeeded if its task returns normally)."
-    ),
-    "finished": "Job {job} had already finished ({state}): nothing was changed.",
-    "unlock": "Released the jobs and named queues that pool {pool} held.",
-    "alive": ("Pool {pool} has a live heartbeat: its jobs are running. Nothing was changed."),
-}
 
 
 def routes(dashboard: Site) -> list[Route]:
@@ -65,16 +41,14 @@ def routes(dashboard: Site) -> list[Route]:
     ]
 
 
-def notice(request: Request) -> str | None:
-    """The sentence an action's redirect asked for, if any."""
-    template = NOTICES.get(request.query_params.get("notice", ""))
-    if template is None:
-        return None
-    state = request.query_params.get("state", "")
-    return template.format(
-        job=request.query_params.get("job", ""),
-        pool=request.query_params.get("pool", ""),
-        state=state if state in (*FINISHED_STATES, "unknown") else "unknown",
+def notice(request: Request) -> Notice | None:
+    """The banner an action's redirect asked for, if any."""
+    params = request.query_params
+    return notice_of(
+        params.get("notice", ""),
+        job=params.get("job", ""),
+        pool=params.get("pool", ""),
+        state=params.get("state", ""),
     )
 
 
