@@ -16,14 +16,13 @@ from starlette.routing import Route
 
 from .finished import finished_filter_of
 from .inputs import BadInput, checked_text, parse_cursor, parse_job_id, shown
-from .notices import Notice, notice_of
 from .queries import FINISHED_STATES, JOB_STATES, WINDOW
 from .reads import NEWEST, PAGE_SIZE, JobFilter
 
 if TYPE_CHECKING:
     from .site import Site
 
-__all__ = ["notice", "routes"]
+__all__ = ["routes"]
 
 logger = logging.getLogger("graphile_worker.dashboard")
 
@@ -39,17 +38,6 @@ def routes(dashboard: Site) -> list[Route]:
         Route("/crontab", pages.crontab, name="crontab"),
         Route("/healthz", pages.healthz, name="healthz"),
     ]
-
-
-def notice(request: Request) -> Notice | None:
-    """The banner an action's redirect asked for, if any."""
-    params = request.query_params
-    return notice_of(
-        params.get("notice", ""),
-        job=params.get("job", ""),
-        pool=params.get("pool", ""),
-        state=params.get("state", ""),
-    )
 
 
 def job_filter_of(request: Request) -> tuple[JobFilter, list[str]]:
@@ -93,7 +81,6 @@ class _Pages:
             data=data,
             now=data.now,
             window=WINDOW,
-            notice=notice(request),
         )
 
     async def jobs(self, request: Request) -> Response:
@@ -116,7 +103,6 @@ class _Pages:
             now=now,
             window=WINDOW,
             page_size=PAGE_SIZE,
-            notice=notice(request),
         )
 
     async def job(self, request: Request) -> Response:
@@ -136,7 +122,6 @@ class _Pages:
                 page="finished",
                 job=finished,
                 now=now,
-                notice=notice(request),
             )
         if job is None:
             return self.dashboard.no_such_job(request, str(job_id))
@@ -148,7 +133,6 @@ class _Pages:
             page="jobs",
             job=job,
             now=now,
-            notice=notice(request),
         )
 
     async def finished(self, request: Request) -> Response:
@@ -169,7 +153,6 @@ class _Pages:
             states=FINISHED_STATES,
             problems=problems,
             now=now,
-            notice=notice(request),
         )
 
     async def pools(self, request: Request) -> Response:
@@ -184,7 +167,6 @@ class _Pages:
             data=data,
             now=data.now,
             window=WINDOW,
-            notice=notice(request),
         )
 
     async def crontab(self, request: Request) -> Response:
