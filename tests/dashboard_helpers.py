@@ -86,6 +86,30 @@ def http(url: str, *, data: bytes | None = None, headers: dict[str, str] | None 
         return Reply(error.code, error.headers, error.read().decode())
 
 
+def cookies_set(reply: Reply) -> dict[str, str]:
+    """The cookies a response sets: name -> value ("" for one it clears)."""
+    found = {}
+    for header in reply.headers.get_all("set-cookie") or []:
+        name, _, rest = header.partition("=")
+        cleared = "max-age=0" in header.lower().replace(" ", "")
+        found[name.strip()] = "" if cleared else rest.split(";")[0]
+    return found
+
+
+def with_cookies(cookie: str, reply: Reply) -> str:
+    """A ``Cookie`` header: ``cookie``'s, updated with those ``reply`` set or cleared."""
+    jar = dict(part.split("=", 1) for part in cookie.split("; ") if part)
+    jar.update(cookies_set(reply))
+    return "; ".join(f"{name}={value}" for name, value in jar.items() if value)
+
+
+def follow(base: str, reply: Reply, cookie: str = "") -> Reply:
+    """The page a 303 leads to, as a browser asks for it: with its cookies
+    (``cookie``) and those the redirect set (an action's notice)."""
+    assert reply.status == 303, (reply.status, reply.body[-600:])
+    return http(base + reply.headers["location"], headers={"Cookie": with_cookies(cookie, reply)})
+
+
 def wait_healthy(url: str, process: subprocess.Popen[str] | None = None) -> None:
     """Until ``url``/healthz answers 200 (the server is up and sees the schema)."""
     deadline = time.monotonic() + WAIT

@@ -3,13 +3,15 @@
     python tests/dashboard_screenshot.py [OUTPUT.png]
     python tests/dashboard_screenshot.py --page finished [OUTPUT.png]
     python tests/dashboard_screenshot.py --page finished-job [OUTPUT.png]
+    python tests/dashboard_screenshot.py --width 420 --page jobs OUTPUT.png
 
 Fills a throwaway database (TEST_DATABASE_URL's server, else a private one)
 with a small, plausible queue and history, serves the dashboard and
 photographs a page with headless Chromium: the overview
 (tests/screenshots/dashboard-overview.png by default), the Finished view, or
 the page of a finished job with a result (dashboard-finished.png,
-dashboard-finished-job.png).
+dashboard-finished-job.png), the Jobs list; ``--width`` sets the window's
+width (1280; 420 for a phone's).
 """
 
 from __future__ import annotations
@@ -130,6 +132,7 @@ PAGES = {
     "overview": ("/", "#failures-table", 1480),
     "finished": ("/finished", "#finished-table", 1200),
     "finished-job": ("/jobs/100048", "#job-result", 1000),
+    "jobs": ("/jobs", "#jobs-table", 1200),
 }
 
 
@@ -142,16 +145,20 @@ async def fill(url: str) -> None:
 
 def main() -> None:
     args = sys.argv[1:]
-    page = "overview"
-    if args[:1] == ["--page"]:
-        page, args = args[1], args[2:]
+    page, width = "overview", 1280
+    while args[:1] in (["--page"], ["--width"]):
+        if args[0] == "--page":
+            page = args[1]
+        else:
+            width = int(args[1])
+        args = args[2:]
     path, element, height = PAGES[page]
     default = OUTPUT if page == "overview" else OUTPUT.with_name(f"dashboard-{page}.png")
     output = Path(args[0]) if args else default
     with start_server() as server, server.database() as url:
         asyncio.run(fill(url))
         with serve_app(create_app(url, refresh=0)) as base, chromium() as browser:
-            browser.set_window_size(1280, height)
+            browser.set_window_size(width, height)
             browser.get(base + path)
             wait_for(browser, element)
             output.parent.mkdir(parents=True, exist_ok=True)

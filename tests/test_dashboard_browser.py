@@ -204,14 +204,19 @@ def test_each_action_confirmed_changes_the_database(db: str, browser: WebDriver)
         # Delete (complete): the row is gone; back on the list.
         confirm(browser, url, gone, "delete")
         click(browser, "#confirm-button")
-        assert "deleted" in wait_for(browser, "#notice").text
-        assert browser.current_url.startswith(url + "/jobs?")
+        done = wait_for(browser, "#notice.notice-done")
+        assert "deleted" in done.text
+        done_colour = done.value_of_css_property("background-color")
+        assert browser.current_url == url + "/jobs"  # no notice in the URL
         assert job_row(db, gone) is None
 
         # A locked job is left alone, as complete_jobs leaves it.
         confirm(browser, url, running, "delete")
         click(browser, "#confirm-button")
-        assert "locked" in wait_for(browser, "#notice").text
+        refused = wait_for(browser, "#notice")
+        assert "locked" in refused.text and refused.text.startswith("Refused:")
+        assert refused.get_attribute("class") == "notice notice-refused"
+        assert refused.value_of_css_property("background-color") != done_colour
         assert job_row(db, running) is not None
 
         # Cancel changes nothing.
@@ -404,8 +409,14 @@ def test_mounted_under_a_prefix_behind_the_apps_own_auth(
         click(browser, "#action-delete")
         click(browser, "#confirm-button")
         assert "deleted" in wait_for(browser, "#notice").text
-        assert browser.current_url.startswith(base + "/jobs?")
+        assert browser.current_url == base + "/jobs"
         assert job_row(db, job_id) is None
+        # Refreshed in place, the page keeps the notice it was shown once.
+        browser.find_element(By.ID, "refresh-toggle").click()
+        wait_for_text(browser, "#refresh-toggle", "on")
+        later = add_job(db, "hello")
+        wait_for(browser, f"#jobs-table tr[data-job='{later}']")
+        assert "deleted" in browser.find_element(By.ID, "notice").text
         assert http(base + "/healthz", headers={"Cookie": "session=staff"}).body == "ok\n"
         assert console_errors(browser) == []
 
@@ -488,7 +499,7 @@ def test_the_finished_view_and_cancelling(db: str, browser: WebDriver, tmp_path:
             click(browser, "#action-cancel")
             click(browser, "#confirm-button")
             assert "was cancelled" in wait_for(browser, "#notice").text
-            assert browser.current_url.startswith(f"{url}/jobs/{later}?")
+            assert browser.current_url == f"{url}/jobs/{later}"
             assert wait_for(browser, "#job-state").text == "cancelled"
             assert job_row(db, later) is None
 

@@ -8,7 +8,7 @@ import socket
 from urllib.parse import urlencode
 
 import pytest
-from dashboard_helpers import Reply, http, serve_app, serve_cli
+from dashboard_helpers import Reply, follow, http, serve_app, serve_cli
 from dbhelpers import rows, run_cli, value
 
 from worker_cli.dashboard import create_app
@@ -59,7 +59,8 @@ def test_a_post_without_its_token_is_refused_and_changes_nothing(db: str) -> Non
 
         done = post(action, {"csrf_token": token}, Cookie=cookie)
         assert done.status == 303
-        assert done.headers["location"] == f"/jobs?notice=delete&job={job_id}"
+        assert done.headers["location"] == "/jobs"
+        assert f"Job {job_id} was deleted" in follow(url, done, cookie).body
         assert not exists(db, job_id)
 
 

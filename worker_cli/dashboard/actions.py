@@ -9,7 +9,8 @@ Each goes through the same admin functions as the SQL API
 locked job is left alone exactly as those functions leave it; cancel is
 ``cancel_job`` (a running job is asked to stop). ``--read-only``
 hides the actions and refuses them (403). A POST redirects (303) to the page
-it came from with a notice saying what happened, or that nothing changed.
+it came from, which shows a notice saying what happened, or that it was
+refused and nothing changed (a one-time flash cookie: :mod:`.notices`).
 """
 
 from __future__ import annotations
@@ -119,7 +120,7 @@ class _Actions:
             job = await reader.job(job_id)
             now = await reader.now()
         if job is None:
-            return self._redirect(request, f"/jobs/{job_id}", notice="gone", job=job_id)
+            return self._redirect(request, f"/jobs/{job_id}", "gone", job=job_id)
         return self.dashboard.render(
             request,
             "confirm_job.html",
@@ -155,13 +156,13 @@ class _Actions:
         if changed:
             logger.info("Dashboard: %s job %d", action, job_id)
             if action == "delete":
-                return self._redirect(request, "/jobs", notice=action, job=job_id)
-            return self._redirect(request, f"/jobs/{job_id}", notice=action, job=job_id)
+                return self._redirect(request, "/jobs", action, job=job_id)
+            return self._redirect(request, f"/jobs/{job_id}", action, job=job_id)
         async with self.dashboard.reading() as reader:
             job = await reader.job(job_id)
         why = "gone" if job is None else "locked"
         return self._redirect(
-            request, "/jobs" if job is None else f"/jobs/{job_id}", notice=why, job=job_id
+            request, "/jobs" if job is None else f"/jobs/{job_id}", why, job=job_id
         )
 
     async def _cancel(self, request: Request, job_id: int, form: dict[str, str]) -> Response:
@@ -182,7 +183,7 @@ class _Actions:
         else:
             why = "finished"
         logger.info("Dashboard: cancel job %d: %s", job_id, state)
-        return self._redirect(request, f"/jobs/{job_id}", notice=why, job=job_id, state=state)
+        return self._redirect(request, f"/jobs/{job_id}", why, job=job_id, state=state)
 
     async def _apply(self, job_id: int, action: str, form: dict[str, str]) -> bool:
         """Run the action through WorkerUtils; whether it changed the job."""
@@ -213,8 +214,13 @@ class _Actions:
             more["max_attempts"] = min(job["attempts"] + 1, SMALLINT)
         return bool(await utils.reschedule_jobs([job_id], run_at=now, **more))
 
-    def _redirect(self, request: Request, path: str, **query: Any) -> Response:
-        return RedirectResponse(self.dashboard.url(request, path, query), status_code=303)
+    def _redirect(self, request: Request, path: str, notice: str, **values: object) -> Response:
+        """A 303 to ``path``, which shows ``notice`` (in a one-time flash
+        cookie: a link can carry no notice)."""
+        response = RedirectResponse(self.dashboard.url(request, path), status_code=303)
+        texts = {name: str(value) for name, value in values.items()}
+        self.dashboard.flash.set(response, request, path, notice, **texts)
+        return response
 
     # --- pools ------------------------------------------------------------------
 
@@ -257,7 +263,7 @@ class _Actions:
         async with self.dashboard.reading() as reader:
             beat = await reader.pool_alive(pool_id)
         if beat is not None and beat["alive"]:
-            return self._redirect(request, "/pools", notice="alive", pool=pool_id)
+            return self._redirect(request, "/pools", "alive", pool=pool_id)
         await (await self.dashboard.utils()).force_unlock_workers([pool_id])
         logger.info("Dashboard: unlocked the jobs of pool %s", pool_id)
-        return self._redirect(request, "/pools", notice="unlock", pool=pool_id)
+        return self._redirect(request, "/pools", "unlock", pool=pool_id)

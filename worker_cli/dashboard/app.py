@@ -36,6 +36,7 @@ from ..jobs.worker_utils import WorkerUtils
 from . import actions, pages
 from .formatting import FILTERS
 from .inputs import BIGINT, BadInput, parse_job_id, shown
+from .notices import Flash, cookie_path
 from .reads import Reader
 from .security import AllowedHosts, BasicAuth, Csrf, Receive, Scope, SecurityHeaders, Send
 
@@ -69,6 +70,7 @@ class Dashboard:
         self.read_only = read_only
         self.refresh = refresh
         self.csrf = Csrf(csrf_secret)
+        self.flash = Flash(self.csrf)
         self.max_connections = max_connections
         if isinstance(auth, str):
             auth = BasicAuth.parse(auth)
@@ -195,7 +197,11 @@ class Dashboard:
         refresh: bool = False,
         **context: Any,
     ) -> Response:
-        """A page; sets the CSRF cookie if the browser has none yet."""
+        """A page; sets the CSRF cookie if the browser has none yet, and shows
+        (and clears) the notice an action's redirect left for it."""
+        notice, clear = self.flash.read(request)
+        if notice is not None:
+            context["notice"] = notice
         nonce = request.cookies.get(Csrf.COOKIE)
         new_nonce = None
         if not nonce:
@@ -211,11 +217,13 @@ class Dashboard:
             **context,
         )
         response = HTMLResponse(html, status_code=status)
+        if clear:
+            self.flash.clear(request, response)
         if new_nonce is not None:
             response.set_cookie(
                 Csrf.COOKIE,
                 new_nonce,
-                path=request.scope.get("root_path", "").rstrip("/") or "/",
+                path=cookie_path(request),
                 httponly=True,
                 samesite="strict",
                 secure=request.url.scheme == "https",
@@ -244,7 +252,6 @@ class Dashboard:
             status=404,
             title=title,
             reason=reason,
-            notice=pages.notice(request),
         )
 
     def bad_input(self, request: Request, exc: BadInput) -> Response:

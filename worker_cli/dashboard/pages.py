@@ -22,34 +22,9 @@ from .reads import NEWEST, PAGE_SIZE, JobFilter
 if TYPE_CHECKING:
     from .site import Site
 
-__all__ = ["NOTICES", "routes"]
+__all__ = ["routes"]
 
 logger = logging.getLogger("graphile_worker.dashboard")
-
-#: What an action's redirect says (``?notice=``): fixed sentences, filled
-#: with the job id or pool named in the query string (escaped like any value).
-NOTICES = {
-    "run-now": "Job {job} will run now.",
-    "reschedule": "Job {job} was rescheduled.",
-    "fail": "Job {job} was permanently failed.",
-    "delete": "Job {job} was deleted (completed).",
-    "locked": (
-        "Job {job} is locked by a worker that is running it: nothing was changed "
-        "(the admin functions leave locked jobs alone until their lock is 4 hours old)."
-    ),
-    "gone": (
-        "Job {job} is no longer in the jobs table (it finished, or was removed): "
-        "nothing was changed."
-    ),
-    "cancel": "Job {job} was cancelled: it will not run. The history records it as cancelled.",
-    "cancel-running": (
-        "Job {job} is running: its worker was asked to stop it, and it will not be retried. "
-        "It is recorded as cancelled when it stops (as succeeded if its task returns normally)."
-    ),
-    "finished": "Job {job} had already finished ({state}): nothing was changed.",
-    "unlock": "Released the jobs and named queues that pool {pool} held.",
-    "alive": ("Pool {pool} has a live heartbeat: its jobs are running. Nothing was changed."),
-}
 
 
 def routes(dashboard: Site) -> list[Route]:
@@ -63,19 +38,6 @@ def routes(dashboard: Site) -> list[Route]:
         Route("/crontab", pages.crontab, name="crontab"),
         Route("/healthz", pages.healthz, name="healthz"),
     ]
-
-
-def notice(request: Request) -> str | None:
-    """The sentence an action's redirect asked for, if any."""
-    template = NOTICES.get(request.query_params.get("notice", ""))
-    if template is None:
-        return None
-    state = request.query_params.get("state", "")
-    return template.format(
-        job=request.query_params.get("job", ""),
-        pool=request.query_params.get("pool", ""),
-        state=state if state in (*FINISHED_STATES, "unknown") else "unknown",
-    )
 
 
 def job_filter_of(request: Request) -> tuple[JobFilter, list[str]]:
@@ -119,7 +81,6 @@ class _Pages:
             data=data,
             now=data.now,
             window=WINDOW,
-            notice=notice(request),
         )
 
     async def jobs(self, request: Request) -> Response:
@@ -142,7 +103,6 @@ class _Pages:
             now=now,
             window=WINDOW,
             page_size=PAGE_SIZE,
-            notice=notice(request),
         )
 
     async def job(self, request: Request) -> Response:
@@ -162,7 +122,6 @@ class _Pages:
                 page="finished",
                 job=finished,
                 now=now,
-                notice=notice(request),
             )
         if job is None:
             return self.dashboard.no_such_job(request, str(job_id))
@@ -174,7 +133,6 @@ class _Pages:
             page="jobs",
             job=job,
             now=now,
-            notice=notice(request),
         )
 
     async def finished(self, request: Request) -> Response:
@@ -195,7 +153,6 @@ class _Pages:
             states=FINISHED_STATES,
             problems=problems,
             now=now,
-            notice=notice(request),
         )
 
     async def pools(self, request: Request) -> Response:
@@ -210,7 +167,6 @@ class _Pages:
             data=data,
             now=data.now,
             window=WINDOW,
-            notice=notice(request),
         )
 
     async def crontab(self, request: Request) -> Response:

@@ -13,7 +13,9 @@ response, and the rule that only loopback may be served without a password.
   carries ``HMAC(secret, nonce)``; a POST whose token does not match its
   cookie, or that a browser marks as cross-site (``Sec-Fetch-Site``), is
   refused before anything runs. The HMAC means a cookie planted by a sibling
-  subdomain is of no use without the server's secret.
+  subdomain is of no use without the server's secret. The same secret signs
+  the one-time notice cookie an action leaves for its page
+  (:meth:`Csrf.sign`, under a key derived for that use; see ``notices``).
 - **Hosts** (:class:`AllowedHosts`): a request whose ``Host`` header is not
   the address it reached, ``localhost`` or a configured name gets a plain
   400, before anything else. Without it, a web page whose host name is
@@ -240,6 +242,19 @@ class Csrf:
 
     def token(self, nonce: str) -> str:
         return hmac.new(self._secret, nonce.encode(), hashlib.sha256).hexdigest()
+
+    def sign(self, purpose: str, message: str) -> str:
+        """``message``'s signature for one ``purpose`` (the flash notice):
+        under a key derived from the secret for it, so that no signature of
+        one use (a form's token) is one of another."""
+        key = hmac.new(
+            self._secret, b"graphile-worker dashboard: " + purpose.encode(), hashlib.sha256
+        )
+        return hmac.new(key.digest(), message.encode(), hashlib.sha256).hexdigest()
+
+    def signed(self, purpose: str, message: str, signature: str) -> bool:
+        """Whether ``signature`` is :meth:`sign`'s of ``message`` (constant time)."""
+        return hmac.compare_digest(self.sign(purpose, message).encode(), signature.encode())
 
     def valid(self, nonce: str | None, token: str | None) -> bool:
         """Whether a form's token belongs to the browser's nonce."""

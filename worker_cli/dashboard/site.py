@@ -15,6 +15,7 @@ if TYPE_CHECKING:
 
     from ..jobs.worker_utils import WorkerUtils
     from .inputs import BadInput
+    from .notices import Flash
     from .reads import Reader
     from .security import AllowedHosts, Csrf
 
@@ -26,6 +27,7 @@ class Site(Protocol):
 
     read_only: bool
     csrf: Csrf
+    flash: Flash
     hosts: AllowedHosts | None
 
     def reading(self, *, check_schema: bool = False) -> AbstractAsyncContextManager[Reader]:

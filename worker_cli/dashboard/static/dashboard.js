@@ -25,6 +25,15 @@
     return active && /^(INPUT|SELECT|TEXTAREA)$/.test(active.tagName);
   }
 
+  // An action's notice comes once (a one-time cookie), not with the
+  // refreshed content: it stays until the page is left.
+  function keepNotice(current, next) {
+    var notice = current.querySelector("#notice");
+    if (notice && !next.querySelector("#notice")) {
+      next.insertBefore(notice, next.firstChild);
+    }
+  }
+
   function refresh() {
     if (paused || document.hidden || busy()) {
       return schedule();
@@ -40,7 +49,9 @@
         var fresh = new DOMParser().parseFromString(html, "text/html").getElementById("content");
         var current = document.getElementById("content");
         if (fresh && current && !busy() && !paused) {
-          current.replaceWith(document.importNode(fresh, true));
+          var next = document.importNode(fresh, true);
+          keepNotice(current, next);
+          current.replaceWith(next);
         }
         document.body.classList.remove("stale");
       })
