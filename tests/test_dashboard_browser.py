@@ -97,6 +97,12 @@ def test_pages_links_and_values_shown_as_text(db: str, browser: WebDriver) -> No
             "locked": "1",
             "permanently_failed": "1",
         }
+        # The four state cards partition the jobs; retrying is said to be a
+        # subset of two of them (it is counted there too), not a fifth state.
+        partition = ("waiting", "scheduled", "locked", "permanently_failed")
+        assert sum(int(cards[state]) for state in partition) == int(cards["total"])
+        subset = browser.find_element(By.ID, "card-retrying").text
+        assert "of which retrying" in subset and "of waiting + scheduled" in subset
         assert f"#{waiting}" in browser.find_element(By.ID, "oldest-waiting").text
         # The error is text: no <img> was made of it, and no script ran.
         assert HTML_ERROR in browser.find_element(By.ID, "failures-table").text
