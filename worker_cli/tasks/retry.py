@@ -168,7 +168,8 @@ class RetryPolicy:
             seconds = self.delay
         if self.jitter:
             seconds *= random.uniform(1.0 - self.jitter, 1.0 + self.jitter)
-        limit = MAX_DELAY if self.max_delay is None else float(self.max_delay)  # type: ignore[arg-type]
+        limit = MAX_DELAY if self.max_delay is None else self.max_delay
+        assert isinstance(limit, float)  # __post_init__ made it seconds
         return max(0.0, min(seconds, limit))
 
 
