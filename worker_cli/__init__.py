@@ -24,6 +24,7 @@ from .errors import (
 )
 from .jobs.job import Job
 from .jobs.job_spec import JobKeyMode, JobSpec, TaskSpec
+from .jobs.pauses import Pause
 from .jobs.payloads import NamedPayload
 from .jobs.results import JobResult, JobState, ResultUnavailable
 from .jobs.unique import UniqueJobResult, UniqueRule, UniqueRuleError
@@ -63,6 +64,7 @@ __all__ = [
     "MigrationReport",
     "NamedPayload",
     "ParsedCronItem",
+    "Pause",
     "PayloadError",
     "ResultUnavailable",
     "RetryPolicy",

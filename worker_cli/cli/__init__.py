@@ -13,9 +13,13 @@ from __future__ import annotations
 
 from .commands import command, main
 from .job_commands import add_job, cancel, job
+from .pause_commands import pause, pauses, resume
 
 command.add_command(add_job)
 command.add_command(job)
 command.add_command(cancel)
+command.add_command(pause)
+command.add_command(resume)
+command.add_command(pauses)
 
 __all__ = ["command", "main"]

@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from ..db.plan import Plan, query
 from ..errors import JobSpecError
 from ..schema import lifecycle, statements
+from ..schema import pauses as pause_statements
 from ..schema.cleanup import (
     CLEANUP_STATEMENTS,
     CleanupTask,
@@ -41,6 +42,7 @@ from .job_spec import (
     validate_identifier,
     with_local_run_at,
 )
+from .pauses import Pause, pause_params, target
 from .payloads import NamedPayload, job_identity
 from .results import JobResult, check_job_id
 from .trace_context import carry
@@ -227,6 +229,41 @@ class UtilsPlans:
                 rows = yield from query(statement, {"job_id": job_id})
             registered = bool(rows[0][0])
         return registered, (yield from self._job_result(job_id))
+
+    def pause(
+        self,
+        queue: str | None,
+        task: str | None,
+        until: datetime | timedelta | float | None,
+        reason: str | None,
+        hold_queue_lock: bool,
+    ) -> Plan[Pause]:
+        """``pause``: the pause as stored."""
+        return self._pause(pause_params(queue, task, until, reason, hold_queue_lock))
+
+    def _pause(self, params: dict[str, Any]) -> Plan[Pause]:
+        with schema_required(self.schema):
+            statement = statements.compose(pause_statements.pause, self.schema)
+            rows = yield from query(statement, params)
+        return Pause.from_row(rows[0])
+
+    def resume(self, queue: str | None, task: str | None) -> Plan[bool]:
+        """``resume``: whether it was paused."""
+        kind, name = target(queue, task)
+        return self._resume(kind, name)
+
+    def _resume(self, kind: str, name: str) -> Plan[bool]:
+        with schema_required(self.schema):
+            statement = statements.compose(pause_statements.resume, self.schema)
+            rows = yield from query(statement, {"kind": kind, "name": name})
+        return bool(rows[0][0])
+
+    def list_pauses(self) -> Plan[list[Pause]]:
+        """``list_pauses``: the pauses in force."""
+        with schema_required(self.schema):
+            statement = statements.compose(pause_statements.list_pauses, self.schema)
+            rows = yield from query(statement, {})
+        return [Pause.from_row(row) for row in rows]
 
     def force_unlock_workers(self, worker_ids: Sequence[str]) -> Plan[None]:
         """``force_unlock_workers``."""

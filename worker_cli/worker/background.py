@@ -1,10 +1,11 @@
 """The loops that run beside a pool's pipeline, built for it.
 
-The listener (LISTEN: new jobs, cancel requests, breaking migrations), the
-poller, the sweeper of stale locks, the pruner of expired history, the
-cancel watch, cron, and (heartbeats off) the refresh of long jobs' locks.
-With ``once`` only the cancel watch and that refresh run (the watch then
-polls: there is no listener).
+The listener (LISTEN: new jobs, cancel requests, pauses, breaking
+migrations), the pause watch, the poller, the sweeper of stale locks, the
+pruner of expired history, the cancel watch, cron, and (heartbeats off) the
+refresh of long jobs' locks. With ``once`` only the cancel watch and that
+refresh run (the watch then polls: there is no listener; the fetch still
+leaves paused jobs alone).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from .cancel_watch import CancelWatch
 from .listener import Listener
 from .lock_refresh import LockRefresh
 from .maintenance import Poller, Sweeper
+from .pauses import PauseSettings, PauseWatch
 from .pruner import HistoryPruner
 from .slots import Slots
 from .stuck import StuckJobs
@@ -52,6 +54,9 @@ class PoolHooks:
     #: Refreshes the locks of long jobs on the loop (heartbeats off; else the
     #: heartbeat's thread does).
     lock_refresh: LockRefresh | None = None
+    #: Keeps the pool's view of pauses current and gives back paused jobs
+    #: (not with ``once``: its fetches still leave paused jobs alone).
+    pause_watch: Callable[[PauseSettings], PauseWatch] | None = None
 
 
 def background_loops(
@@ -71,6 +76,11 @@ def background_loops(
     refresh = [pool.lock_refresh.run(utils)] if pool.lock_refresh is not None else []
     if pool.once:
         return [cancels.run(), *refresh]
+    pauses = (
+        pool.pause_watch(PauseSettings(options.schema, options.poll_interval))
+        if pool.pause_watch is not None
+        else None
+    )
     listener = Listener(
         pool.connections,
         on_jobs=pool.nudge,
@@ -80,6 +90,7 @@ def background_loops(
         owner=pool.owner,
         schema=options.schema,
         on_cancel=cancels.notified,
+        on_control=pauses.notified if pauses is not None else None,
     )
     poller = Poller(options.poll_interval, exhausted=pool.exhausted, nudge=pool.nudge)
     sweeper = Sweeper(
@@ -91,6 +102,8 @@ def background_loops(
     )
     pruner = HistoryPruner(utils, schema=options.schema, interval=options.history_prune_interval)
     loops = [listener.run(), poller.run(), sweeper.run(), pruner.run(), cancels.run(), *refresh]
+    if pauses is not None:
+        loops.append(pauses.run())
     if pool.cron_items:
         from .cron import CronScheduler
 

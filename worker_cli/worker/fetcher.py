@@ -104,6 +104,7 @@ class Fetcher:
         on_fetched: OnFetched | None = None,
         on_unreadable: OnUnreadable,
         timeouts: dict[int, float] | None = None,
+        hold_back: Callable[[Sequence[Job]], Sequence[Job]] | None = None,
     ) -> None:
         self._connections = connections
         self._settings = settings
@@ -121,6 +122,9 @@ class Fetcher:
         self._on_unreadable = on_unreadable
         #: The fetched jobs' own timeouts (seconds), by job id; the slots take them.
         self._timeouts = timeouts
+        #: Given each fetch's jobs, returns those to queue (the others are
+        #: held back by a pause: see :mod:`.pauses`).
+        self._hold_back = hold_back
         self._get_jobs = statements.compose(
             statements.get_jobs_at if settings.use_local_time else statements.get_jobs,
             settings.schema,
@@ -293,7 +297,7 @@ class Fetcher:
 
     def _enqueue(self, jobs: Sequence[Job], unreadable: Sequence[Unreadable]) -> None:
         self._held.update(job.id for job in jobs)
-        self._queue.put(jobs)
+        self._queue.put(self._hold_back(jobs) if self._hold_back is not None else jobs)
         if unreadable:
             self._held.update(job.id for job, _ in unreadable)
             self._on_unreadable(unreadable)

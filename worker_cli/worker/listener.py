@@ -2,7 +2,9 @@
 
 ``jobs:insert`` (sent by ``add_job``) means there may be new jobs: the
 fetcher is nudged. ``<schema>:py:cancel`` means jobs were cancelled while
-running: the cancel watch looks for this pool's. ``worker:migrate`` with
+running: the cancel watch looks for this pool's. ``<schema>:py:control``
+means a queue or task was paused or resumed: the pause watch reads the
+pauses again. ``worker:migrate`` with
 ``breaking`` means another worker applied a schema revision this one does
 not know: the pool stops. A lost
 connection is re-opened with the :data:`retry.RECONNECT` backoff; once
@@ -44,12 +46,16 @@ class Listener:
         owner: object,
         schema: str = "graphile_worker",
         on_cancel: Callable[[str], None] | None = None,
+        on_control: Callable[[], None] | None = None,
     ) -> None:
         self._connections = connections
         self._on_jobs = on_jobs
         #: The channel of cancel requests (migrations/py/000008.sql).
         self._cancel_channel = lifecycle.channel(schema, "cancel")
         self._on_cancel = on_cancel
+        #: The channel of pauses and resumes (migrations/py/000014.sql).
+        self._control_channel = lifecycle.channel(schema, "control")
+        self._on_control = on_control
         self._on_breaking_migration = on_breaking_migration
         self._on_reconnected = on_reconnected
         self._events = events
@@ -67,6 +73,10 @@ class Listener:
                         channel = sql.Identifier(self._cancel_channel)
                         await conn.execute(sql.SQL("listen {}").format(channel))
                         self._on_cancel("")  # requests made while we were not listening
+                    if self._on_control is not None:
+                        channel = sql.Identifier(self._control_channel)
+                        await conn.execute(sql.SQL("listen {}").format(channel))
+                        self._on_control()  # pauses made while we were not listening
                     # Last: what pg_stat_activity shows of a listening worker.
                     await conn.execute(statements.listen_worker_migrate)
                     if failures:
@@ -97,6 +107,8 @@ class Listener:
             self._on_jobs()
         elif channel == self._cancel_channel and self._on_cancel is not None:
             self._on_cancel(payload)
+        elif channel == self._control_channel and self._on_control is not None:
+            self._on_control()
         elif channel == "worker:migrate":
             try:
                 details = json.loads(payload)

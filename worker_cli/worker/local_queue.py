@@ -175,6 +175,15 @@ class LocalQueue:
                     return job
         return None
 
+    def remove_where(self, covered: Callable[[Job], bool]) -> list[Job]:
+        """Take out the queued jobs ``covered`` selects (event loop only)."""
+        with self._lock:
+            taken = [entry[3] for entry in self._heap if entry[3] is not None and covered(entry[3])]
+            if taken:
+                self._heap = [e for e in self._heap if e[3] is None or not covered(e[3])]
+                heapq.heapify(self._heap)
+        return taken
+
     def drain(self) -> list[Job]:
         """Remove and return every job not started yet (stop markers are dropped)."""
         with self._lock:

@@ -40,6 +40,7 @@ from .fetcher import Fetcher, FetchSettings, OnFetched
 from .heartbeat import Heartbeat, PoolReport
 from .local_queue import LocalQueue
 from .lock_refresh import LockRefresh
+from .pauses import Pauses, PauseWatch
 from .result_writer import HistorySettings
 from .slots import Slots
 from .stopping import (
@@ -115,6 +116,8 @@ class WorkerPool:
         #: the fetcher puts them, a slot takes a job's when it starts it.
         self._timeouts: dict[int, float] = {}
         self._queue = LocalQueue()
+        #: The fleet's pauses as this pool knows them (see :mod:`.pauses`).
+        self._pauses = Pauses()
         self._fetcher = Fetcher(
             self.connections,
             FetchSettings.of(options),
@@ -128,6 +131,7 @@ class WorkerPool:
             on_fetched=on_fetched,
             on_unreadable=self._fail_unreadable,
             timeouts=self._timeouts,
+            hold_back=self._pauses.hold_back,
         )
         self._slots: Slots | None = None
         self._utils: WorkerUtils | None = None
@@ -264,7 +268,7 @@ class WorkerPool:
                 slot_tasks = slots.start(group)
                 fetcher = group.create_task(self._fetcher.run(self._on_exhausted))
                 writer = group.create_task(completer.run())
-                loops = self._background(utils, slots, lock_refresh)
+                loops = self._background(utils, slots, completer, lock_refresh)
                 helpers = [group.create_task(loop) for loop in loops]
                 self.nudge()
                 self.ready.set()
@@ -277,7 +281,8 @@ class WorkerPool:
                 await self._finish(fetcher)
                 # Given back while the running jobs are waited for: the return may
                 # need a connection that a running task holds until its abort_signal.
-                returning = asyncio.ensure_future(completer.return_unstarted(queue.drain()))
+                unstarted = [*queue.drain(), *self._pauses.take_held()]
+                returning = asyncio.ensure_future(completer.return_unstarted(unstarted))
                 queue.end_slots(len(slots))
                 await wait_for_running(
                     slots, slot_tasks, self._forced, options.graceful_shutdown_timeout, self.id
@@ -290,7 +295,11 @@ class WorkerPool:
             slots.close()
 
     def _background(
-        self, utils: WorkerUtils, slots: Slots, lock_refresh: LockRefresh | None
+        self,
+        utils: WorkerUtils,
+        slots: Slots,
+        completer: Completer,
+        lock_refresh: LockRefresh | None,
     ) -> list[Coroutine[Any, Any, None]]:
         """The loops that run beside the pipeline (see :mod:`.background`)."""
         return background_loops(
@@ -306,6 +315,14 @@ class WorkerPool:
                 on_breaking_migration=self._on_breaking_migration,
                 stuck=self._stuck,
                 lock_refresh=lock_refresh,
+                pause_watch=lambda settings: PauseWatch(
+                    utils.pool,
+                    self._pauses,
+                    settings=settings,
+                    queue=self._queue,
+                    give_back=completer.return_unstarted,
+                    nudge=self.nudge,
+                ),
             ),
             utils,
             slots,

@@ -1,0 +1,157 @@
+"""The commands about pauses: ``pause``, ``resume`` and ``pauses`` (the list)."""
+
+from __future__ import annotations
+
+import re
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from .common import CONTEXT_SETTINGS, connection_option, run_async, schema_option, shared
+from .params import aware_datetime
+
+if TYPE_CHECKING:
+    from ..jobs.pauses import Pause
+
+__all__ = ["pause", "pauses", "resume"]
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+_LENGTH = re.compile(r"(\d+(?:\.\d+)?)([smhd]?)")
+
+
+def length(_ctx: click.Context, _param: click.Parameter, value: str | None) -> timedelta | None:
+    """``--for``: a length such as 90, 90s, 10m, 2h or 1d (above 0, at most 366 days)."""
+    if value is None:
+        return None
+    match = _LENGTH.fullmatch(value.strip())
+    if not match:
+        raise click.BadParameter(f"{value!r} is not a length such as 90s, 10m, 2h or 1d")
+    seconds = float(match[1]) * _UNITS[match[2] or "s"]
+    if not 0 < seconds <= 366 * 86400:
+        raise click.BadParameter(f"{value!r}: a pause lasts above 0 and at most 366 days")
+    return timedelta(seconds=seconds)
+
+
+def _target(queue: str | None, task: str | None) -> dict[str, str]:
+    if (queue is None) == (task is None):
+        raise click.UsageError("give either --queue NAME or --task IDENTIFIER (one of them)")
+    return {"queue": queue} if queue is not None else {"task": task}  # type: ignore[dict-item]
+
+
+def _describe(pause: Pause) -> str:
+    what = "every named queue" if (pause.kind, pause.name) == ("queue", "*") else None
+    if pause.kind == "task" and pause.name == "*":
+        what = "every task"
+    line = f"{pause.kind} {pause.name}" if what is None else what
+    line += f": paused since {pause.paused_at.isoformat()}"
+    line += f", until {pause.resume_at.isoformat()}" if pause.resume_at else ", until resumed"
+    if pause.hold_queue_lock:
+        line += ", Node workers held off too"
+    if pause.reason:
+        line += f" ({pause.reason})"
+    return line
+
+
+_queue = click.option("--queue", metavar="NAME", help="A named queue ('*': every named queue).")
+_task = click.option("--task", metavar="IDENTIFIER", help="A task identifier ('*': every task).")
+
+
+@click.command("pause", context_settings=CONTEXT_SETTINGS)
+@connection_option
+@schema_option
+@_queue
+@_task
+@click.option("--for", "for_", metavar="LENGTH", callback=length, help="e.g. 10m, 2h, 1d.")
+@click.option(
+    "--until", metavar="DATETIME", callback=aware_datetime, help="ISO 8601 with a time zone."
+)
+@click.option("--reason", metavar="TEXT", help="Why: shown with the pause.")
+@click.option(
+    "--hold-queue-lock",
+    is_flag=True,
+    help="Keep Node workers off the named queue too (holds its lock; fails open when no "
+    "Python worker has run for 4 hours).",
+)
+@click.pass_context
+def pause(
+    ctx: click.Context,
+    connection: str | None,
+    schema: str,
+    queue: str | None,
+    task: str | None,
+    for_: timedelta | None,
+    until: Any,
+    reason: str | None,
+    hold_queue_lock: bool,
+) -> None:
+    """Pause a named queue or a task on every Python worker: its jobs wait
+    (running ones finish; jobs can still be added) until `resume`, or for a
+    while (--for, --until)."""
+    from ..jobs.worker_utils import make_worker_utils
+
+    target = _target(queue, task)
+    if for_ is not None and until is not None:
+        raise click.UsageError("give --for or --until, not both")
+    connection, schema = shared(ctx, connection, schema)
+
+    async def pause_it() -> Pause:
+        async with make_worker_utils(connection, schema=schema) as utils:
+            return await utils.pause(
+                **target,
+                until=until if until is not None else for_,
+                reason=reason,
+                hold_queue_lock=hold_queue_lock,
+            )
+
+    try:
+        click.echo("Paused " + _describe(run_async(pause_it())))
+    except ValueError as exc:  # JobSpecError: the one line naming the field
+        raise click.UsageError(str(exc)) from None
+
+
+@click.command("resume", context_settings=CONTEXT_SETTINGS)
+@connection_option
+@schema_option
+@_queue
+@_task
+@click.pass_context
+def resume(
+    ctx: click.Context, connection: str | None, schema: str, queue: str | None, task: str | None
+) -> None:
+    """End a pause."""
+    from ..jobs.worker_utils import make_worker_utils
+
+    target = _target(queue, task)
+    connection, schema = shared(ctx, connection, schema)
+
+    async def resume_it() -> bool:
+        async with make_worker_utils(connection, schema=schema) as utils:
+            return await utils.resume(**target)
+
+    kind, name = next(iter(target.items()))
+    if run_async(resume_it()):
+        click.echo(f"Resumed {kind} {name}")
+    else:
+        click.echo(f"{kind.capitalize()} {name} was not paused")
+
+
+@click.command("pauses", context_settings=CONTEXT_SETTINGS)
+@connection_option
+@schema_option
+@click.pass_context
+def pauses(ctx: click.Context, connection: str | None, schema: str) -> None:
+    """List the pauses in force."""
+    from ..jobs.worker_utils import make_worker_utils
+
+    connection, schema = shared(ctx, connection, schema)
+
+    async def list_them() -> list[Pause]:
+        async with make_worker_utils(connection, schema=schema) as utils:
+            return await utils.list_pauses()
+
+    found = run_async(list_them())
+    for one in found:
+        click.echo(_describe(one))
+    if not found:
+        click.echo("Nothing is paused")
