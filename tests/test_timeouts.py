@@ -156,22 +156,31 @@ async def test_a_jobs_own_timeout_is_stored_beside_it_only_when_given(
 # --- The fetch ---------------------------------------------------------------
 
 
-#: What migrations/py/000014.sql added to py_fetch_jobs: pauses.
+#: What migrations/py/000014.sql and 000015.sql added to py_fetch_jobs:
+#: paused and limited tasks and queues left alone.
 PAUSE_PARTS = (
     """
-  -- Paused named queues (null: none).
+  -- Named queues and tasks left alone: paused, or limited (null: none).
   v_paused_queues text[];
   v_paused_tasks text[];""",
-    """  -- Pauses: one look at an empty table when nothing is paused. Paused tasks
-  -- leave task_ids; paused queues are not locked below, so none of their
-  -- jobs is a candidate. Expired pauses (resume_at passed) count for nothing,
-  -- whether or not the upkeep has deleted them yet.
-  if exists (select from "graphile_worker"._private_py_pauses) then
+    """  -- Pauses and limits: one look at each empty table when nothing is paused
+  -- or limited. Paused and limited tasks leave task_ids; paused and limited
+  -- queues are not locked below, so none of their jobs is a candidate
+  -- (limited ones are py_fetch_limited_jobs'). Expired pauses (resume_at
+  -- passed) count for nothing, whether or not the upkeep has deleted them yet.
+  if exists (select from "graphile_worker"._private_py_pauses)
+    or exists (select from "graphile_worker"._private_py_limits)
+  then
     select array_agg(p.name) filter (where p.kind = 'queue'),
       array_agg(p.name) filter (where p.kind = 'task')
     into v_paused_queues, v_paused_tasks
-    from "graphile_worker"._private_py_pauses as p
-    where p.resume_at is null or p.resume_at > v_now;
+    from (
+      select p.kind, p.name
+      from "graphile_worker"._private_py_pauses as p
+      where p.resume_at is null or p.resume_at > v_now
+      union all
+      select l.kind, l.name from "graphile_worker"._private_py_limits as l
+    ) as p;
     if v_paused_tasks is not null then
       task_ids := array(
         select t.id
@@ -192,8 +201,9 @@ PAUSE_PARTS = (
 def test_the_fetch_is_py_get_jobs_with_the_jobs_timeout_added(db: str) -> None:
     """py_fetch_jobs cannot drift from py_get_jobs (which stays, unchanged, for
     workers of older versions): the same body with now() read once (or the
-    worker's now_at), the timeout column added, and pauses left alone (the
-    three parts of migrations/py/000014.sql, each present once)."""
+    worker's now_at), the timeout column added, and paused and limited jobs
+    left alone (the three parts of migrations/py/000014.sql and 000015.sql,
+    each present once)."""
     functions = {
         (row["name"], row["arity"]): row
         for row in rows(

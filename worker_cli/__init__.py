@@ -24,6 +24,7 @@ from .errors import (
 )
 from .jobs.job import Job
 from .jobs.job_spec import JobKeyMode, JobSpec, TaskSpec
+from .jobs.limits import Limit, LimitInfo
 from .jobs.pauses import Pause
 from .jobs.payloads import NamedPayload
 from .jobs.results import JobResult, JobState, ResultUnavailable
@@ -60,6 +61,8 @@ __all__ = [
     "JobSpecError",
     "JobState",
     "JobTimeout",
+    "Limit",
+    "LimitInfo",
     "MigrationError",
     "MigrationReport",
     "NamedPayload",

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from .commands import command, main
 from .job_commands import add_job, cancel, job
+from .limit_commands import limit, limits
 from .pause_commands import pause, pauses, resume
 
 command.add_command(add_job)
@@ -21,5 +22,7 @@ command.add_command(cancel)
 command.add_command(pause)
 command.add_command(resume)
 command.add_command(pauses)
+command.add_command(limit)
+command.add_command(limits)
 
 __all__ = ["command", "main"]

@@ -39,9 +39,9 @@ from ..errors import ConfigurationError
 from ..schema.cleanup import CleanupTask
 from ..schema.lifecycle import finished_channel
 from ..schema.migrate import MigrationReport
+from .flow_control import SyncFlowControl
 from .job import Job
 from .job_spec import AddJobOptions, JobKeyMode, JobSpec, TaskSpec
-from .pauses import Pause
 from .payloads import NamedPayload, job_identity
 from .results import JobResult, JobState
 from .sync_waiting import SyncWaitListener, wait_blocking
@@ -54,7 +54,7 @@ __all__ = ["SyncWorkerUtils", "make_sync_worker_utils", "quick_add_job_sync"]
 T = TypeVar("T")
 
 
-class SyncWorkerUtils:
+class SyncWorkerUtils(SyncFlowControl):
     """:class:`~worker_cli.jobs.worker_utils.WorkerUtils`, blocking: job administration
     over a ``psycopg_pool.ConnectionPool``, or over the caller's connection
     (``connection``); see :func:`make_sync_worker_utils`. Safe to share
@@ -305,32 +305,6 @@ class SyncWorkerUtils:
             job_ids, run_at=run_at, priority=priority, attempts=attempts, max_attempts=max_attempts
         )
         return self._run(plan)
-
-    def pause(
-        self,
-        *,
-        queue: str | None = None,
-        task: str | None = None,
-        until: datetime | timedelta | float | None = None,
-        reason: str | None = None,
-        hold_queue_lock: bool = False,
-    ) -> Pause:
-        """Pause a named queue or a task identifier (``*``: every queue, or
-        every task) across every Python worker: their jobs do not start until
-        :meth:`resume`, or ``until`` (an aware datetime, or how long: a
-        timedelta or seconds). Running jobs finish; jobs can still be added.
-        ``hold_queue_lock`` keeps Node workers off the queue too (README,
-        "Pause and resume"). Pausing again replaces ``until``, ``reason`` and
-        the hold. Returns the pause."""
-        return self._run(self._plans.pause(queue, task, until, reason, hold_queue_lock))
-
-    def resume(self, *, queue: str | None = None, task: str | None = None) -> bool:
-        """End a pause (see :meth:`pause`); whether there was one."""
-        return self._run(self._plans.resume(queue, task))
-
-    def list_pauses(self) -> list[Pause]:
-        """The pauses in force, by kind and name."""
-        return self._run(self._plans.list_pauses())
 
     def force_unlock_workers(self, worker_ids: Sequence[str]) -> None:
         """Release every job and queue locked by these worker pools (crashed ones)."""

@@ -20,6 +20,7 @@ from typing import Any
 from ..db.plan import Plan, query
 from ..errors import JobSpecError
 from ..schema import lifecycle, statements
+from ..schema import limits as limit_statements
 from ..schema import pauses as pause_statements
 from ..schema.cleanup import (
     CLEANUP_STATEMENTS,
@@ -42,6 +43,7 @@ from .job_spec import (
     validate_identifier,
     with_local_run_at,
 )
+from .limits import Limit, LimitInfo, limit_params
 from .pauses import Pause, pause_params, target
 from .payloads import NamedPayload, job_identity
 from .results import JobResult, check_job_id
@@ -264,6 +266,34 @@ class UtilsPlans:
             statement = statements.compose(pause_statements.list_pauses, self.schema)
             rows = yield from query(statement, {})
         return [Pause.from_row(row) for row in rows]
+
+    def set_limit(self, limit: Limit, queue: str | None, task: str | None) -> Plan[LimitInfo]:
+        """``set_limit``: the limit as stored, and its use."""
+        return self._set_limit(limit_params(queue, task, limit))
+
+    def _set_limit(self, params: dict[str, Any]) -> Plan[LimitInfo]:
+        with schema_required(self.schema):
+            statement = statements.compose(limit_statements.set_limit, self.schema)
+            rows = yield from query(statement, params)
+        return LimitInfo.from_row(rows[0])
+
+    def remove_limit(self, queue: str | None, task: str | None) -> Plan[bool]:
+        """``remove_limit``: whether there was one."""
+        kind, name = target(queue, task)
+        return self._remove_limit(kind, name)
+
+    def _remove_limit(self, kind: str, name: str) -> Plan[bool]:
+        with schema_required(self.schema):
+            statement = statements.compose(limit_statements.remove_limit, self.schema)
+            rows = yield from query(statement, {"kind": kind, "name": name})
+        return bool(rows[0][0])
+
+    def list_limits(self) -> Plan[list[LimitInfo]]:
+        """``list_limits``: every limit and its use."""
+        with schema_required(self.schema):
+            statement = statements.compose(limit_statements.list_limits, self.schema)
+            rows = yield from query(statement, {})
+        return [LimitInfo.from_row(row) for row in rows]
 
     def force_unlock_workers(self, worker_ids: Sequence[str]) -> Plan[None]:
         """``force_unlock_workers``."""

@@ -37,9 +37,9 @@ from ..errors import ConfigurationError, GraphileWorkerError
 from ..schema.cleanup import CleanupTask
 from ..schema.lifecycle import finished_channel
 from ..schema.migrate import MigrationReport
+from .flow_control import AsyncFlowControl
 from .job import Job
 from .job_spec import AddJobOptions, JobKeyMode, JobSpec, TaskSpec
-from .pauses import Pause
 from .payloads import NamedPayload, job_identity
 from .results import JobResult, JobState
 from .unique import UniqueJobResult, UniqueSpec
@@ -59,7 +59,7 @@ logger = logging.getLogger("graphile_worker")
 T = TypeVar("T")
 
 
-class WorkerUtils:
+class WorkerUtils(AsyncFlowControl):
     """Job administration over a connection pool, or over the caller's
     connection (``connection``); see :func:`make_worker_utils`."""
 
@@ -312,32 +312,6 @@ class WorkerUtils:
             job_ids, run_at=run_at, priority=priority, attempts=attempts, max_attempts=max_attempts
         )
         return await self._run(plan)
-
-    async def pause(
-        self,
-        *,
-        queue: str | None = None,
-        task: str | None = None,
-        until: datetime | timedelta | float | None = None,
-        reason: str | None = None,
-        hold_queue_lock: bool = False,
-    ) -> Pause:
-        """Pause a named queue or a task identifier (``*``: every queue, or
-        every task) across every Python worker: their jobs do not start until
-        :meth:`resume`, or ``until`` (an aware datetime, or how long: a
-        timedelta or seconds). Running jobs finish; jobs can still be added.
-        ``hold_queue_lock`` keeps Node workers off the queue too (README,
-        "Pause and resume"). Pausing again replaces ``until``, ``reason`` and
-        the hold. Returns the pause."""
-        return await self._run(self._plans.pause(queue, task, until, reason, hold_queue_lock))
-
-    async def resume(self, *, queue: str | None = None, task: str | None = None) -> bool:
-        """End a pause (see :meth:`pause`); whether there was one."""
-        return await self._run(self._plans.resume(queue, task))
-
-    async def list_pauses(self) -> list[Pause]:
-        """The pauses in force, by kind and name."""
-        return await self._run(self._plans.list_pauses())
 
     async def force_unlock_workers(self, worker_ids: Sequence[str]) -> None:
         """Release every job and queue locked by these worker pools (crashed ones)."""

@@ -24,6 +24,7 @@ from datetime import timedelta
 from typing import Any, Literal, TypeAlias, TypeVar, get_args
 
 from ..jobs.job_spec import check_timeout
+from ..jobs.limits import Limit
 from .retry import RetryPolicy
 
 __all__ = [
@@ -60,10 +61,15 @@ class TaskOptions:
     on_stuck: OnStuck = "wait"
     #: What follows a failed attempt (None: graphile-worker's backoff).
     retry: RetryPolicy | None = None
+    #: The task's fleet-wide limit, written to the database when a worker
+    #: running it starts (None: whatever the database holds, if anything).
+    limit: Limit | None = None
 
     def __post_init__(self) -> None:
         if self.retry is not None and not isinstance(self.retry, RetryPolicy):
             raise ValueError(f"task_options: retry must be a RetryPolicy, not {self.retry!r}")
+        if self.limit is not None and not isinstance(self.limit, Limit):
+            raise ValueError(f"task_options: limit must be a Limit, not {self.limit!r}")
         timeout = check_timeout(self.timeout)
         # Kept in seconds: the worker arms timers with it.
         object.__setattr__(self, "timeout", None if timeout is None else timeout.total_seconds())
@@ -77,6 +83,7 @@ def task_options(
     on_timeout: OnTimeout = "retry",
     on_stuck: OnStuck = "wait",
     retry: RetryPolicy | None = None,
+    limit: Limit | None = None,
 ) -> Callable[[F], F]:
     """Declare a task's settings beside its function::
 
@@ -99,6 +106,11 @@ def task_options(
     - ``retry``: a :class:`~worker_cli.tasks.retry.RetryPolicy`: its most
       attempts, the delay before the next one, which errors are never
       retried; None (the default): graphile-worker's backoff.
+    - ``limit``: a :class:`~worker_cli.jobs.limits.Limit` on this task across
+      every Python worker (at most N running at once, at most N starts per
+      period, per payload field value); written to the database as a worker
+      running the task starts, replacing what was stored there (the last
+      writer wins, with a warning when they differ).
 
     A bad value raises ValueError at once (when the task's module is imported).
     """
@@ -107,6 +119,7 @@ def task_options(
         on_timeout=on_timeout,
         on_stuck=on_stuck,
         retry=retry,
+        limit=limit,
     )
 
     def decorate(function: F) -> F:

@@ -10,19 +10,21 @@ leaves paused jobs alone).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..config.options import WorkerOptions
 from ..db.connections import WorkerConnections
+from ..jobs.job import Job
 from ..jobs.worker_utils import WorkerUtils
 from ..observe.events import Events
 from .cancel_watch import CancelWatch
 from .listener import Listener
+from .local_queue import LocalQueue
 from .lock_refresh import LockRefresh
 from .maintenance import Poller, Sweeper
-from .pauses import PauseSettings, PauseWatch
+from .pauses import Pauses, PauseSettings, PauseWatch
 from .pruner import HistoryPruner
 from .slots import Slots
 from .stuck import StuckJobs
@@ -54,9 +56,14 @@ class PoolHooks:
     #: Refreshes the locks of long jobs on the loop (heartbeats off; else the
     #: heartbeat's thread does).
     lock_refresh: LockRefresh | None = None
-    #: Keeps the pool's view of pauses current and gives back paused jobs
-    #: (not with ``once``: its fetches still leave paused jobs alone).
-    pause_watch: Callable[[PauseSettings], PauseWatch] | None = None
+    #: The pool's view of pauses, which the pause watch keeps current (not
+    #: with ``once``: its fetches still leave paused jobs alone), giving back
+    #: fetched jobs of paused queues and tasks from ``queue``.
+    pauses: Pauses | None = None
+    queue: LocalQueue | None = None
+    give_back: Callable[[Sequence[Job]], Awaitable[None]] | None = None
+    #: A limit may have changed (told on the same channel as pauses).
+    limits_changed: Callable[[], None] = lambda: None
 
 
 def background_loops(
@@ -76,11 +83,17 @@ def background_loops(
     refresh = [pool.lock_refresh.run(utils)] if pool.lock_refresh is not None else []
     if pool.once:
         return [cancels.run(), *refresh]
-    pauses = (
-        pool.pause_watch(PauseSettings(options.schema, options.poll_interval))
-        if pool.pause_watch is not None
-        else None
-    )
+    pauses = None
+    if pool.pauses is not None and pool.queue is not None and pool.give_back is not None:
+        pauses = PauseWatch(
+            utils.pool,
+            pool.pauses,
+            settings=PauseSettings(options.schema, options.poll_interval),
+            queue=pool.queue,
+            give_back=pool.give_back,
+            nudge=pool.nudge,
+            on_control=pool.limits_changed,
+        )
     listener = Listener(
         pool.connections,
         on_jobs=pool.nudge,

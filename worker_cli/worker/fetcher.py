@@ -38,6 +38,7 @@ from ..db.retry import DEFAULT, one_line
 from ..jobs.job import Job
 from ..observe.events import Events
 from ..schema import statements
+from .limited_fetch import LimitedFetch
 from .local_queue import LocalQueue, Rate, plan_fetch
 from .unreadable import Unreadable, read_jobs
 
@@ -129,6 +130,10 @@ class Fetcher:
             statements.get_jobs_at if settings.use_local_time else statements.get_jobs,
             settings.schema,
         )
+        #: The second statement of each fetch: jobs under limits.
+        self.limited = LimitedFetch(
+            settings.schema, use_local_time=settings.use_local_time, nudge=self.nudge
+        )
         self._rate = Rate()
         self._wanted = asyncio.Event()
         self._stopped = asyncio.Event()
@@ -166,6 +171,11 @@ class Fetcher:
         self.exhausted = False
         self._wanted.set()
 
+    def limits_changed(self) -> None:
+        """A limit may have been set or removed: look again at the next fetch."""
+        self.limited.forget()
+        self.nudge()
+
     def wake(self) -> bool:
         """Fetch if the local queue wants more (a slot found it short); whether
         no fetch is in flight (see :meth:`Refill.wake`)."""
@@ -174,6 +184,7 @@ class Fetcher:
 
     def stop(self) -> None:
         """Fetch no more; :meth:`run` returns once a fetch in flight is done."""
+        self.limited.stop()
         self._stopped.set()
         self._wanted.set()
 
@@ -184,28 +195,12 @@ class Fetcher:
             await conn.close()
 
     async def register_tasks(self) -> None:
-        """Learn the id of every task, adding the unknown identifiers.
-
-        A task row another transaction inserts at the same moment (a job
-        added for a new task while this worker starts) makes our insert wait
-        and skip it, and it is not in this statement's snapshot either: the
-        statement runs again for the missing ones, and then sees it.
-        """
-        statement = statements.compose(statements.register_tasks, self._settings.schema)
-        task_ids: dict[int, str] = {}
-        missing = self._tasks
-        for _ in range(_REGISTER_ATTEMPTS):
-            conn = await self._connection()
-            cur = await conn.execute(statement, {"identifiers": missing})
-            task_ids.update({int(id_): identifier async for id_, identifier in cur})
-            found = set(task_ids.values())
-            missing = [identifier for identifier in self._tasks if identifier not in found]
-            if not missing:
-                break
-        else:
-            raise RuntimeError(f"could not register the task(s) {', '.join(missing)}")
-        self._task_ids = task_ids
-        self._task_id_list = list(task_ids)
+        """Learn the id of every task, adding the unknown identifiers (see
+        :func:`register_tasks`)."""
+        self._task_ids = await register_tasks(
+            await self._connection(), self._settings.schema, self._tasks
+        )
+        self._task_id_list = list(self._task_ids)
 
     def _plan(self) -> int:
         """How many jobs to fetch now (0: none); also sets :attr:`refill_below`."""
@@ -266,7 +261,8 @@ class Fetcher:
                 await self._stopped.wait()
 
     async def fetch(self, limit: int) -> int:
-        """Lock up to ``limit`` jobs into the local queue; returns how many."""
+        """Lock up to ``limit`` jobs into the local queue; returns how many
+        (jobs under limits, fetched for the free slots only, counted too)."""
         if self._lost:
             await self._recover_lost_fetch()
         conn = await self._connection()
@@ -283,21 +279,39 @@ class Fetcher:
             if self._settings.use_local_time:
                 params["now"] = datetime.now(UTC)
             cur = await conn.cursor(binary=True).execute(self._get_jobs, params)
-            jobs, unreadable = await read_jobs(cur, self._task_ids, self._timeouts)
-            if self._on_fetched is not None:
-                await self._on_fetched(conn, jobs)
+            fetched = await self._take(conn, cur)
+            if await self.limited.applies(conn, short=fetched < limit):
+                free = self._settings.concurrency - self._running() - self._queue.first_count()
+                fetched += await self.limited.fetch(conn, params, free, self._take)
         except BaseException as exc:
             if conn.broken or conn.closed or isinstance(exc, asyncio.CancelledError):
                 # The statement may have committed: its reply is lost.
                 self._lost = self._session or True
                 await self._drop_connection(conn)
             raise
-        self._enqueue(jobs, unreadable)
+        return fetched
+
+    async def _take(
+        self,
+        conn: psycopg.AsyncConnection[Any],
+        cur: psycopg.AsyncCursor[Any],
+        first: Callable[[Sequence[Job]], None] | None = None,
+    ) -> int:
+        """Queue the jobs of a fetch's result; how many. With ``first`` (called
+        with them before), ahead of every queued job."""
+        jobs, unreadable = await read_jobs(cur, self._task_ids, self._timeouts)
+        if first is not None:
+            first(jobs)
+        if self._on_fetched is not None:
+            await self._on_fetched(conn, jobs)
+        self._enqueue(jobs, unreadable, first=first is not None)
         return len(jobs) + len(unreadable)
 
-    def _enqueue(self, jobs: Sequence[Job], unreadable: Sequence[Unreadable]) -> None:
+    def _enqueue(
+        self, jobs: Sequence[Job], unreadable: Sequence[Unreadable], *, first: bool = False
+    ) -> None:
         self._held.update(job.id for job in jobs)
-        self._queue.put(self._hold_back(jobs) if self._hold_back is not None else jobs)
+        self._queue.put(self._hold_back(jobs) if self._hold_back is not None else jobs, first=first)
         if unreadable:
             self._held.update(job.id for job, _ in unreadable)
             self._on_unreadable(unreadable)
@@ -396,3 +410,26 @@ async def configure_fetch_connection(
     cur = await conn.execute(statements.fetch_session)
     row = await cur.fetchone()
     return (conn.info.backend_pid, row[1] if row else None)
+
+
+async def register_tasks(
+    conn: psycopg.AsyncConnection[Any], schema: str, tasks: Sequence[str]
+) -> dict[int, str]:
+    """The id of every task of ``tasks``, adding the unknown identifiers.
+
+    A task row another transaction inserts at the same moment (a job added
+    for a new task while this worker starts) makes our insert wait and skip
+    it, and it is not in this statement's snapshot either: the statement
+    runs again for the missing ones, and then sees it.
+    """
+    statement = statements.compose(statements.register_tasks, schema)
+    task_ids: dict[int, str] = {}
+    missing = list(tasks)
+    for _ in range(_REGISTER_ATTEMPTS):
+        cur = await conn.execute(statement, {"identifiers": missing})
+        task_ids.update({int(id_): identifier async for id_, identifier in cur})
+        found = set(task_ids.values())
+        missing = [identifier for identifier in tasks if identifier not in found]
+        if not missing:
+            return task_ids
+    raise RuntimeError(f"could not register the task(s) {', '.join(missing)}")

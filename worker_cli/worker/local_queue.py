@@ -126,11 +126,13 @@ class LocalQueue:
     def __len__(self) -> int:
         return len(self._heap)
 
-    def put(self, jobs: Sequence[Job]) -> None:
-        """Queue fetched jobs (event loop only)."""
+    def put(self, jobs: Sequence[Job], *, first: bool = False) -> None:
+        """Queue fetched jobs (event loop only); ``first``: ahead of every other
+        job (jobs a limit let start, which must start at once)."""
         with self._lock:
             for job in jobs:
-                heapq.heappush(self._heap, (job.priority, job.run_at.timestamp(), job.id, job))
+                rank = -math.inf if first else job.priority
+                heapq.heappush(self._heap, (rank, job.run_at.timestamp(), job.id, job))
         for _ in jobs:
             self._wake_one()
 
@@ -174,6 +176,11 @@ class LocalQueue:
                     heapq.heappop(self._heap)
                     return job
         return None
+
+    def first_count(self) -> int:
+        """How many queued jobs were put ``first`` and have not started."""
+        with self._lock:
+            return sum(1 for entry in self._heap if entry[0] == -math.inf)
 
     def remove_where(self, covered: Callable[[Job], bool]) -> list[Job]:
         """Take out the queued jobs ``covered`` selects (event loop only)."""

@@ -106,6 +106,7 @@ class PauseWatch:
         queue: LocalQueue,
         give_back: Callable[[Sequence[Job]], Awaitable[None]],
         nudge: Callable[[], None],
+        on_control: Callable[[], None] = lambda: None,
     ) -> None:
         self._db = db
         self._state = state
@@ -113,13 +114,16 @@ class PauseWatch:
         self._queue = queue
         self._give_back = give_back
         self._nudge = nudge
+        self._on_control = on_control
         self._read = statements.compose(pauses.pool_pauses, settings.schema)
         self._upkeep = statements.compose(pauses.upkeep, settings.schema)
         self._since_upkeep = UPKEEP_INTERVAL  # the first read runs it
 
     def notified(self) -> None:
-        """A pause or resume was announced (or the listener reconnected)."""
+        """A pause, resume or limit change was announced (or the listener
+        reconnected): read the pauses again, and tell ``on_control``."""
         self._state.changed.set()
+        self._on_control()
 
     async def run(self) -> None:
         while True:

@@ -36,17 +36,18 @@ from ..observe.events import Events
 from ..tasks.loader import Task
 from .background import PoolHooks, background_loops
 from .completer import Completer
+from .declared_limits import declare_limits
 from .fetcher import Fetcher, FetchSettings, OnFetched
 from .heartbeat import Heartbeat, PoolReport
 from .local_queue import LocalQueue
 from .lock_refresh import LockRefresh
-from .pauses import Pauses, PauseWatch
+from .pauses import Pauses
 from .result_writer import HistorySettings
 from .slots import Slots
+from .start_deadlines import StartDeadlines
 from .stopping import (
     finish,
-    log_stuck,
-    log_unwritten,
+    report_left_behind,
     wait_for_running,
 )
 from .stuck import StuckJobs
@@ -93,13 +94,11 @@ class WorkerPool:
         self.cron_items = list(cron_items)
         #: Set when a breaking schema migration was announced (exit code 57).
         self.breaking_migration: str | None = None
-        #: Ids of the jobs this pool still held when a forced stop gave up
-        #: writing back their results (or giving them back): they run again
-        #: once released. Empty after a clean stop.
+        #: Ids of the jobs still held when a forced stop gave up writing them
+        #: back (they run again once released); empty after a clean stop.
         self.unwritten_job_ids: list[int] = []
-        #: Ids of the jobs stuck past their timeout that stopped the pool (their
-        #: task says on_stuck="exit", exit code 75): left locked by this pool,
-        #: they run again once it is gone.
+        #: Ids of the jobs stuck past their timeout (on_stuck="exit", exit code
+        #: 75) that stopped the pool: left locked, they run again once it is gone.
         self.stuck_job_ids: list[int] = []
         self._stuck = StuckJobs()  # in the heartbeat, the metrics (load.stuck)
         #: Set once the pool is connected and its tasks are registered.
@@ -135,8 +134,6 @@ class WorkerPool:
         )
         self._slots: Slots | None = None
         self._utils: WorkerUtils | None = None
-
-    # --- control ------------------------------------------------------------
 
     def stop(self, reason: str = "stop requested") -> None:
         """Begin a graceful shutdown."""
@@ -196,8 +193,6 @@ class WorkerPool:
         schema) as the fetcher's, instead of opening another; closed with the pool."""
         self._fetcher.adopt_connection(conn)
 
-    # --- main ---------------------------------------------------------------
-
     async def run(self) -> None:
         """Run until stopped; returns once every job is written back, or after
         a forced stop once the results are written or ``forced_shutdown_timeout``
@@ -229,6 +224,7 @@ class WorkerPool:
                 raise failure.exceptions[0] from None  # the first error, as it was raised
             started = True
             self._utils = WorkerUtils(db, options.schema, use_local_time=options.use_local_time)
+            await declare_limits(self._utils, self.tasks)
             # Without heartbeats, the locks of long jobs are refreshed on the loop.
             await self._run_parts(self._utils, None if heartbeat else lock_refresh)
         finally:
@@ -247,6 +243,10 @@ class WorkerPool:
             events=self.events,
             history=HistorySettings(options.keep_succeeded) if options.history else None,
         )
+        deadlines = StartDeadlines(
+            utils.pool, schema=options.schema, give_back=completer.return_unstarted
+        )
+        self._fetcher.limited.deadlines = deadlines
         slots = self._slots = Slots(
             concurrency=options.concurrency,
             tasks=self.tasks,
@@ -262,13 +262,14 @@ class WorkerPool:
             timeout_grace=options.timeout_grace,
             on_stuck_exit=self._on_stuck_exit,
             stuck=self._stuck,
+            admit=deadlines.admit,
         )
         try:
             async with asyncio.TaskGroup() as group:
                 slot_tasks = slots.start(group)
                 fetcher = group.create_task(self._fetcher.run(self._on_exhausted))
                 writer = group.create_task(completer.run())
-                loops = self._background(utils, slots, completer, lock_refresh)
+                loops = [*self._background(utils, slots, completer, lock_refresh), deadlines.run()]
                 helpers = [group.create_task(loop) for loop in loops]
                 self.nudge()
                 self.ready.set()
@@ -281,7 +282,7 @@ class WorkerPool:
                 await self._finish(fetcher)
                 # Given back while the running jobs are waited for: the return may
                 # need a connection that a running task holds until its abort_signal.
-                unstarted = [*queue.drain(), *self._pauses.take_held()]
+                unstarted = [*queue.drain(), *self._pauses.take_held(), *deadlines.take_late()]
                 returning = asyncio.ensure_future(completer.return_unstarted(unstarted))
                 queue.end_slots(len(slots))
                 await wait_for_running(
@@ -315,14 +316,10 @@ class WorkerPool:
                 on_breaking_migration=self._on_breaking_migration,
                 stuck=self._stuck,
                 lock_refresh=lock_refresh,
-                pause_watch=lambda settings: PauseWatch(
-                    utils.pool,
-                    self._pauses,
-                    settings=settings,
-                    queue=self._queue,
-                    give_back=completer.return_unstarted,
-                    nudge=self.nudge,
-                ),
+                pauses=self._pauses,
+                queue=self._queue,
+                give_back=completer.return_unstarted,
+                limits_changed=self._fetcher.limits_changed,
             ),
             utils,
             slots,
@@ -336,7 +333,7 @@ class WorkerPool:
     def _on_exhausted(self) -> None:
         """With ``once``: stop once nothing is left to fetch, run or write (the
         pool holds no job: none queued, running, or with a result unwritten)."""
-        if self.once and not self._held:
+        if self.once and not self._held and not self._fetcher.limited.waiting:
             self.stop("no runnable jobs left")
 
     def _on_stuck_exit(self, job: Job) -> None:
@@ -359,12 +356,9 @@ class WorkerPool:
         utils, self._utils = self._utils, None
         if utils is not None:  # a task's wait_for_job may have started its listener
             await utils.close()
-        stuck = self._held.intersection(self.stuck_job_ids)
-        if stuck:
-            log_stuck(self.id, sorted(stuck), self.options)
-        if self._held - stuck or self._fetcher.lost_fetch:
-            self.unwritten_job_ids = sorted(self._held - stuck)
-            log_unwritten(self.id, self.unwritten_job_ids, self._fetcher.lost_fetch, self.options)
+        self.unwritten_job_ids = report_left_behind(
+            self.id, self._held, self.stuck_job_ids, self._fetcher.lost_fetch, self.options
+        )
         if heartbeat:
             # Beats on until every result is written; a pool that stops
             # holding jobs keeps its row, so that others release them.

@@ -91,6 +91,7 @@ class Slots(SlotGroup):
         timeout_grace: float = 30.0,
         on_stuck_exit: Callable[[Job], None] = lambda job: None,
         stuck: StuckJobs,
+        admit: Callable[[Job], bool] = lambda job: True,
     ) -> None:
         self._tasks = tasks
         #: The largest result kept, in bytes (None: results are not kept).
@@ -115,9 +116,8 @@ class Slots(SlotGroup):
         self._report = self._reporter.report
         super().__init__([Slot(f"worker-{secrets.token_hex(9)}") for _ in range(concurrency)])
         self._loop = asyncio.get_running_loop()
-        #: The fetched jobs' own timeouts (seconds), by job id: taken at their
-        #: start; and the tasks' (only those that have one). While both are
-        #: empty, a job costs one test here.
+        #: The fetched jobs' own timeouts (seconds) by job id, taken at their start, and
+        #: the tasks' (those that have one). While both are empty a job costs one test.
         self._timeouts = {} if timeouts is None else timeouts
         self._task_timeouts = task_timeouts(tasks)
         self._deadlines = Deadlines(
@@ -145,6 +145,7 @@ class Slots(SlotGroup):
             cancelling=self.cancelling,
             timeouts=self._timeouts,
             task_timeouts=self._task_timeouts,
+            admit=admit,
         )
         self._watch = LoopWatch(self._loop, self.job_of)
         #: Jobs running now.
@@ -211,6 +212,8 @@ class Slots(SlotGroup):
                 job = await queue.take()
             if job is None:
                 break
+            if not self._threads.admit(job):  # a limit's deadline passed (start_deadlines)
+                continue
             if job.task_identifier in self._plain:
                 if await self._run_plain(slot, job):
                     break  # its stuck job was let go: the slot ends

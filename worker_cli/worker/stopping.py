@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..config.options import WorkerOptions
@@ -16,6 +16,7 @@ __all__ = [
     "cancel_and_wait",
     "log_stuck",
     "log_unwritten",
+    "report_left_behind",
     "wait_for_running",
     "wait_until_forced",
 ]
@@ -123,6 +124,24 @@ def _released(pool_id: str, options: WorkerOptions) -> str:
         if options.heartbeat_interval
         else "by force_unlock_workers(['" + pool_id + "']) or the 4-hour stale-lock sweep"
     )
+
+
+def report_left_behind(
+    pool_id: str,
+    held: Collection[int],
+    stuck_ids: Collection[int],
+    lost_fetch: bool,
+    options: WorkerOptions,
+) -> list[int]:
+    """As a pool closes: log the jobs it still holds, those left locked for
+    being stuck (on_stuck="exit") apart; returns the others' ids (sorted)."""
+    stuck = set(held).intersection(stuck_ids)
+    if stuck:
+        log_stuck(pool_id, sorted(stuck), options)
+    unwritten = sorted(set(held) - stuck)
+    if unwritten or lost_fetch:
+        log_unwritten(pool_id, unwritten, lost_fetch, options)
+    return unwritten
 
 
 def log_stuck(pool_id: str, job_ids: Sequence[int], options: WorkerOptions) -> None:

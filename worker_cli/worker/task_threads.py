@@ -155,6 +155,10 @@ class Outbox:
         self._deliver(items, refill)
 
 
+def _always(job: Job) -> bool:
+    return True
+
+
 @dataclass(frozen=True, slots=True)
 class ThreadSettings:
     """What every task thread of a pool shares."""
@@ -177,6 +181,8 @@ class ThreadSettings:
     timeouts: dict[int, float] = field(default_factory=dict)
     #: The timeouts of the tasks that declare one, by identifier.
     task_timeouts: Mapping[str, float] = field(default_factory=dict)
+    #: Whether a taken job may start now (see :mod:`.start_deadlines`).
+    admit: Callable[[Job], bool] = _always
 
 
 class TaskThread:
@@ -277,12 +283,13 @@ class TaskThread:
             job: Job | None
             job, more, done = handed
             while job is not None:
-                ran = self._run(job)
+                ran = self._run(job) if settings.admit(job) else None
                 with self._lock:
                     if self._abandoned:
                         return  # already failed by the loop
                     job = self._job = take(plain) if more else None
-                outbox.put(ran)
+                if ran is not None:
+                    outbox.put(ran)
                 if settings.queue.runs_short(settings.refill):
                     outbox.ask_refill()
             outbox.put(Back(done))

@@ -1,0 +1,540 @@
+-- Concurrency and rate limits across every Python pool (Python-only; Node
+-- never reads these objects, and its workers ignore the limits).
+--
+-- A limit applies to a task identifier (kind 'task') or a named queue (kind
+-- 'queue'), optionally per value of a payload field (partition_by: each
+-- value, say each account_id, has its own limit; a job without the field
+-- counts under the empty value). It caps
+--   max_running: jobs of the key (or partition) locked at once, by any pool;
+--   max_starts per period: starts in any window of that length. Every start
+--     counts whatever its outcome; a retry or snooze counts again when it
+--     starts again.
+-- The table is the single source of truth: the utilities, the CLI and the
+-- pools' own declarations (@task_options(limit=...)) write it; every change
+-- is announced on "<schema>:py:control" (payload 'limits').
+create table {{schema}}._private_py_limits (
+  kind text not null constraint _private_py_limits_kind_check check (kind in ('queue', 'task')),
+  name text not null
+    constraint _private_py_limits_name_check check (length(name) between 1 and 128),
+  max_running int constraint _private_py_limits_running_check check (max_running between 1 and 10000),
+  max_starts int constraint _private_py_limits_starts_check check (max_starts between 1 and 10000),
+  period interval
+    constraint _private_py_limits_period_check check (period > interval '0' and period <= interval '1 day'),
+  partition_by text
+    constraint _private_py_limits_partition_check check (length(partition_by) between 1 and 128),
+  updated_at timestamptz not null default now(),
+  constraint _private_py_limits_pkey primary key (kind, name),
+  constraint _private_py_limits_rate_check check ((max_starts is null) = (period is null)),
+  constraint _private_py_limits_some_check check (max_running is not null or max_starts is not null)
+);
+
+-- The state of each limit (one row per partition value, '' without
+-- partition_by): the ids of the jobs it let start that may still be running
+-- (those no longer locked are dropped as it is read), and the times of its
+-- latest starts (at most max_starts) with the ids of the jobs started then
+-- (started[i] at starts[i]). Written by a fetch holding the limit's row lock,
+-- and by py_uncount_starts.
+create table {{schema}}._private_py_limit_state (
+  kind text not null,
+  name text not null,
+  partition text not null,
+  running bigint[] not null default '{}',
+  starts timestamptz[] not null default '{}',
+  started bigint[] not null default '{}',
+  constraint _private_py_limit_state_pkey primary key (kind, name, partition)
+);
+
+-- Set (or replace) a limit; returns it.
+create or replace function {{schema}}.py_set_limit(
+  kind text, name text, max_running int default null, max_starts int default null,
+  period interval default null, partition_by text default null
+)
+returns setof {{schema}}._private_py_limits
+language plpgsql
+volatile
+as $fn$
+declare
+  v_limit {{schema}}._private_py_limits;
+begin
+  insert into {{schema}}._private_py_limits as l (kind, name, max_running, max_starts, period,
+    partition_by)
+  values (py_set_limit.kind, py_set_limit.name, py_set_limit.max_running, py_set_limit.max_starts,
+    py_set_limit.period, py_set_limit.partition_by)
+  on conflict on constraint _private_py_limits_pkey do update
+    set max_running = excluded.max_running, max_starts = excluded.max_starts,
+      period = excluded.period, partition_by = excluded.partition_by, updated_at = now()
+  returning l.* into v_limit;
+  -- A new partitioning starts counting afresh (the old rows name other values).
+  delete from {{schema}}._private_py_limit_state as s
+  where s.kind = v_limit.kind and s.name = v_limit.name
+    and (v_limit.partition_by is null) <> (s.partition = '');
+  perform pg_notify({{schema}}.py_channel('control'), 'limits');
+  return next v_limit;
+end;
+$fn$;
+
+-- Remove a limit; whether there was one.
+create or replace function {{schema}}.py_remove_limit(kind text, name text)
+returns boolean
+language plpgsql
+volatile
+as $fn$
+declare
+  v_found boolean;
+begin
+  delete from {{schema}}._private_py_limits as l
+  where l.kind = py_remove_limit.kind and l.name = py_remove_limit.name;
+  v_found := found;
+  delete from {{schema}}._private_py_limit_state as s
+  where s.kind = py_remove_limit.kind and s.name = py_remove_limit.name;
+  perform pg_notify({{schema}}.py_channel('control'), 'limits');
+  return v_found;
+end;
+$fn$;
+
+-- The worker's fetch of jobs under limits: like py_fetch_jobs (same
+-- arguments and columns), for the jobs of limited tasks and limited queues
+-- only (py_fetch_jobs now leaves those alone). The worker asks for at most
+-- its free slots, so that what this lets start starts at once.
+--
+-- Race-free by serialising: the rows of every limit this fetch may use are
+-- locked first (FOR UPDATE, in key order), so another limited fetch that
+-- could use one of them waits until this one commits; each statement after
+-- that sees the jobs every earlier fetch locked. A candidate is taken only if
+-- each of its limits (its task's, its queue's; its partition's) has a free
+-- slot and a free start, and then it is locked and counted at once. A denied
+-- job is left as it was (no attempt spent) and the fetch goes on with the
+-- next candidate, so one full key holds up no other. At most 1,000
+-- candidates are looked at per fetch.
+--
+-- Starts are timed with clock_timestamp() once the locks are held. A window
+-- is counted 50 ms longer than the period, so that the time between a
+-- fetch's commit and its jobs' starts in the pools cannot bring one window of
+-- the period more starts than allowed.
+create or replace function {{schema}}.py_fetch_limited_jobs(
+  task_ids int[], forbidden_flags text[], job_limit int, pool_id text,
+  now_at timestamptz default null
+)
+returns table (
+  id bigint, job_queue_id int, task_id int, payload json, priority smallint,
+  run_at timestamptz, attempts smallint, max_attempts smallint, last_error text,
+  created_at timestamptz, updated_at timestamptz, key text, locked_at timestamptz,
+  locked_by text, revision int, flags jsonb, is_available boolean, queue_name text,
+  timeout interval
+)
+language plpgsql
+volatile
+set plan_cache_mode = force_generic_plan
+set jit = off
+as $fn$
+#variable_conflict use_column
+declare
+  v_now timestamptz := coalesce(now_at, now());
+  v_clock timestamptz;
+  v_locked_at timestamptz;
+  v_margin constant interval := interval '50 milliseconds';
+  v_paused_queues text[];
+  v_paused_tasks text[];
+  v_identifiers text[];
+  -- The limits this fetch may use (locked), one array per column.
+  v_kinds text[];
+  v_names text[];
+  v_by text[];
+  v_running int[];
+  v_starts int[];
+  v_periods interval[];
+  -- Limits (kind/name) and partitions (kind/name/value) found full.
+  v_full_tasks text[] := '{}';
+  v_full_queues text[] := '{}';
+  v_full text[] := '{}';
+  -- The candidate's limits: their index and partition value.
+  v_mine int[];
+  v_parts text[];
+  v_key text;
+  v_ok boolean;
+  v_taken bigint[] := '{}';
+  c record;
+  s record;
+begin
+  if job_limit < 1 then
+    return;
+  end if;
+  v_identifiers := array(
+    select t.identifier from {{schema}}._private_tasks as t where t.id = any(task_ids)
+  );
+  -- Lock the limits this fetch may use, in key order (no deadlock between two
+  -- fetches); a fetch that could use one of them waits here for this one.
+  select array_agg(l.kind order by l.kind, l.name), array_agg(l.name order by l.kind, l.name),
+    array_agg(l.partition_by order by l.kind, l.name),
+    array_agg(l.max_running order by l.kind, l.name),
+    array_agg(l.max_starts order by l.kind, l.name), array_agg(l.period order by l.kind, l.name)
+  into v_kinds, v_names, v_by, v_running, v_starts, v_periods
+  from (
+    select l.*
+    from {{schema}}._private_py_limits as l
+    where (l.kind = 'task' and l.name = any(v_identifiers)) or l.kind = 'queue'
+    order by l.kind, l.name
+    for update
+  ) as l;
+  if v_kinds is null then
+    return;
+  end if;
+  v_clock := clock_timestamp();
+  -- Locked when counted, on the database's clock (also with now_at): the
+  -- worker starts the job within 50 ms of it or gives it back uncounted.
+  v_locked_at := v_clock;
+  select array_agg(p.name) filter (where p.kind = 'queue'),
+    array_agg(p.name) filter (where p.kind = 'task')
+  into v_paused_queues, v_paused_tasks
+  from {{schema}}._private_py_pauses as p
+  where p.resume_at is null or p.resume_at > v_now;
+  -- Limits without partitions that are full now: their jobs are not looked at.
+  for i in 1 .. cardinality(v_kinds) loop
+    continue when v_by[i] is not null;
+    select st.running, st.starts into s
+    from {{schema}}._private_py_limit_state as st
+    where st.kind = v_kinds[i] and st.name = v_names[i] and st.partition = '';
+    continue when not found;
+    if (v_running[i] is not null and (
+          select count(*) from {{schema}}._private_jobs as j
+          where j.id = any(s.running) and j.locked_at is not null
+        ) >= v_running[i])
+      or (v_starts[i] is not null and (
+          select count(*) from unnest(s.starts) as x(at)
+          where x.at > v_clock - v_periods[i] - v_margin
+        ) >= v_starts[i])
+    then
+      if v_kinds[i] = 'task' then
+        v_full_tasks := v_full_tasks || v_names[i];
+      else
+        v_full_queues := v_full_queues || v_names[i];
+      end if;
+    end if;
+  end loop;
+
+  for c in
+    select j.id, j.job_queue_id, j.payload, t.identifier, q.queue_name
+    from {{schema}}._private_jobs as j
+    join {{schema}}._private_tasks as t on t.id = j.task_id
+    left join {{schema}}._private_job_queues as q on q.id = j.job_queue_id
+    where j.task_id = any(task_ids)
+      and j.locked_at is null and j.attempts < j.max_attempts and j.run_at <= v_now
+      and (j.job_queue_id is null or q.is_available)
+      and (forbidden_flags is null or j.flags is null or not (j.flags ?| forbidden_flags))
+      and (
+        (t.identifier = any(v_names) and t.identifier <> all(v_full_tasks))
+        or (q.queue_name = any(v_names) and q.queue_name <> all(v_full_queues))
+      )
+      and t.identifier <> all(v_full_tasks)
+      and (q.queue_name is null or q.queue_name <> all(v_full_queues))
+      and not coalesce('*' = any(v_paused_tasks) or t.identifier = any(v_paused_tasks), false)
+      and not coalesce(
+        q.queue_name is not null
+          and ('*' = any(v_paused_queues) or q.queue_name = any(v_paused_queues)),
+        false
+      )
+    order by j.priority, j.run_at, j.id
+    limit 1000
+    for update of j skip locked
+  loop
+    -- Check every limit of the candidate first.
+    v_ok := true;
+    v_mine := '{}';
+    v_parts := '{}';
+    for i in 1 .. cardinality(v_kinds) loop
+      continue when not (
+        (v_kinds[i] = 'task' and v_names[i] = c.identifier)
+        or (v_kinds[i] = 'queue' and v_names[i] = c.queue_name)
+      );
+      v_parts := v_parts || case when v_by[i] is null then ''
+        else coalesce(c.payload ->> v_by[i], '') end;
+      v_mine := v_mine || i;
+      v_key := v_kinds[i] || '/' || v_names[i] || '/' || v_parts[cardinality(v_parts)];
+      if v_key = any(v_full) then
+        v_ok := false;
+        exit;
+      end if;
+      select st.running, st.starts into s
+      from {{schema}}._private_py_limit_state as st
+      where st.kind = v_kinds[i] and st.name = v_names[i]
+        and st.partition = v_parts[cardinality(v_parts)];
+      if found and (
+        (v_running[i] is not null and (
+          select count(*) from {{schema}}._private_jobs as j
+          where j.id = any(s.running) and j.locked_at is not null
+        ) >= v_running[i])
+        or (v_starts[i] is not null and (
+          select count(*) from unnest(s.starts) as x(at)
+          where x.at > v_clock - v_periods[i] - v_margin
+        ) >= v_starts[i])
+      ) then
+        v_full := v_full || v_key;
+        v_ok := false;
+        exit;
+      end if;
+    end loop;
+    continue when not v_ok;
+    -- Its named queue, if any, must be free: take it.
+    if c.job_queue_id is not null then
+      update {{schema}}._private_job_queues as q
+      set locked_at = v_locked_at, locked_by = pool_id
+      where q.id = c.job_queue_id and q.locked_at is null;
+      continue when not found;
+    end if;
+    update {{schema}}._private_jobs as j
+    set attempts = j.attempts + 1, locked_at = v_locked_at, locked_by = pool_id
+    where j.id = c.id;
+    v_taken := v_taken || c.id;
+    -- Count it in each of its limits.
+    for k in 1 .. cardinality(v_mine) loop
+      insert into {{schema}}._private_py_limit_state as st (
+        kind, name, partition, running, starts, started
+      )
+      values (v_kinds[v_mine[k]], v_names[v_mine[k]], v_parts[k],
+        case when v_running[v_mine[k]] is null then '{}'::bigint[] else array[c.id] end,
+        case when v_starts[v_mine[k]] is null then '{}'::timestamptz[] else array[v_clock] end,
+        case when v_starts[v_mine[k]] is null then '{}'::bigint[] else array[c.id] end)
+      on conflict on constraint _private_py_limit_state_pkey do update
+      set running = case when v_running[v_mine[k]] is null then '{}'::bigint[] else
+          array(
+            select j.id from {{schema}}._private_jobs as j
+            where j.id = any(st.running || c.id) and j.locked_at is not null
+          )
+        end,
+        -- The starts still in the window, at most max_starts - 1, and this one.
+        starts = case when v_starts[v_mine[k]] is null then '{}'::timestamptz[] else
+          (array(
+            select x.at from unnest(st.starts, st.started) as x(at, job_id)
+            where x.at > v_clock - v_periods[v_mine[k]] - v_margin
+            order by x.at desc, x.job_id desc
+            limit v_starts[v_mine[k]] - 1
+          ) || v_clock)
+        end,
+        started = case when v_starts[v_mine[k]] is null then '{}'::bigint[] else
+          (array(
+            select x.job_id from unnest(st.starts, st.started) as x(at, job_id)
+            where x.at > v_clock - v_periods[v_mine[k]] - v_margin
+            order by x.at desc, x.job_id desc
+            limit v_starts[v_mine[k]] - 1
+          ) || c.id)
+        end;
+    end loop;
+    exit when cardinality(v_taken) >= job_limit;
+  end loop;
+
+  return query
+  select j.id, j.job_queue_id, j.task_id, j.payload, j.priority, j.run_at, j.attempts,
+    j.max_attempts, j.last_error, j.created_at, j.updated_at, j.key, j.locked_at,
+    j.locked_by, j.revision, j.flags, j.is_available, q.queue_name, o.timeout
+  from {{schema}}._private_jobs as j
+  left join {{schema}}._private_job_queues as q on q.id = j.job_queue_id
+  left join {{schema}}._private_py_job_options as o on o.job_id = j.id
+  where j.id = any(v_taken)
+  order by j.priority, j.run_at, j.id;
+end;
+$fn$;
+
+-- Starts that did not happen: jobs a limit let start that the worker gives
+-- back instead (it could not start them within 50 ms of their count) are
+-- removed from the windows and the running sets, so they take no one's
+-- place. The worker then gives the jobs back as at shutdown.
+create or replace function {{schema}}.py_uncount_starts(job_ids bigint[])
+returns void
+language sql
+volatile
+as $fn$
+  update {{schema}}._private_py_limit_state as st
+  set running = array(
+      select r.id from unnest(st.running) as r(id) where r.id <> all(job_ids)
+    ),
+    starts = array(
+      select x.at from unnest(st.starts, st.started) as x(at, job_id)
+      where x.job_id <> all(job_ids)
+      order by x.at, x.job_id
+    ),
+    started = array(
+      select x.job_id from unnest(st.starts, st.started) as x(at, job_id)
+      where x.job_id <> all(job_ids)
+      order by x.at, x.job_id
+    )
+  where st.started && job_ids or st.running && job_ids
+$fn$;
+
+-- When a limited fetch that came back short may find more: the earliest
+-- moment one of the rate limits of these tasks (or of any queue) that is
+-- full now has a start free again (null: none is full by its rate; a freed
+-- slot comes with a job's completion instead).
+create or replace function {{schema}}.py_limits_next_start(task_ids int[])
+returns timestamptz
+language sql
+stable
+as $fn$
+  select min(w.first_at + l.period + interval '50 milliseconds')
+  from {{schema}}._private_py_limits as l
+  join {{schema}}._private_py_limit_state as st on st.kind = l.kind and st.name = l.name
+  cross join lateral (
+    select min(x.at) as first_at, count(*) as n
+    from unnest(st.starts) as x(at)
+    where x.at > clock_timestamp() - l.period - interval '50 milliseconds'
+  ) as w
+  where l.max_starts is not null and w.n >= l.max_starts
+    and (l.kind = 'queue' or l.name in (
+      select t.identifier from {{schema}}._private_tasks as t where t.id = any(task_ids)
+    ))
+$fn$;
+
+-- The worker's fetch, as in 000014.sql, leaving limited tasks and queues to
+-- py_fetch_limited_jobs too (same arguments and columns).
+create or replace function {{schema}}.py_fetch_jobs(
+  task_ids int[], forbidden_flags text[], job_limit int, pool_id text,
+  now_at timestamptz default null
+)
+returns table (
+  id bigint, job_queue_id int, task_id int, payload json, priority smallint,
+  run_at timestamptz, attempts smallint, max_attempts smallint, last_error text,
+  created_at timestamptz, updated_at timestamptz, key text, locked_at timestamptz,
+  locked_by text, revision int, flags jsonb, is_available boolean, queue_name text,
+  timeout interval
+)
+language plpgsql
+volatile
+set plan_cache_mode = force_generic_plan
+set enable_seqscan = off
+set enable_bitmapscan = off
+set jit = off
+as $fn$
+#variable_conflict use_column
+declare
+  v_now timestamptz := coalesce(now_at, now());
+  -- Named queues and tasks left alone: paused, or limited (null: none).
+  v_paused_queues text[];
+  v_paused_tasks text[];
+begin
+  -- Pauses and limits: one look at each empty table when nothing is paused
+  -- or limited. Paused and limited tasks leave task_ids; paused and limited
+  -- queues are not locked below, so none of their jobs is a candidate
+  -- (limited ones are py_fetch_limited_jobs'). Expired pauses (resume_at
+  -- passed) count for nothing, whether or not the upkeep has deleted them yet.
+  if exists (select from {{schema}}._private_py_pauses)
+    or exists (select from {{schema}}._private_py_limits)
+  then
+    select array_agg(p.name) filter (where p.kind = 'queue'),
+      array_agg(p.name) filter (where p.kind = 'task')
+    into v_paused_queues, v_paused_tasks
+    from (
+      select p.kind, p.name
+      from {{schema}}._private_py_pauses as p
+      where p.resume_at is null or p.resume_at > v_now
+      union all
+      select l.kind, l.name from {{schema}}._private_py_limits as l
+    ) as p;
+    if v_paused_tasks is not null then
+      task_ids := array(
+        select t.id
+        from {{schema}}._private_tasks as t
+        where t.id = any(task_ids)
+          and not ('*' = any(v_paused_tasks) or t.identifier = any(v_paused_tasks))
+      );
+    end if;
+  end if;
+  return query
+  -- Named queues are locked before any of their jobs (as Node's fetch does),
+  -- so a job row of a named queue is only ever locked by the fetch holding
+  -- its queue. Locking a job first would let a concurrent fetch skip that
+  -- locked row, take the queue, and run the next job of the queue before it.
+  -- Read only when a candidate job is in a named queue: queue-less workloads
+  -- never lock (or scan) the queues table.
+  with queues as materialized (
+    select q.id
+    from {{schema}}._private_job_queues as q
+    where q.is_available = true
+      and (v_paused_queues is null
+        or not ('*' = any(v_paused_queues) or q.queue_name = any(v_paused_queues)))
+    for update skip locked
+  ),
+  candidates as (
+    -- Per task, through _private_py_jobs_task_order: due jobs of other tasks,
+    -- however many, are never scanned. And per priority: the task's
+    -- priorities are found one index descent each (a loose index scan), so
+    -- each priority's due jobs are a bounded range and its future jobs,
+    -- however many, are never walked either. Each scan locks as it goes and
+    -- skips rows another worker is locking right now (not waiting for them),
+    -- so it still fills the limit; rows beyond the overall limit are unlocked
+    -- when the statement ends.
+    select c.id, c.job_queue_id, c.priority, c.run_at
+    from unnest(task_ids) as t (id)
+    cross join lateral (
+      with recursive priorities (priority) as (
+        (
+          select j.priority
+          from {{schema}}._private_jobs as j
+          where j.task_id = t.id and j.locked_at is null and j.attempts < j.max_attempts
+          order by j.priority
+          limit 1
+        )
+        union all
+        select (
+          select j.priority
+          from {{schema}}._private_jobs as j
+          where j.task_id = t.id and j.locked_at is null and j.attempts < j.max_attempts
+            and j.priority > p.priority
+          order by j.priority
+          limit 1
+        )
+        from priorities as p
+        where p.priority is not null
+      )
+      select p.priority from priorities as p where p.priority is not null
+    ) as p
+    cross join lateral (
+      select j.id, j.job_queue_id, j.priority, j.run_at
+      from {{schema}}._private_jobs as j
+      where j.task_id = t.id
+        and j.priority = p.priority
+        and j.locked_at is null and j.attempts < j.max_attempts
+        and j.run_at <= v_now
+        and (j.job_queue_id is null or j.job_queue_id in (select queues.id from queues))
+        and (forbidden_flags is null or j.flags is null or not (j.flags ?| forbidden_flags))
+      -- id breaks ties (one add_jobs call gives every job the same run_at), so
+      -- a named queue runs its jobs in the order they were added; the index
+      -- holds the same order, so nothing is sorted.
+      order by j.run_at, j.id
+      limit job_limit
+      for update of j skip locked
+    ) as c
+    order by c.priority, c.run_at, c.id
+    limit job_limit
+  ),
+  chosen as (
+    -- The first candidate of each named queue is the head of that queue: no
+    -- other fetch can lock its rows while this one holds the queue.
+    select distinct on (c.job_queue_id, case when c.job_queue_id is null then c.id end)
+      c.id, c.job_queue_id
+    from candidates as c
+    order by c.job_queue_id, case when c.job_queue_id is null then c.id end,
+      c.priority, c.run_at, c.id
+  ),
+  lock_queues as (
+    update {{schema}}._private_job_queues as q
+    set locked_at = v_now, locked_by = pool_id
+    from chosen
+    where q.id = chosen.job_queue_id
+  )
+  -- "= any(array(...))": an index scan on the primary key, never a join that
+  -- could hash the whole jobs table.
+  update {{schema}}._private_jobs as j
+  set attempts = j.attempts + 1, locked_at = v_now, locked_by = pool_id
+  where j.id = any(array(select chosen.id from chosen))
+  returning j.id, j.job_queue_id, j.task_id, j.payload, j.priority, j.run_at, j.attempts,
+    j.max_attempts, j.last_error, j.created_at, j.updated_at, j.key, j.locked_at,
+    j.locked_by, j.revision, j.flags, j.is_available,
+    case when j.job_queue_id is not null then
+      (select q.queue_name from {{schema}}._private_job_queues as q where q.id = j.job_queue_id)
+    end,
+    -- The job's own timeout, if it has one: a primary-key lookup per job,
+    -- made only while any job has options (one look per fetch: an initplan).
+    case when (select exists (select from {{schema}}._private_py_job_options)) then
+      (select o.timeout from {{schema}}._private_py_job_options as o where o.job_id = j.id)
+    end;
+end;
+$fn$;

@@ -1,0 +1,112 @@
+"""The commands about limits: ``limit`` (set or remove one) and ``limits`` (the list)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import TYPE_CHECKING
+
+import click
+
+from .common import CONTEXT_SETTINGS, connection_option, run_async, schema_option, shared
+from .pause_commands import length
+
+if TYPE_CHECKING:
+    from ..jobs.limits import Limit, LimitInfo
+
+__all__ = ["limit", "limits"]
+
+
+def _describe(info: LimitInfo) -> str:
+    limit = info.limit
+    parts = []
+    if limit.max_running is not None:
+        parts.append(f"at most {limit.max_running} running ({info.running} now)")
+    if limit.max_starts is not None and limit.period is not None:
+        per = f"{limit.period.total_seconds():g}s"
+        parts.append(
+            f"at most {limit.max_starts} starts per {per} ({info.recent_starts} in the last {per})"
+        )
+    line = f"{info.kind} {info.name}: " + ", ".join(parts)
+    if limit.partition_by is not None:
+        line += f", per value of payload field {limit.partition_by!r}"
+        line += f" ({info.partitions} seen)"
+    return line
+
+
+@click.command("limit", context_settings=CONTEXT_SETTINGS)
+@connection_option
+@schema_option
+@click.option("--queue", metavar="NAME", help="A named queue.")
+@click.option("--task", metavar="IDENTIFIER", help="A task identifier.")
+@click.option("--max-running", type=click.IntRange(1, 10_000), help="At most N running at once.")
+@click.option("--max-starts", type=click.IntRange(1, 10_000), help="At most N starts per --per.")
+@click.option("--per", metavar="LENGTH", callback=length, help="The window: 1s, 10s, 1m, 1h.")
+@click.option("--partition-by", metavar="FIELD", help="Each value of this payload field apart.")
+@click.option("--remove", is_flag=True, help="Remove the limit instead.")
+@click.pass_context
+def limit(
+    ctx: click.Context,
+    connection: str | None,
+    schema: str,
+    queue: str | None,
+    task: str | None,
+    max_running: int | None,
+    max_starts: int | None,
+    per: timedelta | None,
+    partition_by: str | None,
+    remove: bool,
+) -> None:
+    """Set (or --remove) the limit of a task or a named queue, across every
+    Python worker, at once: at most N running, at most N starts in any window
+    of --per."""
+    from ..errors import JobSpecError
+    from ..jobs.limits import Limit
+    from ..jobs.worker_utils import make_worker_utils
+
+    if (queue is None) == (task is None):
+        raise click.UsageError("give either --queue NAME or --task IDENTIFIER (one of them)")
+    given = (max_running, max_starts, per, partition_by)
+    if remove and any(value is not None for value in given):
+        raise click.UsageError("--remove takes no other limit option")
+    try:
+        spec: Limit | None = None if remove else Limit(max_running, max_starts, per, partition_by)
+    except JobSpecError as exc:
+        raise click.UsageError(f"--{exc.field.replace('_', '-')}: {exc.reason}") from None
+    connection, schema = shared(ctx, connection, schema)
+
+    async def change() -> LimitInfo | bool:
+        async with make_worker_utils(connection, schema=schema) as utils:
+            if spec is None:
+                return await utils.remove_limit(queue=queue, task=task)
+            return await utils.set_limit(spec, queue=queue, task=task)
+
+    try:
+        done = run_async(change())
+    except JobSpecError as exc:
+        raise click.UsageError(str(exc)) from None
+    what = f"queue {queue}" if queue is not None else f"task {task}"
+    if isinstance(done, bool):
+        click.echo(f"Removed the limit of {what}" if done else f"{what.capitalize()} had no limit")
+    else:
+        click.echo("Limited " + _describe(done))
+
+
+@click.command("limits", context_settings=CONTEXT_SETTINGS)
+@connection_option
+@schema_option
+@click.pass_context
+def limits(ctx: click.Context, connection: str | None, schema: str) -> None:
+    """List the limits, with how much of each is in use."""
+    from ..jobs.worker_utils import make_worker_utils
+
+    connection, schema = shared(ctx, connection, schema)
+
+    async def list_them() -> list[LimitInfo]:
+        async with make_worker_utils(connection, schema=schema) as utils:
+            return await utils.list_limits()
+
+    found = run_async(list_them())
+    for info in found:
+        click.echo(_describe(info))
+    if not found:
+        click.echo("Nothing is limited")

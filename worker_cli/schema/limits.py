@@ -1,0 +1,94 @@
+"""The statements of limits (Python-only objects of migrations/py/000015.sql):
+setting, removing and listing them, and the worker's fetch under them.
+Templates over the schema name, composed with :func:`.statements.compose`."""
+
+from __future__ import annotations
+
+__all__ = [
+    "fetch_limited",
+    "fetch_limited_at",
+    "limits_exist",
+    "list_limits",
+    "next_start",
+    "remove_limit",
+    "set_limit",
+    "uncount_starts",
+]
+
+_COLUMNS = "l.kind, l.name, l.max_running, l.max_starts, l.period, l.partition_by, l.updated_at"
+
+# How much of each limit is in use: its jobs still running (locked), its
+# starts in the current window, its partitions.
+_USAGE = """
+    (select count(*) from {schema}._private_py_limit_state as s
+      cross join lateral unnest(s.running) as r(id)
+      join {schema}._private_jobs as j on j.id = r.id and j.locked_at is not null
+      where s.kind = l.kind and s.name = l.name)::int,
+    (select count(*) from {schema}._private_py_limit_state as s
+      cross join lateral unnest(s.starts) as x(at)
+      where s.kind = l.kind and s.name = l.name and x.at > clock_timestamp() - l.period)::int,
+    (select count(*) from {schema}._private_py_limit_state as s
+      where s.kind = l.kind and s.name = l.name)::int
+"""
+
+# Set (or replace) one limit; the stored limit and its use.
+set_limit = (
+    """
+  with l as (
+    select * from {schema}.py_set_limit(
+      %(kind)s::text, %(name)s::text, %(max_running)s::int, %(max_starts)s::int,
+      %(period)s::interval, %(partition_by)s::text
+    )
+  )
+  select """
+    + _COLUMNS
+    + ","
+    + _USAGE
+    + """
+  from l
+"""
+)
+
+# Remove one limit: whether there was one.
+remove_limit = "select {schema}.py_remove_limit(%(kind)s::text, %(name)s::text)"
+
+# Every limit and its use, by kind and name.
+list_limits = (
+    "  select "
+    + _COLUMNS
+    + ","
+    + _USAGE
+    + """
+  from {schema}._private_py_limits as l
+  order by l.kind, l.name
+"""
+)
+
+# Whether any limit exists (the pool then fetches limited jobs too).
+limits_exist = "select exists (select from {schema}._private_py_limits)"
+
+# Lock up to %(limit)s runnable jobs of limited tasks and queues (see
+# py_fetch_limited_jobs); the columns of statements.get_jobs.
+fetch_limited = """
+  select * from {schema}.py_fetch_limited_jobs(
+    %(task_ids)s::int[], %(forbidden_flags)s::text[], %(limit)s::int, %(pool_id)s::text
+  )
+"""
+
+# The same on the worker's clock (use_local_time).
+fetch_limited_at = """
+  select * from {schema}.py_fetch_limited_jobs(
+    %(task_ids)s::int[], %(forbidden_flags)s::text[], %(limit)s::int, %(pool_id)s::text,
+    %(now)s::timestamptz
+  )
+"""
+
+# Seconds until a full rate limit of these tasks (or of a queue) has a start
+# free again (null: none is full by its rate).
+next_start = """
+  select extract(epoch from {schema}.py_limits_next_start(%(task_ids)s::int[])
+    - clock_timestamp())::float8
+"""
+
+# Remove the starts of jobs given back without starting (py_uncount_starts).
+uncount_starts = "select {schema}.py_uncount_starts(%(job_ids)s::bigint[])"
