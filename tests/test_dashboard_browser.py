@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,8 @@ from fault_helpers import wait_until
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support.ui import Select
+
+from worker_cli.dashboard import create_app
 
 pytestmark = [pytest.mark.db, pytest.mark.slow]
 
@@ -516,3 +519,116 @@ def test_the_finished_view_and_cancelling(db: str, browser: WebDriver, tmp_path:
     finally:
         worker.terminate()
         worker.wait(30)
+
+
+def pause_rows(db: str) -> list[tuple[str, str, bool]]:
+    return [
+        (row["kind"], row["name"], row["hold_queue_lock"])
+        for row in rows(
+            db,
+            "select kind, name, hold_queue_lock from graphile_worker._private_py_pauses "
+            "order by kind, name",
+        )
+    ]
+
+
+def test_the_pauses_panel_pauses_and_resumes(db: str, browser: WebDriver) -> None:
+    """The overview's form pauses a queue (the panel lists it, the queues table
+    flags it), refuses bad input in the red banner naming the field, and
+    Resume ends the pause."""
+    add_job(db, "send_email", queue_name="mail")
+    add_job(db, "charge")
+    with serve_cli(db) as url:
+        browser.get(url + "/")
+        assert "Nothing is paused" in wait_for(browser, "#no-pauses").text
+        assert not browser.find_element(By.ID, "pause-form").is_displayed()
+        browser.find_element(By.ID, "pause-summary").click()
+        Select(browser.find_element(By.ID, "pause-kind")).select_by_value("queue")
+        browser.find_element(By.ID, "pause-name").send_keys("mail")
+        browser.find_element(By.ID, "pause-for").send_keys("2h")
+        browser.find_element(By.ID, "pause-reason").send_keys("deploy <b>v2</b>")
+        browser.find_element(By.ID, "pause-hold").click()
+        click(browser, "#pause-button")
+        done = wait_for(browser, "#notice.notice-done")
+        assert done.text.startswith("Paused queue mail")
+        assert browser.current_url == url + "/"
+        assert pause_rows(db) == [("queue", "mail", True)]
+        row = wait_for(browser, "#pauses-table tr[data-pause='queue:mail']")
+        assert "deploy <b>v2</b>" in row.text and "held off" in row.text
+        assert "in 1h 59m" in row.text or "in 2h 00m" in row.text, row.text
+        queues = browser.find_element(By.ID, "queues-table").text
+        assert "paused" in queues and "held for its pause" in queues
+        assert "paused" not in browser.find_element(By.ID, "tasks-table").text
+
+        # Bad input: refused in the red banner, one line naming the field.
+        browser.find_element(By.ID, "pause-summary").click()
+        Select(browser.find_element(By.ID, "pause-kind")).select_by_value("task")
+        browser.find_element(By.ID, "pause-name").send_keys("charge")
+        browser.find_element(By.ID, "pause-for").send_keys("soon")
+        click(browser, "#pause-button")
+        refused = wait_for(browser, "#notice")
+        assert refused.get_attribute("class") == "notice notice-refused"
+        assert refused.text == (
+            "Refused: For: 'soon' is not a length such as 90s, 10m, 2h or 1d. Nothing was changed."
+        )
+        assert pause_rows(db) == [("queue", "mail", True)]
+
+        # Every task, until a time (UTC).
+        browser.find_element(By.ID, "pause-summary").click()
+        Select(browser.find_element(By.ID, "pause-kind")).select_by_value("task")
+        browser.find_element(By.ID, "pause-name").send_keys("*")
+        field = browser.find_element(By.ID, "pause-until")
+        browser.execute_script("arguments[0].value = '2099-01-02T03:04:05'", field)  # type: ignore[no-untyped-call]
+        click(browser, "#pause-button")
+        assert wait_for(browser, "#notice").text.startswith("Paused every task")
+        assert "every task" in wait_for(browser, "#pauses-table tr[data-pause='task:*']").text
+        assert browser.find_element(By.ID, "tasks-table").text.count("paused") == 2
+
+        click(browser, "#pauses-table tr[data-pause='queue:mail'] button")
+        assert wait_for(browser, "#notice").text.startswith("Resumed queue mail")
+        assert pause_rows(db) == [("task", "*", False)]
+        assert browser.find_elements(By.CSS_SELECTOR, "tr[data-pause='queue:mail']") == []
+        click(browser, "#pauses-table tr[data-pause='task:*'] button")
+        assert wait_for(browser, "#notice").text.startswith("Resumed every task")
+        wait_for(browser, "#no-pauses")
+        assert pause_rows(db) == []
+        assert console_errors(browser) == []
+
+
+def test_a_refresh_keeps_the_pause_form_open_and_what_is_typed(db: str, browser: WebDriver) -> None:
+    """The page refreshes itself, but not over a form being filled in: an open
+    pause form stays open, and once a field holds something the page waits.
+    (The content is replaced every 0.3 s: each step is one script, never
+    an element found by one call and used by the next.)"""
+
+    def script(code: str) -> Any:
+        return browser.execute_script(code)  # type: ignore[no-untyped-call]
+
+    with serve_app(create_app(db, refresh=0.3)) as url:
+        browser.get(url + "/")
+        wait_for(browser, "#refresh-toggle")
+        script("document.getElementById('pause-details').open = true")
+        rows(db, "select graphile_worker.py_pause('task', 'first')")
+        wait_for(browser, "#pauses-table tr[data-pause='task:first']")  # refreshed
+        assert script("return document.getElementById('pause-details').open") is True
+
+        # Typed, and no field has the focus: the page waits.
+        script("document.getElementById('pause-name').value = 'mail'")
+        assert script("return document.activeElement === document.body")
+        rows(db, "select graphile_worker.py_pause('task', 'second')")
+        time.sleep(1.5)  # five refresh intervals
+        assert browser.find_elements(By.CSS_SELECTOR, "tr[data-pause='task:second']") == []
+        assert script("return document.getElementById('pause-name').value") == "mail"
+
+        script("document.getElementById('pause-name').value = ''")
+        wait_for(browser, "#pauses-table tr[data-pause='task:second']")
+        assert console_errors(browser) == []
+
+
+def test_read_only_shows_the_pauses_without_the_form(db: str, browser: WebDriver) -> None:
+    rows(db, "select graphile_worker.py_pause('queue', 'mail', reason => 'deploy')")
+    with serve_cli(db, "--read-only") as url:
+        browser.get(url + "/")
+        assert "deploy" in wait_for(browser, "#pauses-table tr[data-pause='queue:mail']").text
+        assert browser.find_elements(By.ID, "pause-form") == []
+        assert browser.find_elements(By.CSS_SELECTOR, "#pauses-table button") == []

@@ -66,6 +66,13 @@ def fill(db: str) -> int:
         "insert into graphile_worker._private_known_crontabs values "
         "('nightly-report', now() - interval '2 days', now() - interval '3 hours')",
     )
+    # Pauses: a long reason, a long task name, a held queue (the panel's table).
+    rows(
+        db,
+        "select graphile_worker.py_pause('task', %s, now() + interval '2 hours', %s)",
+        ("reports/" + "quarterly_revenue_by_region_" * 3, "Deploy: " + "x" * 300),
+    )
+    rows(db, "select graphile_worker.py_pause('queue', 'billing', null, 'card provider down')")
     return failed
 
 
@@ -102,6 +109,14 @@ def test_no_page_scrolls_sideways_on_a_phone(db: str, phone: WebDriver) -> None:
             # Nothing wider than the viewport: no sideways scrolling of the page.
             assert sizes["scroll"] <= sizes["client"] <= sizes["inner"], (path, sizes)
             assert sizes["nav"] <= sizes["client"], (path, sizes)
+        # The overview with its pause form open (it stacks its fields).
+        phone.get(url + "/")
+        wait_for(phone, "#pause-summary").click()
+        assert phone.find_element(By.ID, "pause-form").is_displayed()
+        sizes = overflow(phone)
+        assert sizes["scroll"] <= sizes["client"] <= sizes["inner"], ("/ (pause form)", sizes)
+        for field in phone.find_elements(By.CSS_SELECTOR, "#pause-form input, #pause-form select"):
+            assert field.rect["x"] + field.rect["width"] <= WIDTH, field.get_attribute("id")
         # Every link of the navigation is on the screen (none past its edge).
         for link in phone.find_elements(By.CSS_SELECTOR, ".nav a"):
             assert link.is_displayed()

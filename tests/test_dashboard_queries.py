@@ -98,6 +98,11 @@ def big_queue(pg: Any, migrated_template: str) -> Iterator[str]:
                 "insert into graphile_worker._private_known_crontabs (identifier, known_since) "
                 "values ('nightly', now())"
             )
+            conn.execute(
+                "insert into graphile_worker._private_py_pauses (kind, name, resume_at) "
+                "values ('queue', 'queue_1', null), ('task', 'task_2', now() + interval '1 hour'), "
+                "('task', 'task_3', now() - interval '1 hour')"
+            )
             conn.execute("analyze")
         yield url
 
@@ -356,13 +361,14 @@ def test_the_finished_view_is_bounded_by_a_generic_plan_too(
         assert "job_id <" in backward[0]["Index Cond"], backward
 
 
-#: The statements about small tables (one row per pool, crontab line or task),
+#: The statements about small tables (one row per pool, crontab line, task or pause),
 #: and exactly what each reads: never the jobs or the history.
 SMALL: list[tuple[str, LiteralString, dict[str, Any], set[str]]] = [
     ("pool alive", queries.pool_alive, {"pool_id": "pool-1"}, {"_private_py_heartbeats"}),
     ("heartbeats", queries.heartbeats, {"limit": 500}, {"_private_py_heartbeats"}),
     ("crontab", queries.crontab, {"limit": 500}, {"_private_known_crontabs"}),
     ("tasks", queries.task_identifiers, {"limit": 500}, {"_private_tasks"}),
+    ("pauses", queries.pauses, {"limit": 201}, {"_private_py_pauses"}),
 ]
 
 

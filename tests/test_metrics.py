@@ -384,6 +384,50 @@ async def test_scrapes_within_the_cache_time_send_one_query(
     assert (queries(third), waiting(third)) == (2, 2)
 
 
+def paused(samples: Samples) -> dict[tuple[str, str], float]:
+    """The graphile_worker_paused series: (kind, name) -> value."""
+    return {
+        (labels["kind"], labels["name"]): count
+        for (name, label_set), count in samples.items()
+        if name == "graphile_worker_paused"
+        for labels in [dict(label_set)]
+    }
+
+
+@pytest.mark.db
+async def test_each_pause_in_force_is_a_series_at_1(
+    utils: WorkerUtils, db: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Paused queues and tasks (``*`` too), whoever paused them; a pause
+    whose time is up is none (before the upkeep deletes it), and a resume
+    ends the series with the next query."""
+    now = [1000.0]
+    monkeypatch.setattr(queue_depth, "_clock", lambda: now[0])
+
+    async def mine(payload: Any, helpers: Helpers) -> None:
+        pass
+
+    await utils.pause(queue="mail")
+    await utils.pause(task="*", until=3600, reason="deploy")
+    await utils.pause(task="brief", until=2)
+    async with (
+        served() as server,
+        # Polling rarely: the upkeep, which deletes the pauses that ended, waits too.
+        worker(db, {"mine": mine}, metrics_registry=server.registry, poll_interval=60),
+    ):
+        first = await scrape_async(server.url)
+        await asyncio.sleep(2.1)
+        now[0] += queue_depth.CACHE_SECONDS + 0.1
+        second = await scrape_async(server.url)
+        assert value(db, "select count(*) from graphile_worker._private_py_pauses") == 3
+        await utils.resume(queue="mail")
+        now[0] += queue_depth.CACHE_SECONDS + 0.1
+        third = await scrape_async(server.url)
+    assert paused(first) == {("queue", "mail"): 1, ("task", "*"): 1, ("task", "brief"): 1}
+    assert paused(second) == {("queue", "mail"): 1, ("task", "*"): 1}
+    assert paused(third) == {("task", "*"): 1}
+
+
 @pytest.mark.db
 async def test_the_metrics_leave_the_registry_when_the_worker_stops(db: str) -> None:
     async def mine(payload: Any, helpers: Helpers) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -16,21 +15,17 @@ if TYPE_CHECKING:
 
 __all__ = ["pause", "pauses", "resume"]
 
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-_LENGTH = re.compile(r"(\d+(?:\.\d+)?)([smhd]?)")
-
 
 def length(_ctx: click.Context, _param: click.Parameter, value: str | None) -> timedelta | None:
     """``--for``: a length such as 90, 90s, 10m, 2h or 1d (above 0, at most 366 days)."""
+    from ..jobs.pauses import parse_length
+
     if value is None:
         return None
-    match = _LENGTH.fullmatch(value.strip())
-    if not match:
-        raise click.BadParameter(f"{value!r} is not a length such as 90s, 10m, 2h or 1d")
-    seconds = float(match[1]) * _UNITS[match[2] or "s"]
-    if not 0 < seconds <= 366 * 86400:
-        raise click.BadParameter(f"{value!r}: a pause lasts above 0 and at most 366 days")
-    return timedelta(seconds=seconds)
+    try:
+        return parse_length(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
 
 
 def _target(queue: str | None, task: str | None) -> dict[str, str]:
@@ -40,10 +35,9 @@ def _target(queue: str | None, task: str | None) -> dict[str, str]:
 
 
 def _describe(pause: Pause) -> str:
-    what = "every named queue" if (pause.kind, pause.name) == ("queue", "*") else None
-    if pause.kind == "task" and pause.name == "*":
-        what = "every task"
-    line = f"{pause.kind} {pause.name}" if what is None else what
+    from ..jobs.pauses import describe_target
+
+    line = describe_target(pause.kind, pause.name)
     line += f": paused since {pause.paused_at.isoformat()}"
     line += f", until {pause.resume_at.isoformat()}" if pause.resume_at else ", until resumed"
     if pause.hold_queue_lock:

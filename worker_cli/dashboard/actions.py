@@ -1,5 +1,5 @@
 """The actions: run now, reschedule, permanently fail, delete (complete),
-cancel, and unlock a dead pool's jobs.
+cancel, and unlock a dead pool's jobs (pausing and resuming: :mod:`.pause_actions`).
 
 Each is two steps: a GET shows what will happen and asks to confirm (it
 changes nothing), and the confirmation is a POST carrying the CSRF token.
@@ -29,7 +29,7 @@ from .security import Csrf, foreign_post
 if TYPE_CHECKING:
     from .site import Site
 
-__all__ = ["ACTIONS", "routes"]
+__all__ = ["ACTIONS", "checked_form", "read_form", "redirect", "refused", "routes"]
 
 logger = logging.getLogger("graphile_worker.dashboard")
 
@@ -76,32 +76,51 @@ async def read_form(request: Request) -> dict[str, str] | None:
     return {name: values[-1] for name, values in fields.items()}
 
 
+def refused(dashboard: Site, request: Request, reason: str) -> Response:
+    """The 403 of an action the dashboard will not take."""
+    return dashboard.render(request, "error.html", status=403, title="Refused", reason=reason)
+
+
+async def checked_form(dashboard: Site, request: Request) -> dict[str, str] | Response:
+    """An action's POSTed form, or the response refusing it (read-only, from
+    another site, not a form, CSRF token missing or wrong)."""
+    if dashboard.read_only:
+        return refused(dashboard, request, "the dashboard is read-only: actions are turned off")
+    foreign = foreign_post(request.headers, dashboard.hosts)
+    if foreign is not None:
+        return refused(dashboard, request, foreign)
+    form = await read_form(request)
+    if form is None:
+        return refused(dashboard, request, "the request is not one of the dashboard's forms")
+    if not dashboard.csrf.valid(request.cookies.get(Csrf.COOKIE), form.get(Csrf.FIELD)):
+        return refused(
+            dashboard,
+            request,
+            "the form's security token is missing or does not match: reload the page and try again",
+        )
+    return form
+
+
+def redirect(
+    dashboard: Site, request: Request, path: str, notice: str, **values: object
+) -> Response:
+    """A 303 to ``path``, which shows ``notice`` (in a one-time flash
+    cookie: a link can carry no notice)."""
+    response = RedirectResponse(dashboard.url(request, path), status_code=303)
+    texts = {name: str(value) for name, value in values.items()}
+    dashboard.flash.set(response, request, path, notice, **texts)
+    return response
+
+
 class _Actions:
     def __init__(self, dashboard: Site) -> None:
         self.dashboard = dashboard
 
     def _refused(self, request: Request, reason: str) -> Response:
-        return self.dashboard.render(
-            request, "error.html", status=403, title="Refused", reason=reason
-        )
+        return refused(self.dashboard, request, reason)
 
     async def _checked_form(self, request: Request) -> dict[str, str] | Response:
-        """The POST's form, or the response refusing it (read-only, CSRF)."""
-        if self.dashboard.read_only:
-            return self._refused(request, "the dashboard is read-only: actions are turned off")
-        foreign = foreign_post(request.headers, self.dashboard.hosts)
-        if foreign is not None:
-            return self._refused(request, foreign)
-        form = await read_form(request)
-        if form is None:
-            return self._refused(request, "the request is not one of the dashboard's forms")
-        if not self.dashboard.csrf.valid(request.cookies.get(Csrf.COOKIE), form.get(Csrf.FIELD)):
-            return self._refused(
-                request,
-                "the form's security token is missing or does not match: reload the page "
-                "and try again",
-            )
-        return form
+        return await checked_form(self.dashboard, request)
 
     # --- jobs -------------------------------------------------------------------
 
@@ -215,12 +234,7 @@ class _Actions:
         return bool(await utils.reschedule_jobs([job_id], run_at=now, **more))
 
     def _redirect(self, request: Request, path: str, notice: str, **values: object) -> Response:
-        """A 303 to ``path``, which shows ``notice`` (in a one-time flash
-        cookie: a link can carry no notice)."""
-        response = RedirectResponse(self.dashboard.url(request, path), status_code=303)
-        texts = {name: str(value) for name, value in values.items()}
-        self.dashboard.flash.set(response, request, path, notice, **texts)
-        return response
+        return redirect(self.dashboard, request, path, notice, **values)
 
     # --- pools ------------------------------------------------------------------
 

@@ -33,7 +33,8 @@ from ..db.connections import worker_conninfo
 from ..db.retry import one_line
 from ..db.timestamps import read_timestamps_leniently
 from ..jobs.worker_utils import WorkerUtils
-from . import actions, pages
+from ..schema.pauses import HELD_BY
+from . import actions, pages, pause_actions
 from .formatting import FILTERS
 from .inputs import BIGINT, BadInput, parse_job_id, shown
 from .notices import Flash, cookie_path
@@ -89,6 +90,7 @@ class Dashboard:
             routes=[
                 *pages.routes(self),
                 *actions.routes(self),
+                *pause_actions.routes(self),
                 Mount("/static", app=StaticFiles(directory=PACKAGE / "static"), name="static"),
             ],
             exception_handlers={
@@ -99,7 +101,7 @@ class Dashboard:
             },
             lifespan=self._lifespan,
         )
-        self.templates.globals.update(page="", notice=None)
+        self.templates.globals.update(page="", notice=None, held_by=HELD_BY)
         self._app = SecurityHeaders(inner, auth, self.hosts)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

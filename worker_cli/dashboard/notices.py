@@ -2,8 +2,9 @@
 refused and nothing changed.
 
 Each notice is one of a fixed set of sentences (:data:`DONE`, :data:`REFUSED`),
-filled with the job id, pool or finished state it is about (escaped like any
-value). A refusal is shown as one: the page's banner gets the class
+filled with the job id, pool, finished state or paused queue or task it is
+about, or the one line saying which field of a form was refused and why
+(escaped like any value). A refusal is shown as one: the page's banner gets the class
 ``notice-refused`` (``data-outcome="refused"``, ``role="alert"``), a success
 ``notice-done`` (``data-outcome="done"``).
 
@@ -23,6 +24,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from ..jobs.pauses import describe_target
 from .queries import FINISHED_STATES
 from .security import Csrf, route_path
 
@@ -30,7 +32,7 @@ if TYPE_CHECKING:
     from starlette.requests import Request
     from starlette.responses import Response
 
-__all__ = ["DONE", "REFUSED", "Flash", "Notice", "cookie_path", "notice_of"]
+__all__ = ["DONE", "REFUSED", "VALUES", "Flash", "Notice", "cookie_path", "notice_of"]
 
 #: What an action did.
 DONE = {
@@ -44,6 +46,11 @@ DONE = {
         "It is recorded as cancelled when it stops (as succeeded if its task returns normally)."
     ),
     "unlock": "Released the jobs and named queues that pool {pool} held.",
+    "pause": (
+        "Paused {target}: Python workers start none of its jobs until it is resumed or the "
+        "pause ends; running jobs finish."
+    ),
+    "resume": "Resumed {target}: its jobs run again.",
 }
 
 #: Why an action was refused: nothing was changed.
@@ -58,7 +65,15 @@ REFUSED = {
     ),
     "finished": "Job {job} had already finished ({state}): nothing was changed.",
     "alive": "Pool {pool} has a live heartbeat: its jobs are running. Nothing was changed.",
+    "not-paused": (
+        "{target} was not paused (its pause had ended, or was resumed already): "
+        "nothing was changed."
+    ),
+    "bad-input": "{error}. Nothing was changed.",
 }
+
+#: The values a notice is filled with (each shortened to Flash.MAX_VALUE).
+VALUES = ("job", "pool", "state", "what", "name", "error")
 
 
 @dataclass(frozen=True)
@@ -74,14 +89,27 @@ class Notice:
         return "refused" if self.refused else "done"
 
 
-def notice_of(kind: str, *, job: str = "", pool: str = "", state: str = "") -> Notice | None:
-    """The notice ``kind`` names, filled in; None for a kind there is none of."""
+def notice_of(
+    kind: str,
+    *,
+    job: str = "",
+    pool: str = "",
+    state: str = "",
+    what: str = "",
+    name: str = "",
+    error: str = "",
+) -> Notice | None:
+    """The notice ``kind`` names, filled in; None for a kind there is none of.
+    ``what`` and ``name``: a pause's kind (``queue``, ``task``) and name;
+    ``error``: the line saying which field was refused."""
     refused = kind in REFUSED
     template = REFUSED.get(kind) or DONE.get(kind)
     if template is None:
         return None
     state = state if state in (*FINISHED_STATES, "unknown") else "unknown"
-    return Notice(template.format(job=job, pool=pool, state=state), refused)
+    target = describe_target(what, name) if what in ("queue", "task") else "?"
+    text = template.format(job=job, pool=pool, state=state, target=target, error=error)
+    return Notice(text[:1].upper() + text[1:], refused)
 
 
 def cookie_path(request: Request) -> str:
@@ -98,8 +126,8 @@ class Flash:
     COOKIE = "graphile_worker_dashboard_notice"
     #: Seconds a notice waits for its page (the redirect follows at once).
     LIFETIME = 60
-    #: The longest pool name repeated in a notice.
-    MAX_POOL = 200
+    #: The longest value (a pool's name, a queue's, an error) repeated in a notice.
+    MAX_VALUE = 200
 
     def __init__(self, csrf: Csrf) -> None:
         self.csrf = csrf
@@ -108,8 +136,9 @@ class Flash:
         self, response: Response, request: Request, path: str, kind: str, **values: str
     ) -> None:
         """Have the page at ``path`` (inside the dashboard) show ``kind``'s notice."""
-        if len(values.get("pool", "")) > self.MAX_POOL:
-            values["pool"] = values["pool"][: self.MAX_POOL] + "…"
+        for name, text in values.items():
+            if len(text) > self.MAX_VALUE:
+                values[name] = text[: self.MAX_VALUE] + "…"
         content = {"kind": kind, "path": path, "until": time.time() + self.LIFETIME, **values}
         data = base64.urlsafe_b64encode(json.dumps(content).encode()).decode().rstrip("=")
         response.set_cookie(
@@ -151,7 +180,7 @@ class Flash:
             return None, True
         if content.get("path") != route_path(request.scope):
             return None, False
-        values = {name: str(content.get(name, "")) for name in ("job", "pool", "state")}
+        values = {name: str(content.get(name, "")) for name in VALUES}
         return notice_of(str(content.get("kind", "")), **values), True
 
     @staticmethod

@@ -242,6 +242,18 @@ queues = """
   limit %(limit)s
 """
 
+# The pauses in force (migrations/py/000014.sql): one small row per paused
+# named queue or task, read whole (the pauses' primary key, kind and name, or
+# a scan of that table, never of the jobs), at most %(limit)s. A pause whose
+# resume_at has passed is over, whether or not a pool's upkeep has deleted it.
+pauses = """
+  select p.kind, p.name, p.paused_at, p.resume_at, p.reason, p.hold_queue_lock
+  from {schema}._private_py_pauses as p
+  where p.resume_at is null or p.resume_at > now()
+  order by p.kind, p.name
+  limit %(limit)s
+"""
+
 # --- Jobs ---------------------------------------------------------------------
 
 # A page of the job list, newest first, filtered by task, queue and state, by

@@ -34,10 +34,12 @@ __all__ = [
 Row = dict[str, Any]
 
 #: Jobs shown on one page of the list; latest failures on the overview;
-#: named queues on the overview; pools, cron items and tasks listed at most.
+#: named queues and pauses on the overview; pools, cron items and tasks
+#: listed at most.
 PAGE_SIZE = 50
 FAILURES_SHOWN = 10
 QUEUES_SHOWN = 50
+PAUSES_SHOWN = 200
 LIST_LIMIT = 500
 
 #: The cursor of the first page: below every id.
@@ -98,6 +100,20 @@ class Overview:
     failures: list[Row]
     #: Jobs the latest-failures window examined (WINDOW when the table has more).
     failures_examined: int
+    #: The pauses in force, by kind and name (the first PAUSES_SHOWN).
+    pauses: list[Row] = field(default_factory=list)
+    pauses_truncated: bool = False
+
+    def pause_of(self, kind: str, name: str) -> Row | None:
+        """The pause holding back the named queue or the task ``name``: its
+        own, else the pause of every one (``*``); None if neither is in force."""
+        found = None
+        for pause in self.pauses:
+            if pause["kind"] == kind and pause["name"] == name:
+                return pause
+            if pause["kind"] == kind and pause["name"] == "*":
+                found = pause
+        return found
 
 
 @dataclass
@@ -184,6 +200,7 @@ class Reader:
         failures = await self.rows(
             queries.latest_failures, window=queries.WINDOW, limit=FAILURES_SHOWN
         )
+        pauses = await self.pauses(PAUSES_SHOWN + 1)
         assert now is not None
         return Overview(
             now=now["now"],
@@ -194,7 +211,13 @@ class Reader:
             queues_truncated=len(queues) > QUEUES_SHOWN,
             failures=[row for row in failures if row["id"] is not None],
             failures_examined=failures[0]["examined"] if failures else 0,
+            pauses=pauses[:PAUSES_SHOWN],
+            pauses_truncated=len(pauses) > PAUSES_SHOWN,
         )
+
+    async def pauses(self, limit: int = PAUSES_SHOWN) -> list[Row]:
+        """The pauses in force, by kind and name (at most ``limit``)."""
+        return await self.rows(queries.pauses, limit=limit)
 
     async def jobs(self, job_filter: JobFilter) -> JobsPage:
         found = await self.rows(

@@ -4,11 +4,14 @@ return them (``pause``, ``resume``, ``list_pauses``).
 A pause is fleet-wide and lives in the database (migrations/py/000014.sql):
 every Python pool's fetch leaves the paused jobs alone, a pool started
 later does too, and a restart does not undo it. :func:`pause_params` checks a
-call's arguments before any SQL.
+call's arguments before any SQL. :func:`parse_length` reads a length as
+people write it (``10m``) and :func:`describe_target` names what a pause
+holds back: the command line and the dashboard share them.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -16,12 +19,23 @@ from typing import Any, Literal
 
 from ..errors import JobSpecError
 
-__all__ = ["Pause", "PauseKind", "pause_params", "target"]
+__all__ = [
+    "MAX_PAUSE",
+    "Pause",
+    "PauseKind",
+    "describe_target",
+    "parse_length",
+    "pause_params",
+    "target",
+]
 
 PauseKind = Literal["queue", "task"]
 
 #: At most this long ahead (a pause meant for ever has no ``until``).
 MAX_PAUSE = timedelta(days=366)
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+_LENGTH = re.compile(r"([0-9]+(?:\.[0-9]+)?)([smhd]?)")
 
 
 @dataclass(frozen=True)
@@ -102,3 +116,26 @@ def pause_params(
         "reason": reason,
         "hold_queue_lock": hold_queue_lock,
     }
+
+
+def parse_length(text: str) -> timedelta:
+    """A pause's length as people write it (``pause --for``, the dashboard's
+    form): 90, 90s, 10m, 2h or 1d (seconds, minutes, hours, days), above 0
+    and at most 366 days. ValueError saying what is wrong (the caller names
+    its field)."""
+    shown = repr(text if len(text) <= 40 else text[:40] + "…")
+    match = _LENGTH.fullmatch(text.strip())
+    if not match:
+        raise ValueError(f"{shown} is not a length such as 90s, 10m, 2h or 1d")
+    seconds = float(match[1]) * _UNITS[match[2] or "s"]
+    if not 0 < seconds <= MAX_PAUSE.total_seconds():
+        raise ValueError(f"{shown}: a pause lasts above 0 and at most 366 days")
+    return timedelta(seconds=seconds)
+
+
+def describe_target(kind: str, name: str) -> str:
+    """``queue mail``, ``task charge``; ``every named queue`` or ``every
+    task`` for ``*``."""
+    if name == "*":
+        return "every named queue" if kind == "queue" else "every task"
+    return f"{kind} {name}"

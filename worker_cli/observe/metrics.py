@@ -15,7 +15,9 @@ Where each figure comes from, so that nothing is paid when metrics are off
   the pool's read-only figures, read when scraped;
 - ``graphile_worker_queue_depth{task, state}``: one bounded query, cached
   (:class:`~worker_cli.observe.queue_depth.QueueDepth`); ``task`` is one of the
-  worker's tasks, or ``(other)`` for the jobs of every other task together.
+  worker's tasks, or ``(other)`` for the jobs of every other task together;
+- ``graphile_worker_paused{kind, name}``: 1 per pause in force (all
+  workers), read in the same cached query as the depth.
 """
 
 from __future__ import annotations
@@ -218,6 +220,13 @@ class _Collector:
             "1 when the queue held more jobs than the depth query reads: the depth "
             "figures are then lower bounds.",
         )
+        paused = GaugeMetricFamily(
+            "graphile_worker_paused",
+            "1 for each pause in force (for every Python worker): kind queue (a named "
+            "queue) or task (a task identifier), name the queue or task (* for every "
+            "one); read with the queue depth, at most every few seconds.",
+            labels=("kind", "name"),
+        )
         queries = CounterMetricFamily(
             "graphile_worker_queue_depth_queries",
             "Depth queries this worker sent (scrapes within the cache time share one).",
@@ -245,8 +254,10 @@ class _Collector:
                     for state, count in zip(STATES, counts, strict=True):
                         depth.add_metric([task, state], count)
                 truncated.add_metric([], int(queue.truncated))
+                for kind, name in queue.paused:
+                    paused.add_metric([kind, name], 1)
             queries.add_metric([], self._depth.queries)
-        yield from (jobs, durations, running, stuck, queued, depth, truncated, queries)
+        yield from (jobs, durations, running, stuck, queued, depth, truncated, paused, queries)
 
 
 class WorkerMetrics:

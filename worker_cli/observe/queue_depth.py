@@ -1,4 +1,5 @@
-"""The queue's depth by task and state, for metrics: one bounded query, cached.
+"""The queue's depth by task and state, and the pauses in force, for metrics:
+one bounded read, cached.
 
 By task means the worker's own tasks, each on its own, and every other task
 of the queue together under :data:`OTHER_TASKS`: the number of series stays
@@ -9,7 +10,9 @@ sends at most one depth query every :data:`CACHE_SECONDS`, and that query
 reads at most :data:`SCAN_LIMIT` rows of the jobs table (more: the figures
 are lower bounds, and say so). It runs on the worker's connection pool, on
 the event loop; a scrape from another thread (prometheus-client's HTTP
-server, a threaded web app) waits for it, up to :data:`WAIT_SECONDS`. A
+server, a threaded web app) waits for it, up to :data:`WAIT_SECONDS`. The
+same read, in the same transaction, lists the pauses in force (at most
+:data:`PAUSES_LIMIT`: they are few, made by people). A
 scrape on the event loop's own thread (an ASGI app sharing the worker's
 loop) cannot wait: it gets the figures of the previous query, and the next
 scrape the new ones.
@@ -34,7 +37,15 @@ from .status_statements import STATE_COUNTS
 if TYPE_CHECKING:
     from .pool_view import ObservedPool
 
-__all__ = ["CACHE_SECONDS", "OTHER_TASKS", "SCAN_LIMIT", "STATES", "Depth", "QueueDepth"]
+__all__ = [
+    "CACHE_SECONDS",
+    "OTHER_TASKS",
+    "PAUSES_LIMIT",
+    "SCAN_LIMIT",
+    "STATES",
+    "Depth",
+    "QueueDepth",
+]
 
 logger = logging.getLogger("graphile_worker.metrics")
 
@@ -52,6 +63,8 @@ CACHE_SECONDS = 5.0
 SCAN_LIMIT = 100_000
 #: Seconds a scrape waits for a query (then it gets the previous figures).
 WAIT_SECONDS = 5.0
+#: Pauses in force listed at most (a series each).
+PAUSES_LIMIT = 1000
 
 # At most %(limit)s rows of the jobs table, in their physical order (a
 # sequential scan that stops there, no index: the cost is bounded whatever the
@@ -84,6 +97,17 @@ _DEPTH = (
 """
 )
 
+# The pauses in force (migrations/py/000014.sql: a small table, a row per
+# paused named queue or task; one whose resume_at has passed is over), at most
+# %(limit)s, by kind and name.
+_PAUSES = """
+  select p.kind, p.name
+  from {schema}._private_py_pauses as p
+  where p.resume_at is null or p.resume_at > now()
+  order by p.kind, p.name
+  limit %(limit)s
+"""
+
 # The query gives up rather than hold a connection for long.
 _TIMEOUT = "set local statement_timeout = 5000"
 
@@ -99,6 +123,9 @@ class Depth:
     counts: dict[str, tuple[int, ...]]
     #: The table held more rows than the query reads: the counts are lower bounds.
     truncated: bool
+    #: The pauses in force: (kind, name), kind ``queue`` or ``task``, name ``*``
+    #: for every named queue or every task.
+    paused: tuple[tuple[str, str], ...] = ()
 
 
 class QueueDepth:
@@ -109,6 +136,7 @@ class QueueDepth:
         self._loop = loop
         self._loop_thread = threading.get_ident()
         self._statement = statements.compose(_DEPTH, pool.options.schema)
+        self._pauses = statements.compose(_PAUSES, pool.options.schema)
         self._lock = threading.Lock()
         self._figures: Depth | None = None
         self._read_at = -math.inf
@@ -182,6 +210,8 @@ class QueueDepth:
             await conn.execute(_TIMEOUT)
             cur = await conn.execute(self._statement, params)
             rows = await cur.fetchall()
+            cur = await conn.execute(self._pauses, {"limit": PAUSES_LIMIT})
+            paused = tuple((str(kind), str(name)) for kind, name in await cur.fetchall())
         counts: dict[str, tuple[int, ...]] = {}
         for row in rows:
             # A worker's own task named like the bucket adds up with it.
@@ -189,4 +219,4 @@ class QueueDepth:
             before = counts.get(task, (0,) * len(STATES))
             counts[task] = tuple(a + int(b) for a, b in zip(before, row[1:6], strict=True))
         scanned = sum(int(row[6]) for row in rows)
-        return Depth(counts, truncated=scanned > SCAN_LIMIT)
+        return Depth(counts, truncated=scanned > SCAN_LIMIT, paused=paused)

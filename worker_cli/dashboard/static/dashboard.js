@@ -20,9 +20,42 @@
     }
   }
 
+  // A form being filled in (class keep-draft: a field changed from what the
+  // page gave it) is not wiped by a refresh.
+  function drafting() {
+    var fields = document.querySelectorAll(
+      "form.keep-draft input:not([type=hidden]), form.keep-draft select"
+    );
+    for (var i = 0; i < fields.length; i++) {
+      var field = fields[i];
+      if (field.tagName === "SELECT") {
+        for (var j = 0; j < field.options.length; j++) {
+          if (field.options[j].selected !== field.options[j].defaultSelected) {
+            return true;
+          }
+        }
+      } else if (field.type === "checkbox" ? field.checked !== field.defaultChecked
+          : field.value !== field.defaultValue) {
+        return true;
+      }
+    }
+    return false;
+  }
+
   function busy() {
     var active = document.activeElement;
-    return active && /^(INPUT|SELECT|TEXTAREA)$/.test(active.tagName);
+    return (active && /^(INPUT|SELECT|TEXTAREA)$/.test(active.tagName)) || drafting();
+  }
+
+  // An open <details> (the pause form) stays open in the refreshed content.
+  function keepOpen(current, next) {
+    var open = current.querySelectorAll("details[id][open]");
+    for (var i = 0; i < open.length; i++) {
+      var same = next.querySelector("#" + open[i].id);
+      if (same) {
+        same.open = true;
+      }
+    }
   }
 
   // An action's notice comes once (a one-time cookie), not with the
@@ -51,6 +84,7 @@
         if (fresh && current && !busy() && !paused) {
           var next = document.importNode(fresh, true);
           keepNotice(current, next);
+          keepOpen(current, next);
           current.replaceWith(next);
         }
         document.body.classList.remove("stale");
