@@ -15,7 +15,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from dbhelpers import cli_path, rows, value
+from dbhelpers import cli_path, rows, run_cli, value
 from test_worker_processes import start, stop, wait_for
 from workers import worker
 
@@ -188,6 +188,37 @@ async def test_a_queue_limit_counts_every_task_of_the_queue(utils: WorkerUtils, 
     assert fetched(db) == ids[:1]
     assert fetched(db) == []
     assert value(db, "select locked_by from graphile_worker._private_job_queues") == "p"
+
+
+@pytest.mark.db
+def test_the_cli_sets_lists_and_removes_limits_with_one_line_for_bad_input(db: str) -> None:
+    done = run_cli(
+        "limit", "-c", db, "--task", "charge", "--max-running", "3", "--max-starts", "50",
+        "--per", "1s", "--partition-by", "account_id",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == (
+        "Limited task charge: at most 3 running (0 now), at most 50 starts per 1s "
+        "(0 in the last 1s), per value of payload field 'account_id' (0 seen)\n"
+    )
+    assert run_cli("limits", "-c", db).stdout.startswith("task charge: at most 3 running")
+    for args, message in [
+        ((), "give either --queue NAME or --task IDENTIFIER"),
+        (("--task", "a"), "--max-running: give max_running, max_starts (with per), or both"),
+        (("--task", "a", "--max-starts", "5"), "--per: max_starts and per go together"),
+        (("--task", "a", "--max-starts", "5", "--per", "2d"), "at most a day"),
+        (("--task", "a", "--max-running", "0"), "0 is not in the range"),
+        (("--task", "a", "--remove", "--max-running", "1"), "--remove takes no other"),
+        (("--task", "*", "--max-running", "1"), "a limit names one task or queue, not '*'"),
+    ]:
+        failed = run_cli("limit", "-c", db, *args)
+        assert failed.returncode == 2, (args, failed.stdout)
+        assert message in failed.stderr, (args, failed.stderr)
+        assert "Traceback" not in failed.stderr
+    assert run_cli("limit", "-c", db, "--task", "charge", "--remove").stdout == (
+        "Removed the limit of task charge\n"
+    )
+    assert run_cli("limits", "-c", db).stdout == "Nothing is limited\n"
 
 
 # --- Workers --------------------------------------------------------------------
@@ -458,3 +489,11 @@ async def test_a_killed_workers_slots_come_back_after_its_heartbeat_timeout(
     assert [code for code, _ in results] == [0, 0, 0], results
     assert value(db, "select count(*) from public.starts where pid = %s", (victim_pid,)) > 0
     check_fleet(db, count)
+
+
+@pytest.mark.db
+def test_the_readmes_limits_example_runs_as_written(db: str, tmp_path: Path) -> None:
+    from test_python_apps import run_transcript
+
+    outputs, expected = run_transcript("### Concurrency and rate limits", db, tmp_path)
+    assert outputs == expected

@@ -367,3 +367,11 @@ async def test_node_runs_nothing_of_a_held_queue_until_it_is_resumed(
     finally:
         stop([proc])  # (Node's CLI ends on SIGINT with the signal's code)
     assert json.dumps(value(db, "select count(distinct job_id) from public.runs")) == "5"
+
+
+@pytest.mark.db
+def test_the_readmes_pause_example_runs_as_written(db: str, tmp_path: Path) -> None:
+    from test_python_apps import run_transcript
+
+    outputs, expected = run_transcript("### Pause and resume", db, tmp_path)
+    assert outputs == expected

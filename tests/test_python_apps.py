@@ -81,6 +81,39 @@ def app_env(db: str) -> dict[str, str]:
     return env
 
 
+def run_transcript(heading: str, db: str, directory: Path) -> tuple[list[str], list[str]]:
+    """Run the section's first ``text`` transcript in ``directory`` (its files
+    written there first): each ``$ python ...`` and ``$ graphile-worker ...``
+    line as a user would, which must succeed. Returns the Python commands'
+    outputs and the transcript's output lines, to compare."""
+    import shlex
+    import subprocess
+    import sys
+
+    from dbhelpers import cli_path
+
+    write_files(heading, directory)
+    transcript = blocks(heading, "text")[0]  # the first (others show the command line)
+    env = app_env(db)
+    outputs: list[str] = []
+    expected: list[str] = []
+    for line in transcript.splitlines():
+        if not line.startswith("$ "):
+            expected.append(line)
+            continue
+        command = shlex.split(line.removeprefix("$ "))
+        command = [sys.executable, *command[1:]] if command[0] == "python" else command
+        command = [cli_path(), *command[1:]] if command[0] == "graphile-worker" else command
+        done = subprocess.run(
+            command, cwd=directory, env=env, capture_output=True, text=True, timeout=60,
+            check=False,
+        )  # fmt: skip
+        assert done.returncode == 0, (line, done.stderr)
+        if command[0] == sys.executable:
+            outputs.extend(done.stdout.strip().splitlines())
+    return outputs, expected
+
+
 ORDERS = (
     "create table orders (id serial primary key, item text not null, receipt_sent_at timestamptz)"
 )

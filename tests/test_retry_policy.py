@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import shlex
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -295,32 +294,13 @@ async def test_cancel_from_inside_records_the_job_as_cancelled(utils: WorkerUtil
 
 @pytest.mark.db
 def test_the_readmes_flow_control_example_runs_as_written(db: str, tmp_path: Any) -> None:
-    import subprocess
-    import sys
-
-    from dbhelpers import cli_path
-    from test_python_apps import app_env, blocks, write_files
+    from test_python_apps import run_transcript, write_files
 
     heading = "### Retry policy, snooze, discard and cancel"
-    files = write_files(heading, tmp_path)
-    assert set(files) == {"tasks/sync_partner.py", "add_sync.py", "show_job.py"}
-    [transcript] = blocks(heading, "text")
-    lines = transcript.splitlines()
-    env = app_env(db)
-    outputs: list[str] = []
-    expected: list[str] = []
-    for line in lines:
-        if not line.startswith("$ "):
-            expected.append(line)
-            continue
-        command = shlex.split(line.removeprefix("$ "))
-        command = [sys.executable, *command[1:]] if command[0] == "python" else command
-        command = [cli_path(), *command[1:]] if command[0] == "graphile-worker" else command
-        done = subprocess.run(
-            command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60,
-            check=False,
-        )  # fmt: skip
-        assert done.returncode == 0, (line, done.stderr)
-        if command[0] == sys.executable:
-            outputs.append(done.stdout.strip())
+    assert set(write_files(heading, tmp_path)) == {
+        "tasks/sync_partner.py",
+        "add_sync.py",
+        "show_job.py",
+    }
+    outputs, expected = run_transcript(heading, db, tmp_path)
     assert outputs == expected
