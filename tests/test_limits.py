@@ -102,7 +102,7 @@ async def test_set_list_remove_async_sync_and_sql(utils: WorkerUtils, db: str) -
         ("charge", Limit(3, 50, 1)),
         ("report", Limit(max_running=2)),
     ]
-    with pytest.raises(JobSpecError, match="task: a limit names one task or queue, not"):
+    with pytest.raises(JobSpecError, match="task: a limit names one task, queue or operation, not"):
         await utils.set_limit(Limit(max_running=1), task="*")
 
 
@@ -203,13 +203,18 @@ def test_the_cli_sets_lists_and_removes_limits_with_one_line_for_bad_input(db: s
     )
     assert run_cli("limits", "-c", db).stdout.startswith("task charge: at most 3 running")
     for args, message in [
-        ((), "give either --queue NAME or --task IDENTIFIER"),
+        ((), "give one of --queue NAME, --task IDENTIFIER, --operation NAME"),
+        (("--task", "a", "--operation", "b", "--max-running", "1"), "give one of"),
+        (("--operation", "b", "--max-running", "1", "--partition-by", "x"), "helpers.limit"),
         (("--task", "a"), "--max-running: give max_running, max_starts (with per), or both"),
         (("--task", "a", "--max-starts", "5"), "--per: max_starts and per go together"),
         (("--task", "a", "--max-starts", "5", "--per", "2d"), "at most a day"),
         (("--task", "a", "--max-running", "0"), "0 is not in the range"),
         (("--task", "a", "--remove", "--max-running", "1"), "--remove takes no other"),
-        (("--task", "*", "--max-running", "1"), "a limit names one task or queue, not '*'"),
+        (
+            ("--task", "*", "--max-running", "1"),
+            "a limit names one task, queue or operation, not '*'",
+        ),
     ]:
         failed = run_cli("limit", "-c", db, *args)
         assert failed.returncode == 2, (args, failed.stdout)
@@ -347,6 +352,83 @@ async def test_a_job_not_started_in_time_is_given_back_and_its_start_uncounted(
     assert (state["running"], state["started"]) == ([jobs[0].id], [jobs[0].id])
     # Its start no longer counts: the next fetch may start one more.
     assert len(fetched(db)) == 1
+
+
+# --- Operations inside a task (helpers.limit) -----------------------------------
+
+
+@pytest.mark.db
+async def test_an_operation_limit_holds_across_jobs_and_a_full_one_snoozes(
+    utils: WorkerUtils, db: str
+) -> None:
+    await utils.set_limit(Limit(max_running=1), operation="partner")
+    inside = peak = 0
+    entered: list[int] = []
+
+    async def call(payload: Any, helpers: Helpers) -> None:
+        nonlocal inside, peak
+        await asyncio.sleep(0)  # all four start before the first enters
+        async with helpers.limit("partner"):
+            inside += 1
+            peak = max(peak, inside)
+            entered.append(helpers.job.id)
+            await asyncio.sleep(0.1)
+            inside -= 1
+
+    jobs = await utils.add_jobs([{"identifier": "call", "payload": {}}] * 4)
+    async with worker(db, {"call": call}, concurrency=4, poll_interval=0.1):
+        for _ in range(400):
+            if value(db, "select count(*) from graphile_worker._private_jobs") == 0:
+                break
+            await asyncio.sleep(0.05)
+    assert peak == 1
+    assert sorted(entered) == sorted(j.id for j in jobs)  # each entered once
+    # The ones held back snoozed: no attempt spent, so every job succeeded at
+    # its first attempt.
+    attempts = "select attempts from graphile_worker._private_py_job_history order by job_id"
+    assert [r["attempts"] for r in rows(db, attempts)] == [1, 1, 1, 1]
+
+
+@pytest.mark.db
+async def test_an_operation_rate_limit_per_partition_in_a_plain_task(
+    utils: WorkerUtils, db: str
+) -> None:
+    await utils.set_limit(Limit(max_starts=2, per=60), operation="mail")
+    entered: list[tuple[str, int]] = []
+
+    def send(payload: Any, helpers: Helpers) -> None:
+        with helpers.limit("mail", partition=payload["to"]):
+            entered.append((payload["to"], helpers.job.id))
+
+    added = await utils.add_jobs(
+        [{"identifier": "send", "payload": {"to": to}} for to in ["a", "a", "a", "b"]]
+    )
+    await run_once(db, task_list={"send": send}, no_handle_signals=True)
+    assert sorted(to for to, _ in entered) == ["a", "a", "b"]
+    # The third to "a" snoozed until the window frees a start (a minute).
+    [row] = rows(db, "select attempts, run_at - now() as wait from graphile_worker._private_jobs")
+    assert row["attempts"] == 0
+    assert timedelta(seconds=50) < row["wait"] <= timedelta(seconds=60)
+    assert {job_id for _, job_id in entered} <= {j.id for j in added}
+
+
+@pytest.mark.db
+async def test_an_unknown_operation_limit_fails_the_job_with_one_clear_line(
+    utils: WorkerUtils, db: str
+) -> None:
+    async def call(payload: Any, helpers: Helpers) -> None:
+        async with helpers.limit("nosuch"):
+            pass
+
+    job = await utils.add_job("call", {}, max_attempts=1)
+    await run_once(db, task_list={"call": call}, no_handle_signals=True)
+    record = await utils.get_job_result(job.id)
+    assert record.state == "failed"
+    assert record.last_error is not None
+    assert record.last_error.splitlines()[0] == (
+        "LookupError: helpers.limit: no limit named 'nosuch'; set one with "
+        "set_limit(Limit(...), operation='nosuch')"
+    )
 
 
 # --- The fleet: four processes ----------------------------------------------------

@@ -4,7 +4,9 @@
 -- A limit applies to a task identifier (kind 'task') or a named queue (kind
 -- 'queue'), optionally per value of a payload field (partition_by: each
 -- value, say each account_id, has its own limit; a job without the field
--- counts under the empty value). It caps
+-- counts under the empty value), or to an operation that tasks do in their
+-- body (kind 'operation': helpers.limit(name, partition), see
+-- py_limit_acquire). It caps
 --   max_running: jobs of the key (or partition) locked at once, by any pool;
 --   max_starts per period: starts in any window of that length. Every start
 --     counts whatever its outcome; a retry or snooze counts again when it
@@ -13,7 +15,8 @@
 -- pools' own declarations (@task_options(limit=...)) write it; every change
 -- is announced on "<schema>:py:control" (payload 'limits').
 create table {{schema}}._private_py_limits (
-  kind text not null constraint _private_py_limits_kind_check check (kind in ('queue', 'task')),
+  kind text not null
+    constraint _private_py_limits_kind_check check (kind in ('queue', 'task', 'operation')),
   name text not null
     constraint _private_py_limits_name_check check (length(name) between 1 and 128),
   max_running int constraint _private_py_limits_running_check check (max_running between 1 and 10000),
@@ -378,7 +381,7 @@ as $fn$
     where x.at > clock_timestamp() - l.period - interval '50 milliseconds'
   ) as w
   where l.max_starts is not null and w.n >= l.max_starts
-    and (l.kind = 'queue' or l.name in (
+    and (l.kind = 'queue' or l.kind = 'task' and l.name in (
       select t.identifier from {{schema}}._private_tasks as t where t.id = any(task_ids)
     ))
 $fn$;
@@ -537,4 +540,102 @@ begin
       (select o.timeout from {{schema}}._private_py_job_options as o where o.job_id = j.id)
     end;
 end;
+$fn$;
+
+-- An operation limit, taken inside a task (helpers.limit(name, partition)):
+-- the job holder (running) takes a slot and a start of the operation's limit
+-- (kind 'operation'), for that partition value ('' if none). Returns null
+-- when taken; else the seconds after which it may be (a full rate: until
+-- its oldest start leaves the window; full slots: 1 second), or -1 when no
+-- such limit exists. The start is counted now; the slot is the holder's
+-- until py_limit_release, or until the holder's job is no longer locked
+-- (its worker died). Serialised on the limit's row.
+create or replace function {{schema}}.py_limit_acquire(name text, partition text, holder bigint)
+returns float8
+language plpgsql
+volatile
+as $fn$
+declare
+  v_limit {{schema}}._private_py_limits;
+  v_part text := coalesce(py_limit_acquire.partition, '');
+  v_clock timestamptz;
+  v_running bigint[] := '{}';
+  v_wait float8;
+  v_count int;
+  v_first timestamptz;
+  s record;
+begin
+  select l.* into v_limit
+  from {{schema}}._private_py_limits as l
+  where l.kind = 'operation' and l.name = py_limit_acquire.name
+  for update;
+  if not found then
+    return -1;
+  end if;
+  v_clock := clock_timestamp();
+  select st.running, st.starts, st.started into s
+  from {{schema}}._private_py_limit_state as st
+  where st.kind = 'operation' and st.name = v_limit.name and st.partition = v_part;
+  if found then
+    v_running := array(
+      select j.id from {{schema}}._private_jobs as j
+      where j.id = any(s.running) and j.locked_at is not null
+    );
+    if v_limit.max_running is not null and cardinality(v_running) >= v_limit.max_running then
+      v_wait := 1.0;
+    end if;
+    if v_limit.max_starts is not null then
+      select count(*), min(x.at) into v_count, v_first
+      from unnest(s.starts) as x(at)
+      where x.at > v_clock - v_limit.period;
+      if v_count >= v_limit.max_starts then
+        v_wait := greatest(
+          coalesce(v_wait, 0), extract(epoch from v_first + v_limit.period - v_clock)
+        );
+      end if;
+    end if;
+  end if;
+  if v_wait is not null then
+    return v_wait;
+  end if;
+  insert into {{schema}}._private_py_limit_state as st (
+    kind, name, partition, running, starts, started
+  )
+  values ('operation', v_limit.name, v_part,
+    case when v_limit.max_running is null then '{}'::bigint[] else array[holder] end,
+    case when v_limit.max_starts is null then '{}'::timestamptz[] else array[v_clock] end,
+    case when v_limit.max_starts is null then '{}'::bigint[] else array[holder] end)
+  on conflict on constraint _private_py_limit_state_pkey do update
+  set running = case when v_limit.max_running is null then '{}'::bigint[]
+      else v_running || holder end,
+    starts = case when v_limit.max_starts is null then '{}'::timestamptz[] else
+      (array(
+        select x.at from unnest(st.starts, st.started) as x(at, job_id)
+        where x.at > v_clock - v_limit.period
+        order by x.at desc, x.job_id desc
+        limit v_limit.max_starts - 1
+      ) || v_clock)
+    end,
+    started = case when v_limit.max_starts is null then '{}'::bigint[] else
+      (array(
+        select x.job_id from unnest(st.starts, st.started) as x(at, job_id)
+        where x.at > v_clock - v_limit.period
+        order by x.at desc, x.job_id desc
+        limit v_limit.max_starts - 1
+      ) || holder)
+    end;
+  return null;
+end;
+$fn$;
+
+-- The holder's slot of an operation limit is free again (its start counts on).
+create or replace function {{schema}}.py_limit_release(name text, partition text, holder bigint)
+returns void
+language sql
+volatile
+as $fn$
+  update {{schema}}._private_py_limit_state as st
+  set running = array_remove(st.running, holder)
+  where st.kind = 'operation' and st.name = py_limit_release.name
+    and st.partition = coalesce(py_limit_release.partition, '')
 $fn$;

@@ -38,6 +38,7 @@ def _describe(info: LimitInfo) -> str:
 @schema_option
 @click.option("--queue", metavar="NAME", help="A named queue.")
 @click.option("--task", metavar="IDENTIFIER", help="A task identifier.")
+@click.option("--operation", metavar="NAME", help="An operation (helpers.limit(NAME)).")
 @click.option("--max-running", type=click.IntRange(1, 10_000), help="At most N running at once.")
 @click.option("--max-starts", type=click.IntRange(1, 10_000), help="At most N starts per --per.")
 @click.option("--per", metavar="LENGTH", callback=length, help="The window: 1s, 10s, 1m, 1h.")
@@ -50,21 +51,23 @@ def limit(
     schema: str,
     queue: str | None,
     task: str | None,
+    operation: str | None,
     max_running: int | None,
     max_starts: int | None,
     per: timedelta | None,
     partition_by: str | None,
     remove: bool,
 ) -> None:
-    """Set (or --remove) the limit of a task or a named queue, across every
-    Python worker, at once: at most N running, at most N starts in any window
-    of --per."""
+    """Set (or --remove) the limit of a task, a named queue or an operation,
+    across every Python worker, at once: at most N running, at most N starts
+    in any window of --per."""
     from ..errors import JobSpecError
     from ..jobs.limits import Limit
     from ..jobs.worker_utils import make_worker_utils
 
-    if (queue is None) == (task is None):
-        raise click.UsageError("give either --queue NAME or --task IDENTIFIER (one of them)")
+    targets = {"queue": queue, "task": task, "operation": operation}
+    if sum(value is not None for value in targets.values()) != 1:
+        raise click.UsageError("give one of --queue NAME, --task IDENTIFIER, --operation NAME")
     given = (max_running, max_starts, per, partition_by)
     if remove and any(value is not None for value in given):
         raise click.UsageError("--remove takes no other limit option")
@@ -77,14 +80,14 @@ def limit(
     async def change() -> LimitInfo | bool:
         async with make_worker_utils(connection, schema=schema) as utils:
             if spec is None:
-                return await utils.remove_limit(queue=queue, task=task)
-            return await utils.set_limit(spec, queue=queue, task=task)
+                return await utils.remove_limit(**targets)
+            return await utils.set_limit(spec, **targets)
 
     try:
         done = run_async(change())
     except JobSpecError as exc:
         raise click.UsageError(str(exc)) from None
-    what = f"queue {queue}" if queue is not None else f"task {task}"
+    what = next(f"{kind} {name}" for kind, name in targets.items() if name is not None)
     if isinstance(done, bool):
         click.echo(f"Removed the limit of {what}" if done else f"{what.capitalize()} had no limit")
     else:

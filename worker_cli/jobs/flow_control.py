@@ -58,17 +58,25 @@ class AsyncFlowControl:
         return await self._run(self._plans.list_pauses())
 
     async def set_limit(
-        self, limit: Limit, *, queue: str | None = None, task: str | None = None
+        self,
+        limit: Limit,
+        *,
+        queue: str | None = None,
+        task: str | None = None,
+        operation: str | None = None,
     ) -> LimitInfo:
-        """Limit a task or a named queue across every Python worker (README,
-        "Concurrency and rate limits"): ``Limit(max_running=..., max_starts=...,
-        per=..., partition_by=...)``; replaces its limit if it had one, live.
-        Returns the limit as stored, with its use."""
-        return await self._run(self._plans.set_limit(limit, queue, task))
+        """Limit a task, a named queue, or an operation tasks do in their body
+        (``helpers.limit``), across every Python worker (README, "Concurrency
+        and rate limits"): ``Limit(max_running=..., max_starts=..., per=...,
+        partition_by=...)``; replaces its limit if it had one, live. Returns
+        the limit as stored, with its use."""
+        return await self._run(self._plans.set_limit(limit, queue, task, operation))
 
-    async def remove_limit(self, *, queue: str | None = None, task: str | None = None) -> bool:
-        """Remove a task's or a queue's limit; whether it had one."""
-        return await self._run(self._plans.remove_limit(queue, task))
+    async def remove_limit(
+        self, *, queue: str | None = None, task: str | None = None, operation: str | None = None
+    ) -> bool:
+        """Remove a task's, a queue's or an operation's limit; whether it had one."""
+        return await self._run(self._plans.remove_limit(queue, task, operation))
 
     async def list_limits(self) -> list[LimitInfo]:
         """Every limit, with how much of it is in use now."""
@@ -110,17 +118,25 @@ class SyncFlowControl:
         return self._run(self._plans.list_pauses())
 
     def set_limit(
-        self, limit: Limit, *, queue: str | None = None, task: str | None = None
+        self,
+        limit: Limit,
+        *,
+        queue: str | None = None,
+        task: str | None = None,
+        operation: str | None = None,
     ) -> LimitInfo:
-        """Limit a task or a named queue across every Python worker (README,
-        "Concurrency and rate limits"): ``Limit(max_running=..., max_starts=...,
-        per=..., partition_by=...)``; replaces its limit if it had one, live.
-        Returns the limit as stored, with its use."""
-        return self._run(self._plans.set_limit(limit, queue, task))
+        """Limit a task, a named queue, or an operation tasks do in their body
+        (``helpers.limit``), across every Python worker (README, "Concurrency
+        and rate limits"): ``Limit(max_running=..., max_starts=..., per=...,
+        partition_by=...)``; replaces its limit if it had one, live. Returns
+        the limit as stored, with its use."""
+        return self._run(self._plans.set_limit(limit, queue, task, operation))
 
-    def remove_limit(self, *, queue: str | None = None, task: str | None = None) -> bool:
-        """Remove a task's or a queue's limit; whether it had one."""
-        return self._run(self._plans.remove_limit(queue, task))
+    def remove_limit(
+        self, *, queue: str | None = None, task: str | None = None, operation: str | None = None
+    ) -> bool:
+        """Remove a task's, a queue's or an operation's limit; whether it had one."""
+        return self._run(self._plans.remove_limit(queue, task, operation))
 
     def list_limits(self) -> list[LimitInfo]:
         """Every limit, with how much of it is in use now."""

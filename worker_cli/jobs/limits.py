@@ -13,12 +13,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Literal
 
 from ..errors import JobSpecError
-from .pauses import PauseKind, target
 
-__all__ = ["Limit", "LimitInfo", "limit_params"]
+__all__ = ["Limit", "LimitInfo", "LimitKind", "limit_params", "limit_target"]
+
+#: What a limit applies to: a task's jobs, a named queue's jobs, or an
+#: operation that tasks do in their body (``helpers.limit``).
+LimitKind = Literal["queue", "task", "operation"]
 
 #: The bounds the database holds too (migrations/py/000015.sql).
 MAX_RUNNING = 10_000
@@ -77,7 +80,7 @@ def _whole(name: str, value: Any, high: int) -> None:
 class LimitInfo:
     """A stored limit, and how much of it is in use now."""
 
-    kind: PauseKind
+    kind: LimitKind
     name: str
     limit: Limit
     updated_at: datetime
@@ -96,11 +99,36 @@ class LimitInfo:
         return cls(kind, name, limit, updated_at, running, recent, partitions)
 
 
-def limit_params(queue: str | None, task: str | None, limit: Limit) -> dict[str, Any]:
-    """The checked parameters of ``set_limit``."""
-    kind, name = target(queue, task)
+def limit_target(
+    queue: str | None, task: str | None, operation: str | None
+) -> tuple[LimitKind, str]:
+    """The (kind, name) of ``set_limit``/``remove_limit``'s ``queue=``,
+    ``task=`` or ``operation=``: exactly one, a name of 1 to 128 characters."""
+    kinds: tuple[LimitKind, ...] = ("queue", "task", "operation")
+    given = [
+        (kind, name)
+        for kind, name in zip(kinds, (queue, task, operation), strict=True)
+        if name is not None
+    ]
+    if len(given) != 1:
+        raise JobSpecError("queue", "give one of queue=, task= or operation=")
+    [(kind, name)] = given
+    if not isinstance(name, str) or not 1 <= len(name) <= 128:
+        raise JobSpecError(kind, f"is {name!r}; it must be a name of 1 to 128 characters")
     if name == "*":
-        raise JobSpecError(kind, "a limit names one task or queue, not '*'")
+        raise JobSpecError(kind, "a limit names one task, queue or operation, not '*'")
+    return kind, name
+
+
+def limit_params(
+    limit: Limit, queue: str | None, task: str | None, operation: str | None
+) -> dict[str, Any]:
+    """The checked parameters of ``set_limit``."""
+    kind, name = limit_target(queue, task, operation)
+    if kind == "operation" and limit.partition_by is not None:
+        raise JobSpecError(
+            "partition_by", "an operation's partition is given to helpers.limit(name, partition)"
+        )
     if not isinstance(limit, Limit):
         raise JobSpecError("limit", f"is {limit!r}; give a Limit(...)")
     return {

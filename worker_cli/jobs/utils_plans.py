@@ -43,7 +43,7 @@ from .job_spec import (
     validate_identifier,
     with_local_run_at,
 )
-from .limits import Limit, LimitInfo, limit_params
+from .limits import Limit, LimitInfo, limit_params, limit_target
 from .pauses import Pause, pause_params, target
 from .payloads import NamedPayload, job_identity
 from .results import JobResult, check_job_id
@@ -267,9 +267,11 @@ class UtilsPlans:
             rows = yield from query(statement, {})
         return [Pause.from_row(row) for row in rows]
 
-    def set_limit(self, limit: Limit, queue: str | None, task: str | None) -> Plan[LimitInfo]:
+    def set_limit(
+        self, limit: Limit, queue: str | None, task: str | None, operation: str | None
+    ) -> Plan[LimitInfo]:
         """``set_limit``: the limit as stored, and its use."""
-        return self._set_limit(limit_params(queue, task, limit))
+        return self._set_limit(limit_params(limit, queue, task, operation))
 
     def _set_limit(self, params: dict[str, Any]) -> Plan[LimitInfo]:
         with schema_required(self.schema):
@@ -277,9 +279,11 @@ class UtilsPlans:
             rows = yield from query(statement, params)
         return LimitInfo.from_row(rows[0])
 
-    def remove_limit(self, queue: str | None, task: str | None) -> Plan[bool]:
+    def remove_limit(
+        self, queue: str | None, task: str | None, operation: str | None
+    ) -> Plan[bool]:
         """``remove_limit``: whether there was one."""
-        kind, name = target(queue, task)
+        kind, name = limit_target(queue, task, operation)
         return self._remove_limit(kind, name)
 
     def _remove_limit(self, kind: str, name: str) -> Plan[bool]:

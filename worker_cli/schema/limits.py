@@ -5,11 +5,13 @@ Templates over the schema name, composed with :func:`.statements.compose`."""
 from __future__ import annotations
 
 __all__ = [
+    "acquire",
     "fetch_limited",
     "fetch_limited_at",
     "limits_exist",
     "list_limits",
     "next_start",
+    "release",
     "remove_limit",
     "set_limit",
     "uncount_starts",
@@ -92,3 +94,14 @@ next_start = """
 
 # Remove the starts of jobs given back without starting (py_uncount_starts).
 uncount_starts = "select {schema}.py_uncount_starts(%(job_ids)s::bigint[])"
+
+# An operation limit, inside a task (helpers.limit): null when taken, else the
+# seconds to wait (-1: no such limit).
+acquire = (
+    "select {schema}.py_limit_acquire(%(name)s::text, %(partition)s::text, %(holder)s::bigint)"
+)
+
+# The holder's slot of an operation limit is free again.
+release = (
+    "select {schema}.py_limit_release(%(name)s::text, %(partition)s::text, %(holder)s::bigint)"
+)

@@ -18,6 +18,7 @@ from ..jobs.job_spec import JobSpec
 from ..jobs.payloads import NamedPayload, job_identity
 from ..jobs.unique import UniqueJobResult, UniqueSpec
 from ..jobs.worker_utils import WorkerUtils
+from .operation_limits import OperationLimit
 
 __all__ = ["Helpers", "JobLogger"]
 
@@ -50,6 +51,7 @@ class Helpers:
     - ``add_job(...)``, ``add_jobs(...)``: as in WorkerUtils
     - ``run(awaitable)``: from a plain (threaded) task, run one of the above on
       the worker's event loop and return its result
+    - ``limit(name, partition)``: a block within an operation limit
     """
 
     #: A cancel request came (``mark_cancelled``), and the timeout (seconds)
@@ -223,6 +225,15 @@ class Helpers:
             )
         return await self._utils.add_jobs(
             specs, job_key_preserve_run_at=job_key_preserve_run_at, unique=unique
+        )
+
+    def limit(self, name: str, partition: Any = None) -> OperationLimit:
+        """``async with helpers.limit("stripe", partition=...)`` (``with`` in a
+        plain task): the block runs within the operation limit ``name``
+        (``set_limit(Limit(...), operation=name)``), or the job snoozes until
+        it may (see :mod:`~worker_cli.tasks.operation_limits`)."""
+        return OperationLimit(
+            self._utils, self._loop, name=name, partition=partition, holder=self.job.id
         )
 
     def run(self, awaitable: Awaitable[T]) -> T:
