@@ -226,6 +226,22 @@ def test_the_cli_sets_lists_and_removes_limits_with_one_line_for_bad_input(db: s
     assert run_cli("limits", "-c", db).stdout == "Nothing is limited\n"
 
 
+@pytest.mark.db
+async def test_a_queue_limit_does_not_count_jobs_without_a_queue(
+    utils: WorkerUtils, db: str
+) -> None:
+    await utils.set_limit(Limit(max_running=1), queue="mail")
+    await utils.set_limit(Limit(max_running=2), task="charge")
+    charge = (await utils.add_job("charge", {})).id
+    mail = (await utils.add_job("send", {}, queue_name="mail")).id
+    assert fetched(db) == [charge, mail]
+    states = "select kind, name, running from graphile_worker._private_py_limit_state order by 1"
+    assert [tuple(r.values()) for r in rows(db, states)] == [
+        ("queue", "mail", [mail]),
+        ("task", "charge", [charge]),
+    ]
+
+
 # --- Workers --------------------------------------------------------------------
 
 

@@ -225,8 +225,12 @@ begin
       and (j.job_queue_id is null or q.is_available)
       and (forbidden_flags is null or j.flags is null or not (j.flags ?| forbidden_flags))
       and (
-        (t.identifier = any(v_names) and t.identifier <> all(v_full_tasks))
-        or (q.queue_name = any(v_names) and q.queue_name <> all(v_full_queues))
+        t.identifier = any(array(
+          select v_names[i] from generate_subscripts(v_names, 1) as i where v_kinds[i] = 'task'
+        ))
+        or q.queue_name = any(array(
+          select v_names[i] from generate_subscripts(v_names, 1) as i where v_kinds[i] = 'queue'
+        ))
       )
       and t.identifier <> all(v_full_tasks)
       and (q.queue_name is null or q.queue_name <> all(v_full_queues))
@@ -245,9 +249,11 @@ begin
     v_mine := '{}';
     v_parts := '{}';
     for i in 1 .. cardinality(v_kinds) loop
-      continue when not (
+      -- (a job without a queue: queue_name is null, so coalesce)
+      continue when not coalesce(
         (v_kinds[i] = 'task' and v_names[i] = c.identifier)
-        or (v_kinds[i] = 'queue' and v_names[i] = c.queue_name)
+        or (v_kinds[i] = 'queue' and v_names[i] = c.queue_name),
+        false
       );
       v_parts := v_parts || case when v_by[i] is null then ''
         else coalesce(c.payload ->> v_by[i], '') end;
