@@ -653,6 +653,10 @@ def test_the_limits_panel_sets_changes_and_removes(db: str, browser: WebDriver) 
     for _ in range(5):
         add_job(db, "charge")
     with serve_cli(db) as url:
+        # Away from the last test's page first (refreshing from its server, gone),
+        # and its console errors dropped.
+        browser.get("about:blank")
+        console_errors(browser)
         browser.get(url + "/")
         assert "Nothing is limited" in wait_for(browser, "#no-limits").text
         assert not browser.find_element(By.ID, "limit-form").is_displayed()

@@ -168,6 +168,13 @@ def test_the_use_is_shown_once_jobs_are_locked(db: str, url: str) -> None:
     rows(db, "select graphile_worker.py_set_limit('task', 'charge', 3, 50, '1 hour')")
     rows(db, "select graphile_worker.py_set_limit('task', 'bill', 2, null, null, 'account_id')")
     assert len(rows(db, FETCH)) == 6  # 3 of charge, 2 of account a, 1 of b
+    # A start from before the window (2 hours ago, of a 1-hour window) does not count.
+    rows(
+        db,
+        "update graphile_worker._private_py_limit_state set "
+        "starts = array[now() - interval '2 hours'] || starts, "
+        "started = array[0::bigint] || started where name = 'charge'",
+    )
 
     page = overview(url)
     charge = limit_row(page, "task", "charge")
@@ -182,13 +189,19 @@ def test_the_use_is_shown_once_jobs_are_locked(db: str, url: str) -> None:
     assert bill["partitions"] == "per account_id : 2 values seen", bill
     assert 'title="Limited: at most 3 running (3 now), at most 50 starts per 1h' in page
 
-    # Two of charge done and one of account a (their rows deleted, as a
-    # worker completes a job): their slots are free, their starts stay.
+    # One of charge done (its row deleted, as a worker completes a job), one
+    # given back (unlocked), and one of account a done: their slots are free,
+    # their starts stay.
     rows(
         db,
-        "delete from graphile_worker._private_jobs where id in (select id from "
-        "graphile_worker.jobs where task_identifier = 'charge' and locked_at is not null "
-        "order by id limit 2)",
+        "delete from graphile_worker._private_jobs where id = (select min(id) from "
+        "graphile_worker.jobs where task_identifier = 'charge' and locked_at is not null)",
+    )
+    rows(
+        db,
+        "update graphile_worker._private_jobs set locked_at = null, locked_by = null "
+        "where id = (select min(id) from graphile_worker.jobs "
+        "where task_identifier = 'charge' and locked_at is not null)",
     )
     rows(
         db,
@@ -209,9 +222,20 @@ def test_the_panel_reads_a_bounded_number_of_limits(
     db: str, url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(reads, "LIMITS_SHOWN", 2)
+    asked: list[dict[str, Any]] = []
+    rows_of = reads.Reader.rows
+
+    async def spy(self: reads.Reader, statement: Any, **params: Any) -> list[dict[str, Any]]:
+        if statement is reads.queries.limits:
+            asked.append(params)
+        return await rows_of(self, statement, **params)
+
+    monkeypatch.setattr(reads.Reader, "rows", spy)
     for name in ("a", "b", "c"):
         rows(db, "select graphile_worker.py_set_limit('task', %s, 1)", (name,))
     page = overview(url)
+    # One more than shown (to say there are more), 1,001 partition values of each.
+    assert asked == [{"limit": 3, "partitions": reads.PARTITIONS_READ + 1}]
     assert [m for m in re.findall(r'data-limit="task:(\w)"', page)] == ["a", "b"]
     assert "The first 2 limits." in page
 

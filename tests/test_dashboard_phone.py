@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from dashboard_helpers import chromium, serve_app, wait_for
+from dashboard_helpers import chromium, click, serve_app, wait_for
 from dbhelpers import list_history_for_expiry, rows, value
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
@@ -133,6 +133,11 @@ def test_no_page_scrolls_sideways_on_a_phone(db: str, phone: WebDriver) -> None:
         assert sizes["scroll"] <= sizes["client"] <= sizes["inner"], ("/ (limit form)", sizes)
         for field in phone.find_elements(By.CSS_SELECTOR, "#limit-form input, #limit-form select"):
             assert field.rect["x"] + field.rect["width"] <= WIDTH, field.get_attribute("id")
+        # Its banner names the long task: it wraps.
+        click(phone, "#limit-button")
+        assert "Limited task reports/" in wait_for(phone, "#notice").text
+        sizes = overflow(phone)
+        assert sizes["scroll"] <= sizes["client"] <= sizes["inner"], ("/ (limit banner)", sizes)
         # Every link of the navigation is on the screen (none past its edge).
         for link in phone.find_elements(By.CSS_SELECTOR, ".nav a"):
             assert link.is_displayed()
