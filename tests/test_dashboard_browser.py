@@ -632,3 +632,119 @@ def test_read_only_shows_the_pauses_without_the_form(db: str, browser: WebDriver
         assert "deploy" in wait_for(browser, "#pauses-table tr[data-pause='queue:mail']").text
         assert browser.find_elements(By.ID, "pause-form") == []
         assert browser.find_elements(By.CSS_SELECTOR, "#pauses-table button") == []
+
+
+def limit_rows(db: str) -> list[tuple[Any, ...]]:
+    return [
+        (row["kind"], row["name"], row["max_running"], row["max_starts"], row["partition_by"])
+        for row in rows(
+            db,
+            "select kind, name, max_running, max_starts, partition_by "
+            "from graphile_worker._private_py_limits order by kind, name",
+        )
+    ]
+
+
+def test_the_limits_panel_sets_changes_and_removes(db: str, browser: WebDriver) -> None:
+    """The overview's form limits a task (the panel lists it, the tasks table
+    flags it), the panel shows the slots and starts in use once jobs are
+    locked, bad input is refused in the red banner naming the field, a
+    row's Change fills the form, and Remove ends the limit."""
+    for _ in range(5):
+        add_job(db, "charge")
+    with serve_cli(db) as url:
+        # Away from the last test's page first (refreshing from its server, gone),
+        # and its console errors dropped.
+        browser.get("about:blank")
+        console_errors(browser)
+        browser.get(url + "/")
+        assert "Nothing is limited" in wait_for(browser, "#no-limits").text
+        assert not browser.find_element(By.ID, "limit-form").is_displayed()
+        browser.find_element(By.ID, "limit-summary").click()
+        Select(browser.find_element(By.ID, "limit-kind")).select_by_value("task")
+        browser.find_element(By.ID, "limit-name").send_keys("charge")
+        browser.find_element(By.ID, "limit-max-running").send_keys("3")
+        browser.find_element(By.ID, "limit-max-starts").send_keys("50")
+        browser.find_element(By.ID, "limit-per").send_keys("1h")
+        click(browser, "#limit-button")
+        done = wait_for(browser, "#notice.notice-done")
+        assert done.text.startswith("Limited task charge: at most 3 running, at most 50 starts")
+        assert browser.current_url == url + "/"
+        assert limit_rows(db) == [("task", "charge", 3, 50, None)]
+        row = wait_for(browser, "#limits-table tr[data-limit='task:charge']")
+        assert "0 / 3 running" in row.text and "0 / 50 starts in the last 1h" in row.text
+        assert "limited" in browser.find_element(By.ID, "tasks-table").text
+
+        # Three jobs locked as a worker's fetch locks them: the slots are full.
+        rows(
+            db,
+            "select id from graphile_worker.py_fetch_limited_jobs("
+            "array(select id from graphile_worker._private_tasks), null, 10, 'p')",
+        )
+        browser.get(url + "/")
+        row = wait_for(browser, "#limits-table tr[data-limit='task:charge']")
+        assert "3 / 3 running" in row.text and "3 / 50 starts in the last 1h" in row.text
+        assert "full" in row.text
+
+        # Bad input: refused in the red banner, one line naming the field.
+        browser.find_element(By.ID, "limit-summary").click()
+        browser.find_element(By.ID, "limit-name").send_keys("charge")
+        browser.find_element(By.ID, "limit-max-starts").send_keys("5")
+        browser.find_element(By.ID, "limit-per").send_keys("soon")
+        click(browser, "#limit-button")
+        refused = wait_for(browser, "#notice")
+        assert refused.get_attribute("class") == "notice notice-refused"
+        assert refused.text == (
+            "Refused: Per: 'soon' is not a length such as 90s, 10m, 2h or 1d. Nothing was changed."
+        )
+        assert limit_rows(db) == [("task", "charge", 3, 50, None)]
+
+        # Change: the row's button fills the form with the limit.
+        # (One script: the page may refresh its content between two calls;
+        # once the form holds the limit, it waits.)
+        browser.execute_script(  # type: ignore[no-untyped-call]
+            "document.querySelector(\"tr[data-limit='task:charge'] .limit-change\").click()"
+        )
+        assert browser.find_element(By.ID, "limit-form").is_displayed()
+        fields = ["limit-kind", "limit-name", "limit-max-running", "limit-max-starts"]
+        fields += ["limit-per", "limit-partition"]
+        values = {
+            field: browser.find_element(By.ID, field).get_attribute("value") for field in fields
+        }
+        assert values == {
+            "limit-kind": "task",
+            "limit-name": "charge",
+            "limit-max-running": "3",
+            "limit-max-starts": "50",
+            "limit-per": "1h",
+            "limit-partition": "",
+        }
+        field = browser.find_element(By.ID, "limit-max-running")
+        field.clear()
+        field.send_keys("5")
+        browser.find_element(By.ID, "limit-partition").send_keys("account_id")
+        click(browser, "#limit-button")
+        assert wait_for(browser, "#notice").text.startswith(
+            "Limited task charge: at most 5 running, at most 50 starts per 1h, per value of "
+            "account_id."
+        )
+        assert limit_rows(db) == [("task", "charge", 5, 50, "account_id")]
+        row = wait_for(browser, "#limits-table tr[data-limit='task:charge']")
+        assert "per account_id" in row.text, row.text
+
+        click(browser, "#limits-table tr[data-limit='task:charge'] form button")
+        assert wait_for(browser, "#notice").text.startswith("Removed the limit of task charge")
+        wait_for(browser, "#no-limits")
+        assert limit_rows(db) == []
+        assert "limited" not in browser.find_element(By.ID, "tasks-table").text
+        assert console_errors(browser) == []
+
+
+def test_read_only_shows_the_limits_without_the_form(db: str, browser: WebDriver) -> None:
+    rows(db, "select graphile_worker.py_set_limit('queue', 'mail', 4)")
+    with serve_cli(db, "--read-only") as url:
+        browser.get(url + "/")
+        row = wait_for(browser, "#limits-table tr[data-limit='queue:mail']")
+        assert "0 / 4 running" in row.text
+        assert browser.find_elements(By.ID, "limit-form") == []
+        assert browser.find_elements(By.CSS_SELECTOR, "#limits-table button") == []

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from dashboard_helpers import chromium, serve_app, wait_for
+from dashboard_helpers import chromium, click, serve_app, wait_for
 from dbhelpers import list_history_for_expiry, rows, value
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
@@ -73,6 +73,14 @@ def fill(db: str) -> int:
         ("reports/" + "quarterly_revenue_by_region_" * 3, "Deploy: " + "x" * 300),
     )
     rows(db, "select graphile_worker.py_pause('queue', 'billing', null, 'card provider down')")
+    # Limits: a long task name, partitioned by a long field, in use (the panel's table).
+    long_task = "reports/" + "quarterly_revenue_by_region_" * 3
+    rows(
+        db,
+        "select graphile_worker.py_set_limit('task', %s, 3, 50, interval '10 minutes', %s)",
+        (long_task, "customer_" + "account_identifier_" * 5),
+    )
+    rows(db, "select graphile_worker.py_set_limit('task', 'send_email', 10000, 10000, '1 day')")
     return failed
 
 
@@ -117,6 +125,19 @@ def test_no_page_scrolls_sideways_on_a_phone(db: str, phone: WebDriver) -> None:
         assert sizes["scroll"] <= sizes["client"] <= sizes["inner"], ("/ (pause form)", sizes)
         for field in phone.find_elements(By.CSS_SELECTOR, "#pause-form input, #pause-form select"):
             assert field.rect["x"] + field.rect["width"] <= WIDTH, field.get_attribute("id")
+        # And with the limit form open, filled in from a limit's Change button.
+        phone.get(url + "/")
+        wait_for(phone, "#limits-table .limit-change").click()
+        assert phone.find_element(By.ID, "limit-form").is_displayed()
+        sizes = overflow(phone)
+        assert sizes["scroll"] <= sizes["client"] <= sizes["inner"], ("/ (limit form)", sizes)
+        for field in phone.find_elements(By.CSS_SELECTOR, "#limit-form input, #limit-form select"):
+            assert field.rect["x"] + field.rect["width"] <= WIDTH, field.get_attribute("id")
+        # Its banner names the long task: it wraps.
+        click(phone, "#limit-button")
+        assert "Limited task reports/" in wait_for(phone, "#notice").text
+        sizes = overflow(phone)
+        assert sizes["scroll"] <= sizes["client"] <= sizes["inner"], ("/ (limit banner)", sizes)
         # Every link of the navigation is on the screen (none past its edge).
         for link in phone.find_elements(By.CSS_SELECTOR, ".nav a"):
             assert link.is_displayed()

@@ -22,6 +22,8 @@ pytestmark = pytest.mark.db
 
 JOBS, QUEUES, TASKS = 200_000, 20_000, 20
 HISTORY = 200_000
+#: Limits, and partition values of one of them.
+LIMITS, PARTITIONS = 300, 3_000
 #: The tables no statement may scan sequentially: they may hold millions of
 #: rows (named queues, tens of thousands).
 LARGE = ("_private_jobs", "_private_py_job_history", "_private_job_queues")
@@ -103,6 +105,33 @@ def big_queue(pg: Any, migrated_template: str) -> Iterator[str]:
                 "values ('queue', 'queue_1', null), ('task', 'task_2', now() + interval '1 hour'), "
                 "('task', 'task_3', now() - interval '1 hour')"
             )
+            # Limits: 300 (more than the panel reads), one with 3,000 partition
+            # values (more than it reads of one), their running jobs by id
+            # (every 89th job is locked).
+            conn.execute(
+                "insert into graphile_worker._private_py_limits "
+                "(kind, name, max_running, max_starts, period, partition_by) "
+                "values ('task', 'task_1', 3, 50, interval '1 second', null), "
+                "('task', 'task_2', 2, null, null, 'account_id')"
+            )
+            conn.execute(
+                "insert into graphile_worker._private_py_limits (kind, name, max_running) "
+                "select 'task', 'z_' || n, 1 from generate_series(1, %s) as n",
+                (LIMITS - 2,),
+            )
+            conn.execute(
+                "insert into graphile_worker._private_py_limit_state "
+                "(kind, name, partition, running, starts, started) "
+                "values ('task', 'task_1', '', array[89, 178, 5], "
+                "array[now(), now(), now()], array[89, 178, 5])"
+            )
+            conn.execute(
+                "insert into graphile_worker._private_py_limit_state "
+                "(kind, name, partition, running) "
+                "select 'task', 'task_2', n::text, array[n * 89, n * 89 + 1] "
+                "from generate_series(1, %s) as n",
+                (PARTITIONS,),
+            )
             conn.execute("analyze")
         yield url
 
@@ -177,6 +206,12 @@ CASES: list[tuple[str, LiteralString, dict[str, Any], dict[str, set[str]]]] = [
         {"_private_jobs": {"jobs_pkey1"}, "_private_job_queues": {"job_queues_queue_name_key"}},
     ),
     ("a job", queries.job, {"id": 12345}, {"_private_jobs": {"jobs_pkey1"}}),
+    (
+        "limits and their use",
+        queries.limits,
+        {"limit": 201, "partitions": 1001},
+        {"_private_jobs": {"jobs_pkey1"}},
+    ),
     (
         "named queues",
         queries.queues,
@@ -383,3 +418,36 @@ def test_the_small_statements_read_only_their_small_table(
     nodes = explain(big_queue, statement, **params)
     read = {node["Relation Name"] for node in nodes if "Relation Name" in node}
     assert read == relations
+
+
+def test_the_limits_statement_reads_a_bounded_number_of_limits_and_partitions(
+    big_queue: str,
+) -> None:
+    """Of 300 limits, at most ``limit`` are read whole; of a limit's 3,000
+    partition values, at most ``partitions``; and the figures are right over
+    those (each partition's running jobs: the ones still locked)."""
+    with psycopg.connect(big_queue) as conn:
+        query = psycopg.sql.SQL("explain (analyze, format json) ") + compose(
+            queries.limits, "graphile_worker"
+        )
+        params = {"limit": 201, "partitions": 1001}
+        [(result,)] = conn.execute(query, params).fetchall()
+        found = conn.execute(compose(queries.limits, "graphile_worker"), params).fetchall()
+    nodes = list(plan_nodes(result[0]["Plan"]))
+    assert result[0]["Plan"]["Actual Rows"] == 201
+    states = [n for n in nodes if n.get("Relation Name") == "_private_py_limit_state"]
+    assert states, nodes
+    for node in states:
+        assert node["Node Type"] == "Index Scan", node
+        read = node["Actual Rows"] + node.get("Rows Removed by Filter", 0)
+        assert read <= 1001 * node["Actual Loops"], node
+        assert node["Actual Rows"] <= 1001, node
+    by_name = {(row[0], row[1]): row for row in found}
+    # running, busiest_running, recent_starts, busiest_starts, partitions
+    assert by_name[("task", "task_1")][7:] == (2, 2, 3, 3, 1)
+    task_2 = by_name[("task", "task_2")]
+    # Partition n runs jobs n * 89 (locked while a job of that id exists: the
+    # fixture locks every 89th) and n * 89 + 1 (never locked); the values read
+    # are the first 1,001 in the order of the text.
+    read = sorted(str(n) for n in range(1, PARTITIONS + 1))[:1001]
+    assert task_2[7:] == (len([n for n in read if int(n) * 89 <= JOBS]), 1, 0, 0, 1001)

@@ -23,7 +23,7 @@ from dbhelpers import cli_path, rows, run_cli, value
 from prometheus_client.parser import text_string_to_metric_families
 from workers import until, worker
 
-from worker_cli import Helpers, WorkerUtils, task_options
+from worker_cli import Helpers, Limit, WorkerUtils, task_options
 from worker_cli.observe import queue_depth
 from worker_cli.observe.metrics import MetricsServer, serve_metrics
 from worker_cli.observe.status import read_status
@@ -426,6 +426,123 @@ async def test_each_pause_in_force_is_a_series_at_1(
     assert paused(first) == {("queue", "mail"): 1, ("task", "*"): 1, ("task", "brief"): 1}
     assert paused(second) == {("queue", "mail"): 1, ("task", "*"): 1}
     assert paused(third) == {("task", "*"): 1}
+
+
+LIMIT_SERIES = (
+    "graphile_worker_limit_running",
+    "graphile_worker_limit_max_running",
+    "graphile_worker_limit_recent_starts",
+    "graphile_worker_limit_max_starts",
+)
+
+
+def limited(samples: Samples) -> dict[tuple[str, str, str], float]:
+    """The limits' series: (metric without its prefix, kind, name) -> value."""
+    return {
+        (name.removeprefix("graphile_worker_limit_"), labels["kind"], labels["name"]): count
+        for (name, label_set), count in samples.items()
+        if name in LIMIT_SERIES
+        for labels in [dict(label_set)]
+    }
+
+
+@pytest.mark.db
+async def test_each_limit_has_its_use_and_its_caps(
+    utils: WorkerUtils, db: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Slots in use (jobs still locked, every partition value) and starts in
+    the window, with the caps: only the pair a limit caps; a job that ends
+    frees its slot but not its start, and a removed limit's series go with
+    the next query."""
+    now = [1000.0]
+    monkeypatch.setattr(queue_depth, "_clock", lambda: now[0])
+
+    async def mine(payload: Any, helpers: Helpers) -> None:
+        pass
+
+    await utils.set_limit(Limit(max_running=3, max_starts=50, per=3600), task="charge")
+    await utils.set_limit(Limit(max_running=2, partition_by="account_id"), task="bill")
+    rows(db, "select graphile_worker.add_job('charge') from generate_series(1, 5)")
+    rows(
+        db,
+        "select graphile_worker.add_job('bill', json_build_object('account_id', a)) "
+        "from unnest(array['a', 'a', 'a', 'b']) as a",
+    )
+    fetch = (
+        "select id from graphile_worker.py_fetch_limited_jobs("
+        "array(select id from graphile_worker._private_tasks), null, 10, 'p')"
+    )
+    assert len(rows(db, fetch)) == 6  # 3 of charge; 2 of bill's account a, 1 of b
+    await utils.set_limit(Limit(max_starts=10, per=60), queue="mail")
+    async with (
+        served() as server,
+        worker(db, {"mine": mine}, metrics_registry=server.registry, poll_interval=60),
+    ):
+        first = await scrape_async(server.url)
+        rows(
+            db,
+            f"delete from {JOBS} where id in (select id from graphile_worker.jobs "
+            "where task_identifier = 'charge' order by id limit 1)",
+        )
+        await utils.remove_limit(task="bill")
+        now[0] += queue_depth.CACHE_SECONDS + 0.1
+        second = await scrape_async(server.url)
+    assert limited(first) == {
+        ("running", "task", "charge"): 3,
+        ("max_running", "task", "charge"): 3,
+        ("recent_starts", "task", "charge"): 3,
+        ("max_starts", "task", "charge"): 50,
+        ("running", "task", "bill"): 3,
+        ("max_running", "task", "bill"): 2,
+        ("recent_starts", "queue", "mail"): 0,
+        ("max_starts", "queue", "mail"): 10,
+    }
+    assert limited(second) == {
+        ("running", "task", "charge"): 2,
+        ("max_running", "task", "charge"): 3,
+        ("recent_starts", "task", "charge"): 3,
+        ("max_starts", "task", "charge"): 50,
+        ("recent_starts", "queue", "mail"): 0,
+        ("max_starts", "queue", "mail"): 10,
+    }
+
+
+@pytest.mark.db
+async def test_the_limits_read_for_the_metrics_are_bounded(
+    db: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At most LIMITS_LIMIT limits (by kind and name), each over at most
+    PARTITIONS_READ partition values (its figures are then over those)."""
+    monkeypatch.setattr(queue_depth, "LIMITS_LIMIT", 3)
+    monkeypatch.setattr(queue_depth, "PARTITIONS_READ", 2)
+
+    async def mine(payload: Any, helpers: Helpers) -> None:
+        pass
+
+    rows(
+        db, "select graphile_worker.py_set_limit('task', 't' || n, 1) from generate_series(1, 5) n"
+    )
+    rows(db, "select graphile_worker.py_set_limit('task', 'bill', 1, null, null, 'account_id')")
+    rows(
+        db,
+        "select graphile_worker.add_job('bill', json_build_object('account_id', n)) "
+        "from generate_series(1, 4) n",
+    )
+    fetch = (
+        "select id from graphile_worker.py_fetch_limited_jobs("
+        "array(select id from graphile_worker._private_tasks), null, 10, 'p')"
+    )
+    assert len(rows(db, fetch)) == 4  # one per account
+    async with (
+        served() as server,
+        worker(db, {"mine": mine}, metrics_registry=server.registry, poll_interval=60),
+    ):
+        samples = await scrape_async(server.url)
+    assert {key: count for key, count in limited(samples).items() if key[0] == "running"} == {
+        ("running", "task", "bill"): 2,
+        ("running", "task", "t1"): 0,
+        ("running", "task", "t2"): 0,
+    }
 
 
 @pytest.mark.db

@@ -6,6 +6,7 @@ Starlette, uvicorn and Jinja2. Nothing else in the package imports it.
 - :mod:`.app`: :class:`Dashboard` and :func:`create_app`, the ASGI application;
 - :mod:`.pages` and :mod:`.actions`: what it serves (GET pages; confirmed POSTs);
 - :mod:`.pause_actions`: pausing and resuming a named queue or a task (POSTs);
+- :mod:`.limit_actions`: setting and removing a task's or a queue's limit (POSTs);
 - :mod:`.notices`: the banner after an action (done, or refused);
 - :mod:`.reads`, :mod:`.queries`, :mod:`.census`: what it reads, every
   statement bounded and index-backed, counts exact or sampled;

@@ -34,7 +34,7 @@ from ..db.retry import one_line
 from ..db.timestamps import read_timestamps_leniently
 from ..jobs.worker_utils import WorkerUtils
 from ..schema.pauses import HELD_BY
-from . import actions, pages, pause_actions
+from . import actions, limit_actions, pages, pause_actions
 from .formatting import FILTERS
 from .inputs import BIGINT, BadInput, parse_job_id, shown
 from .notices import Flash, cookie_path
@@ -91,6 +91,7 @@ class Dashboard:
                 *pages.routes(self),
                 *actions.routes(self),
                 *pause_actions.routes(self),
+                *limit_actions.routes(self),
                 Mount("/static", app=StaticFiles(directory=PACKAGE / "static"), name="static"),
             ],
             exception_handlers={

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import json
 import math
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from ..db.timestamps import EARLIEST, LATEST
 from ..observe.status import format_age
 
-__all__ = ["FILTERS", "pretty_json"]
+__all__ = ["FILTERS", "length", "pretty_json"]
 
 #: A payload longer than this (pretty-printed) is cut on the job's page.
 PAYLOAD_SHOWN = 200_000
@@ -137,6 +137,18 @@ def size(value: int | None) -> str:
     return f"{value / 1_000_000:.1f} MB"
 
 
+def length(period: timedelta | None) -> str:
+    """A limit's window as the forms take it (``pause --for``'s lengths):
+    ``1s``, ``10m``, ``2h``, ``1d``, ``1.5s``; empty for None."""
+    if period is None:
+        return ""
+    seconds = period.total_seconds()
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{seconds / size:g}{unit}"
+    return f"{seconds:g}s"
+
+
 def flags(value: Any) -> str:
     if not value:
         return ""
@@ -159,4 +171,5 @@ FILTERS = {
     "duration": duration,
     "size": size,
     "flags": flags,
+    "period": length,
 }

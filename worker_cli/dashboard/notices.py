@@ -2,11 +2,12 @@
 refused and nothing changed.
 
 Each notice is one of a fixed set of sentences (:data:`DONE`, :data:`REFUSED`),
-filled with the job id, pool, finished state or paused queue or task it is
-about, or the one line saying which field of a form was refused and why
-(escaped like any value). A refusal is shown as one: the page's banner gets the class
-``notice-refused`` (``data-outcome="refused"``, ``role="alert"``), a success
-``notice-done`` (``data-outcome="done"``).
+filled with the job id, pool, finished state, or paused or limited queue or
+task it is about (and what the limit allows), or the one line saying which
+field of a form was refused and why (escaped like any value). A refusal is
+shown as one: the page's banner gets the class ``notice-refused``
+(``data-outcome="refused"``, ``role="alert"``), a success ``notice-done``
+(``data-outcome="done"``).
 
 The notice travels in a one-time flash cookie (:class:`Flash`), never in the
 URL: the action's redirect sets it, signed with the dashboard's secret and
@@ -51,6 +52,8 @@ DONE = {
         "pause ends; running jobs finish."
     ),
     "resume": "Resumed {target}: its jobs run again.",
+    "limit": "Limited {target}: {detail}. Every Python worker keeps to it from its next fetch.",
+    "unlimit": "Removed the limit of {target}: its jobs start without it.",
 }
 
 #: Why an action was refused: nothing was changed.
@@ -69,11 +72,12 @@ REFUSED = {
         "{target} was not paused (its pause had ended, or was resumed already): "
         "nothing was changed."
     ),
+    "not-limited": "{target} had no limit (removed already?): nothing was changed.",
     "bad-input": "{error}. Nothing was changed.",
 }
 
 #: The values a notice is filled with (each shortened to Flash.MAX_VALUE).
-VALUES = ("job", "pool", "state", "what", "name", "error")
+VALUES = ("job", "pool", "state", "what", "name", "error", "detail")
 
 
 @dataclass(frozen=True)
@@ -98,17 +102,21 @@ def notice_of(
     what: str = "",
     name: str = "",
     error: str = "",
+    detail: str = "",
 ) -> Notice | None:
     """The notice ``kind`` names, filled in; None for a kind there is none of.
-    ``what`` and ``name``: a pause's kind (``queue``, ``task``) and name;
-    ``error``: the line saying which field was refused."""
+    ``what`` and ``name``: a pause's or a limit's kind (``queue``, ``task``)
+    and name; ``error``: the line saying which field was refused;
+    ``detail``: what a limit allows."""
     refused = kind in REFUSED
     template = REFUSED.get(kind) or DONE.get(kind)
     if template is None:
         return None
     state = state if state in (*FINISHED_STATES, "unknown") else "unknown"
     target = describe_target(what, name) if what in ("queue", "task") else "?"
-    text = template.format(job=job, pool=pool, state=state, target=target, error=error)
+    text = template.format(
+        job=job, pool=pool, state=state, target=target, error=error, detail=detail
+    )
     return Notice(text[:1].upper() + text[1:], refused)
 
 

@@ -31,6 +31,8 @@ from __future__ import annotations
 
 from typing import LiteralString
 
+from ..schema import limits as _limits
+
 __all__ = [
     "FINISHED_STATES",
     "JOB_STATES",
@@ -253,6 +255,14 @@ pauses = """
   order by p.kind, p.name
   limit %(limit)s
 """
+
+# The limits and how much of each is in use (migrations/py/000015.sql), the
+# statement the metrics read too (worker_cli/schema/limits.py): at most
+# %(limit)s limits by their primary key (kind, name), at most %(partitions)s
+# partition rows of each by theirs, and the jobs a partition counts as
+# running looked up by ``jobs_pkey1`` (a running array holds at most
+# max_running ids, at most 10,000).
+limits: LiteralString = _limits.limit_usage
 
 # --- Jobs ---------------------------------------------------------------------
 

@@ -34,12 +34,15 @@ __all__ = [
 Row = dict[str, Any]
 
 #: Jobs shown on one page of the list; latest failures on the overview;
-#: named queues and pauses on the overview; pools, cron items and tasks
-#: listed at most.
+#: named queues, pauses and limits on the overview; pools, cron items and
+#: tasks listed at most.
 PAGE_SIZE = 50
 FAILURES_SHOWN = 10
 QUEUES_SHOWN = 50
 PAUSES_SHOWN = 200
+LIMITS_SHOWN = 200
+#: Partition values of one limit read at most (its figures are then over these).
+PARTITIONS_READ = 1000
 LIST_LIMIT = 500
 
 #: The cursor of the first page: below every id.
@@ -103,6 +106,9 @@ class Overview:
     #: The pauses in force, by kind and name (the first PAUSES_SHOWN).
     pauses: list[Row] = field(default_factory=list)
     pauses_truncated: bool = False
+    #: The limits, by kind and name (the first LIMITS_SHOWN), with their use.
+    limits: list[Row] = field(default_factory=list)
+    limits_truncated: bool = False
 
     def pause_of(self, kind: str, name: str) -> Row | None:
         """The pause holding back the named queue or the task ``name``: its
@@ -114,6 +120,13 @@ class Overview:
             if pause["kind"] == kind and pause["name"] == "*":
                 found = pause
         return found
+
+    def limit_of(self, kind: str, name: str) -> Row | None:
+        """The limit of the named queue or the task ``name``; None if it has none."""
+        for limit in self.limits:
+            if limit["kind"] == kind and limit["name"] == name:
+                return limit
+        return None
 
 
 @dataclass
@@ -201,6 +214,7 @@ class Reader:
             queries.latest_failures, window=queries.WINDOW, limit=FAILURES_SHOWN
         )
         pauses = await self.pauses(PAUSES_SHOWN + 1)
+        limits = await self.limits(LIMITS_SHOWN + 1)
         assert now is not None
         return Overview(
             now=now["now"],
@@ -213,11 +227,23 @@ class Reader:
             failures_examined=failures[0]["examined"] if failures else 0,
             pauses=pauses[:PAUSES_SHOWN],
             pauses_truncated=len(pauses) > PAUSES_SHOWN,
+            limits=limits[:LIMITS_SHOWN],
+            limits_truncated=len(limits) > LIMITS_SHOWN,
         )
 
     async def pauses(self, limit: int = PAUSES_SHOWN) -> list[Row]:
         """The pauses in force, by kind and name (at most ``limit``)."""
         return await self.rows(queries.pauses, limit=limit)
+
+    async def limits(self, limit: int = LIMITS_SHOWN) -> list[Row]:
+        """The limits, by kind and name (at most ``limit``), each with its use
+        over its first PARTITIONS_READ partition values (``partitions_over``:
+        it has more)."""
+        found = await self.rows(queries.limits, limit=limit, partitions=PARTITIONS_READ + 1)
+        for row in found:
+            row["partitions_over"] = row["partitions"] > PARTITIONS_READ
+            row["partitions"] = min(row["partitions"], PARTITIONS_READ)
+        return found
 
     async def jobs(self, job_filter: JobFilter) -> JobsPage:
         found = await self.rows(

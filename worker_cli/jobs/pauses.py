@@ -118,18 +118,21 @@ def pause_params(
     }
 
 
-def parse_length(text: str) -> timedelta:
+def parse_length(text: str, *, what: str = "a pause", longest: timedelta = MAX_PAUSE) -> timedelta:
     """A pause's length as people write it (``pause --for``, the dashboard's
-    form): 90, 90s, 10m, 2h or 1d (seconds, minutes, hours, days), above 0
-    and at most 366 days. ValueError saying what is wrong (the caller names
-    its field)."""
+    forms): 90, 90s, 10m, 2h or 1d (seconds, minutes, hours, days), above 0
+    and at most 366 days (``longest``; ``what``: what lasts that long, for
+    the message). ValueError saying what is wrong (the caller names its
+    field)."""
     shown = repr(text if len(text) <= 40 else text[:40] + "…")
     match = _LENGTH.fullmatch(text.strip())
     if not match:
         raise ValueError(f"{shown} is not a length such as 90s, 10m, 2h or 1d")
     seconds = float(match[1]) * _UNITS[match[2] or "s"]
-    if not 0 < seconds <= MAX_PAUSE.total_seconds():
-        raise ValueError(f"{shown}: a pause lasts above 0 and at most 366 days")
+    if not 0 < seconds <= longest.total_seconds():
+        days = longest.total_seconds() / 86400
+        most = f"{days:g} day" + ("" if days == 1 else "s")
+        raise ValueError(f"{shown}: {what} lasts above 0 and at most {most}")
     return timedelta(seconds=seconds)
 
 

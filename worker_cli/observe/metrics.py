@@ -17,7 +17,11 @@ Where each figure comes from, so that nothing is paid when metrics are off
   (:class:`~worker_cli.observe.queue_depth.QueueDepth`); ``task`` is one of the
   worker's tasks, or ``(other)`` for the jobs of every other task together;
 - ``graphile_worker_paused{kind, name}``: 1 per pause in force (all
-  workers), read in the same cached query as the depth.
+  workers), read in the same cached query as the depth;
+- ``graphile_worker_limit_running``, ``_limit_max_running``,
+  ``_limit_recent_starts`` and ``_limit_max_starts`` ``{kind, name}``: each
+  limit's slots in use and starts in its current window, and its caps (all
+  workers), read in the same cached query too.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigurationError
-from .queue_depth import OTHER_TASKS, STATES, QueueDepth
+from .queue_depth import OTHER_TASKS, STATES, Depth, QueueDepth
 
 try:
     from prometheus_client import (
@@ -231,6 +235,7 @@ class _Collector:
             "graphile_worker_queue_depth_queries",
             "Depth queries this worker sent (scrapes within the cache time share one).",
         )
+        queue = None
         if read:
             # As prometheus-client writes bucket bounds ("0.001", "1.0").
             bounds = [repr(float(bound)) for bound in self._stats.bounds] + ["+Inf"]
@@ -258,6 +263,46 @@ class _Collector:
                     paused.add_metric([kind, name], 1)
             queries.add_metric([], self._depth.queries)
         yield from (jobs, durations, running, stuck, queued, depth, truncated, paused, queries)
+        yield from _limit_families(queue)
+
+
+def _limit_families(queue: Depth | None) -> Iterator[Metric]:
+    """The limits' families, filled from ``queue`` (None: empty). A limit
+    has the running pair if it caps running jobs, the starts pair if it
+    caps starts; its caps are per partition value when it has one."""
+    labels = ("kind", "name")
+    running = GaugeMetricFamily(
+        "graphile_worker_limit_running",
+        "Jobs running now that a limit counts (its slots in use; every Python worker, "
+        "all its partition values); read with the queue depth.",
+        labels=labels,
+    )
+    max_running = GaugeMetricFamily(
+        "graphile_worker_limit_max_running",
+        "A limit's max_running: jobs of the task or queue (of each partition value) "
+        "allowed to run at once.",
+        labels=labels,
+    )
+    starts = GaugeMetricFamily(
+        "graphile_worker_limit_recent_starts",
+        "Starts a limit counts in its current window (the last `per`; all its partition "
+        "values); read with the queue depth.",
+        labels=labels,
+    )
+    max_starts = GaugeMetricFamily(
+        "graphile_worker_limit_max_starts",
+        "A limit's max_starts: starts allowed in any window of its length (of each "
+        "partition value).",
+        labels=labels,
+    )
+    for use in queue.limits if queue is not None else ():
+        if use.max_running is not None:
+            running.add_metric([use.kind, use.name], use.running)
+            max_running.add_metric([use.kind, use.name], use.max_running)
+        if use.max_starts is not None:
+            starts.add_metric([use.kind, use.name], use.recent_starts)
+            max_starts.add_metric([use.kind, use.name], use.max_starts)
+    yield from (running, max_running, starts, max_starts)
 
 
 class WorkerMetrics:

@@ -1,5 +1,5 @@
-"""The queue's depth by task and state, and the pauses in force, for metrics:
-one bounded read, cached.
+"""The queue's depth by task and state, the pauses in force and the limits'
+use, for metrics: one bounded read, cached.
 
 By task means the worker's own tasks, each on its own, and every other task
 of the queue together under :data:`OTHER_TASKS`: the number of series stays
@@ -12,7 +12,9 @@ are lower bounds, and say so). It runs on the worker's connection pool, on
 the event loop; a scrape from another thread (prometheus-client's HTTP
 server, a threaded web app) waits for it, up to :data:`WAIT_SECONDS`. The
 same read, in the same transaction, lists the pauses in force (at most
-:data:`PAUSES_LIMIT`: they are few, made by people). A
+:data:`PAUSES_LIMIT`: they are few, made by people) and the limits with
+their use (at most :data:`LIMITS_LIMIT`, each over at most
+:data:`PARTITIONS_READ` partition values). A
 scrape on the event loop's own thread (an ASGI app sharing the worker's
 loop) cannot wait: it gets the figures of the previous query, and the next
 scrape the new ones.
@@ -32,6 +34,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from ..db.retry import one_line
 from ..schema import statements
+from ..schema.limits import limit_usage
 from .status_statements import STATE_COUNTS
 
 if TYPE_CHECKING:
@@ -39,11 +42,14 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CACHE_SECONDS",
+    "LIMITS_LIMIT",
     "OTHER_TASKS",
+    "PARTITIONS_READ",
     "PAUSES_LIMIT",
     "SCAN_LIMIT",
     "STATES",
     "Depth",
+    "LimitUse",
     "QueueDepth",
 ]
 
@@ -65,6 +71,10 @@ SCAN_LIMIT = 100_000
 WAIT_SECONDS = 5.0
 #: Pauses in force listed at most (a series each).
 PAUSES_LIMIT = 1000
+#: Limits read at most (up to four series each), and partition values of
+#: each (beyond them, a partitioned limit's figures are lower bounds).
+LIMITS_LIMIT = 1000
+PARTITIONS_READ = 1000
 
 # At most %(limit)s rows of the jobs table, in their physical order (a
 # sequential scan that stops there, no index: the cost is bounded whatever the
@@ -116,6 +126,20 @@ _clock = time.monotonic
 
 
 @dataclass(frozen=True)
+class LimitUse:
+    """A limit and how much of it is in use (over every partition value
+    read); ``max_running`` and ``max_starts`` are per partition value when
+    it has ``partition_by``, None when it sets none."""
+
+    kind: str
+    name: str
+    running: int
+    max_running: int | None
+    recent_starts: int
+    max_starts: int | None
+
+
+@dataclass(frozen=True)
 class Depth:
     """Jobs by task: counts in the order of :data:`STATES`, for the worker's
     tasks that have jobs and :data:`OTHER_TASKS` (the others' jobs, if any)."""
@@ -126,6 +150,8 @@ class Depth:
     #: The pauses in force: (kind, name), kind ``queue`` or ``task``, name ``*``
     #: for every named queue or every task.
     paused: tuple[tuple[str, str], ...] = ()
+    #: The limits, by kind and name.
+    limits: tuple[LimitUse, ...] = ()
 
 
 class QueueDepth:
@@ -137,6 +163,7 @@ class QueueDepth:
         self._loop_thread = threading.get_ident()
         self._statement = statements.compose(_DEPTH, pool.options.schema)
         self._pauses = statements.compose(_PAUSES, pool.options.schema)
+        self._limits = statements.compose(limit_usage, pool.options.schema)
         self._lock = threading.Lock()
         self._figures: Depth | None = None
         self._read_at = -math.inf
@@ -212,6 +239,10 @@ class QueueDepth:
             rows = await cur.fetchall()
             cur = await conn.execute(self._pauses, {"limit": PAUSES_LIMIT})
             paused = tuple((str(kind), str(name)) for kind, name in await cur.fetchall())
+            cur = await conn.execute(
+                self._limits, {"limit": LIMITS_LIMIT, "partitions": PARTITIONS_READ}
+            )
+            limits = tuple(_limit_use(row) for row in await cur.fetchall())
         counts: dict[str, tuple[int, ...]] = {}
         for row in rows:
             # A worker's own task named like the bucket adds up with it.
@@ -219,4 +250,12 @@ class QueueDepth:
             before = counts.get(task, (0,) * len(STATES))
             counts[task] = tuple(a + int(b) for a, b in zip(before, row[1:6], strict=True))
         scanned = sum(int(row[6]) for row in rows)
-        return Depth(counts, truncated=scanned > SCAN_LIMIT, paused=paused)
+        return Depth(counts, truncated=scanned > SCAN_LIMIT, paused=paused, limits=limits)
+
+
+def _limit_use(row: tuple[Any, ...]) -> LimitUse:
+    """A row of :data:`~worker_cli.schema.limits.limit_usage` (its columns:
+    kind, name, max_running, max_starts, period, partition_by, updated_at,
+    running, busiest_running, recent_starts, busiest_starts, partitions)."""
+    kind, name, max_running, max_starts = row[:4]
+    return LimitUse(str(kind), str(name), int(row[7]), max_running, int(row[9]), max_starts)

@@ -8,6 +8,7 @@ __all__ = [
     "acquire",
     "fetch_limited",
     "fetch_limited_at",
+    "limit_usage",
     "limits_exist",
     "list_limits",
     "next_start",
@@ -62,6 +63,44 @@ list_limits = (
     + _USAGE
     + """
   from {schema}._private_py_limits as l
+  order by l.kind, l.name
+"""
+)
+
+# The limits and their use, bounded, for the dashboard's panel and the
+# metrics: at most %(limit)s limits (by kind and name, the primary key of
+# _private_py_limits), and of each at most %(partitions)s partition values
+# (state rows, by the primary key of _private_py_limit_state), whose running
+# jobs are looked up by the jobs' primary key ("= any(array)": an index scan,
+# never a join that could hash the jobs table; a running array holds at most
+# max_running ids). Per limit: its jobs running and its starts in the current
+# window over the partitions read, the busiest partition's of each, and how
+# many partitions were read (more than the caller shows: there are more).
+limit_usage = (
+    "  select "
+    + _COLUMNS
+    + """,
+    coalesce(u.running, 0)::int as running, coalesce(u.busiest_running, 0)::int as busiest_running,
+    coalesce(u.recent_starts, 0)::int as recent_starts,
+    coalesce(u.busiest_starts, 0)::int as busiest_starts, u.partitions::int as partitions
+  from (
+    select * from {schema}._private_py_limits as l order by l.kind, l.name limit %(limit)s
+  ) as l
+  cross join lateral (
+    select sum(p.running) as running, max(p.running) as busiest_running,
+      sum(p.starts) as recent_starts, max(p.starts) as busiest_starts, count(*) as partitions
+    from (
+      select
+        (select count(*) from {schema}._private_jobs as j
+          where j.id = any(s.running) and j.locked_at is not null) as running,
+        (select count(*) from unnest(s.starts) as x(at)
+          where x.at > clock_timestamp() - l.period) as starts
+      from {schema}._private_py_limit_state as s
+      where s.kind = l.kind and s.name = l.name
+      order by s.partition
+      limit %(partitions)s
+    ) as p
+  ) as u
   order by l.kind, l.name
 """
 )

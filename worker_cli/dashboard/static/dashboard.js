@@ -113,3 +113,32 @@
   show();
   schedule();
 })();
+
+// A limit's "Change…" button fills the limit form with that limit and opens
+// it (whether or not the page refreshes itself; the content may have been
+// replaced since the page loaded, hence one listener on the document).
+(function () {
+  var fields = {
+    "limit-kind": "kind",
+    "limit-name": "name",
+    "limit-max-running": "maxRunning",
+    "limit-max-starts": "maxStarts",
+    "limit-per": "per",
+    "limit-partition": "partitionBy"
+  };
+  document.addEventListener("click", function (event) {
+    var button = event.target.closest ? event.target.closest(".limit-change") : null;
+    var details = document.getElementById("limit-details");
+    if (!button || !details) {
+      return;
+    }
+    for (var id in fields) {
+      var field = document.getElementById(id);
+      if (field) {
+        field.value = button.dataset[fields[id]] || "";
+      }
+    }
+    details.open = true;
+    document.getElementById("limit-max-running").focus();
+  });
+})();
