@@ -98,7 +98,7 @@ def limit_request(form: dict[str, str]) -> dict[str, Any]:
     try:
         limit = Limit(max_running, max_starts, per, field)
         queue, task = (name, None) if kind == "queue" else (None, name)
-        limit_params(queue, task, limit)
+        limit_params(limit, queue, task, None)
     except JobSpecError as exc:
         raise BadInput(f"{_LABELS.get(exc.field, exc.field)}: {exc.reason}") from None
     return {"limit": limit, "queue": queue, "task": task}
