@@ -347,7 +347,9 @@ async def test_a_job_not_started_in_time_is_given_back_and_its_start_uncounted(
             ([job.id for job in late],),
         )
 
-    deadlines = StartDeadlines(utils.pool, schema="graphile_worker", give_back=give_back)
+    deadlines = StartDeadlines(
+        utils.pool, schema="graphile_worker", give_back=give_back, nudge=lambda: None
+    )
     clock = ClockBound()
     async with utils.pool.connection() as conn:
         await clock.refresh(conn)
@@ -368,6 +370,27 @@ async def test_a_job_not_started_in_time_is_given_back_and_its_start_uncounted(
     assert (state["running"], state["started"]) == ([jobs[0].id], [jobs[0].id])
     # Its start no longer counts: the next fetch may start one more.
     assert len(fetched(db)) == 1
+
+
+@pytest.mark.db
+async def test_once_runs_every_job_when_a_stalled_loop_makes_starts_late(
+    utils: WorkerUtils, db: str
+) -> None:
+    """Each job blocks the event loop longer than START_WITHIN, so the jobs
+    fetched with it start late, are given back uncounted, and are fetched
+    again: --once still runs them all, each once, and exits."""
+    ran: list[int] = []
+
+    async def stall(payload: Any, helpers: Helpers) -> None:
+        ran.append(helpers.job.id)
+        time.sleep(START_WITHIN * 1.6)  # noqa: ASYNC251 (the stall under test)
+
+    await utils.set_limit(Limit(max_starts=100, per=1), task="stall")
+    added = await utils.add_jobs([{"identifier": "stall", "payload": {}}] * 5)
+    async with asyncio.timeout(30):
+        await run_once(db, task_list={"stall": stall}, concurrency=5, no_handle_signals=True)
+    assert sorted(ran) == sorted(j.id for j in added)
+    assert value(db, "select count(*) from graphile_worker._private_jobs") == 0
 
 
 # --- Operations inside a task (helpers.limit) -----------------------------------

@@ -110,10 +110,12 @@ $fn$;
 -- next candidate, so one full key holds up no other. At most 1,000
 -- candidates are looked at per fetch.
 --
--- Starts are timed with clock_timestamp() once the locks are held. A window
--- is counted 50 ms longer than the period, so that the time between a
--- fetch's commit and its jobs' starts in the pools cannot bring one window of
--- the period more starts than allowed.
+-- Each start is timed with clock_timestamp() as its job is taken (and the
+-- job locked at that time). A window is counted 50 ms longer than the
+-- period, and the worker starts each job within 25 ms of its count or gives
+-- it back uncounted (py_uncount_starts), so that the time between the count
+-- and the task's start cannot bring one window of the period more starts
+-- than allowed.
 create or replace function {{schema}}.py_fetch_limited_jobs(
   task_ids int[], forbidden_flags text[], job_limit int, pool_id text,
   now_at timestamptz default null
@@ -146,16 +148,33 @@ declare
   v_running int[];
   v_starts int[];
   v_periods interval[];
-  -- Limits (kind/name) and partitions (kind/name/value) found full.
+  -- Limits without partitions found full before the scan.
   v_full_tasks text[] := '{}';
   v_full_queues text[] := '{}';
-  v_full text[] := '{}';
-  -- The candidate's limits: their index and partition value.
+  -- The keys (limit index/partition value) met by this fetch, each with its
+  -- limit, partition value, jobs running and starts in the window.
+  v_keys text[] := '{}';
+  v_key_limit int[] := '{}';
+  v_key_part text[] := '{}';
+  v_key_running int[] := '{}';
+  v_key_starts int[] := '{}';
+  -- What this fetch took: (key, job, time) for each of a job's keys.
+  v_new_key int[] := '{}';
+  v_new_job bigint[] := '{}';
+  v_new_at timestamptz[] := '{}';
+  v_ids bigint[];
+  v_ats timestamptz[];
+  v_pos int;
+  v_i int;
+  v_part text;
+  -- The candidate's keys.
   v_mine int[];
-  v_parts text[];
   v_key text;
   v_ok boolean;
   v_taken bigint[] := '{}';
+  v_task_ids int[];
+  v_scan int;
+  v_queue_ids int[];
   c record;
   s record;
 begin
@@ -215,39 +234,89 @@ begin
     end if;
   end loop;
 
-  for c in
-    select j.id, j.job_queue_id, j.payload, t.identifier, q.queue_name
-    from {{schema}}._private_jobs as j
-    join {{schema}}._private_tasks as t on t.id = j.task_id
-    left join {{schema}}._private_job_queues as q on q.id = j.job_queue_id
-    where j.task_id = any(task_ids)
-      and j.locked_at is null and j.attempts < j.max_attempts and j.run_at <= v_now
-      and (j.job_queue_id is null or q.is_available)
-      and (forbidden_flags is null or j.flags is null or not (j.flags ?| forbidden_flags))
-      and (
-        t.identifier = any(array(
-          select v_names[i] from generate_subscripts(v_names, 1) as i where v_kinds[i] = 'task'
-        ))
-        or q.queue_name = any(array(
-          select v_names[i] from generate_subscripts(v_names, 1) as i where v_kinds[i] = 'queue'
-        ))
-      )
+  -- The tasks whose own limit is not full, and the named queues under a
+  -- limit not full (paused ones left alone).
+  v_task_ids := array(
+    select t.id
+    from {{schema}}._private_tasks as t
+    where t.id = any(task_ids)
+      and t.identifier = any(array(
+        select v_names[i] from generate_subscripts(v_names, 1) as i where v_kinds[i] = 'task'
+      ))
       and t.identifier <> all(v_full_tasks)
-      and (q.queue_name is null or q.queue_name <> all(v_full_queues))
       and not coalesce('*' = any(v_paused_tasks) or t.identifier = any(v_paused_tasks), false)
+  );
+  v_queue_ids := array(
+    select q.id
+    from {{schema}}._private_job_queues as q
+    where q.is_available
+      and q.queue_name = any(array(
+        select v_names[i] from generate_subscripts(v_names, 1) as i where v_kinds[i] = 'queue'
+      ))
+      and q.queue_name <> all(v_full_queues)
+      and not coalesce('*' = any(v_paused_queues) or q.queue_name = any(v_paused_queues), false)
+  );
+  -- Candidates in (priority, run_at, id) order: the jobs of those tasks, per
+  -- task through _private_py_jobs_task_order (no sort of a backlog), and the
+  -- jobs of those queues (only when a queue is limited: found through
+  -- jobs_main_index). Each scan locks as it goes and skips rows another fetch
+  -- is locking. Without partitions, a limit that is not full takes every
+  -- candidate until it is (then the loop ends or skips it), so job_limit
+  -- candidates are enough; with partitions, up to 1,000 are looked at, so
+  -- that full values hold up no other.
+  v_scan := case when exists (select from unnest(v_by) as b(field) where b.field is not null)
+    then 1000 else job_limit end;
+  for c in
+    select x.id, x.job_queue_id, x.payload, t.identifier, q.queue_name
+    from (
+      select j.id, j.job_queue_id, j.task_id, j.payload, j.priority, j.run_at
+      from unnest(v_task_ids) as lt(id)
+      cross join lateral (
+        select j.id, j.job_queue_id, j.task_id, j.payload, j.priority, j.run_at
+        from {{schema}}._private_jobs as j
+        where j.task_id = lt.id
+          and j.locked_at is null and j.attempts < j.max_attempts and j.run_at <= v_now
+          and (forbidden_flags is null or j.flags is null or not (j.flags ?| forbidden_flags))
+        order by j.priority, j.run_at, j.id
+        limit v_scan
+        for update of j skip locked
+      ) as j
+      union all
+      select j.id, j.job_queue_id, j.task_id, j.payload, j.priority, j.run_at
+      from (
+        select j.id, j.job_queue_id, j.task_id, j.payload, j.priority, j.run_at
+        from {{schema}}._private_jobs as j
+        where cardinality(v_queue_ids) > 0
+          and j.is_available = true and j.job_queue_id = any(v_queue_ids)
+          and j.task_id = any(task_ids) and j.task_id <> all(v_task_ids)
+          and j.run_at <= v_now
+          and (forbidden_flags is null or j.flags is null or not (j.flags ?| forbidden_flags))
+        order by j.priority, j.run_at, j.id
+        limit v_scan
+        for update of j skip locked
+      ) as j
+    ) as x
+    join {{schema}}._private_tasks as t on t.id = x.task_id
+    left join {{schema}}._private_job_queues as q on q.id = x.job_queue_id
+    where (x.job_queue_id is null or q.is_available)
+      and (q.queue_name is null or q.queue_name <> all(v_full_queues))
       and not coalesce(
         q.queue_name is not null
           and ('*' = any(v_paused_queues) or q.queue_name = any(v_paused_queues)),
         false
       )
-    order by j.priority, j.run_at, j.id
-    limit 1000
-    for update of j skip locked
+    order by x.priority, x.run_at, x.id
+    limit v_scan
   loop
-    -- Check every limit of the candidate first.
+    -- Counted now: the job's start is timed as late as it can be.
+    v_clock := clock_timestamp();
+    v_locked_at := v_clock;
+    -- Check every limit of the candidate first. Each key (limit and
+    -- partition value) is read once a fetch: how many of its jobs run and
+    -- how many starts its window holds; what this fetch takes is counted in
+    -- memory, and written once, after the loop.
     v_ok := true;
     v_mine := '{}';
-    v_parts := '{}';
     for i in 1 .. cardinality(v_kinds) loop
       -- (a job without a queue: queue_name is null, so coalesce)
       continue when not coalesce(
@@ -255,32 +324,33 @@ begin
         or (v_kinds[i] = 'queue' and v_names[i] = c.queue_name),
         false
       );
-      v_parts := v_parts || case when v_by[i] is null then ''
-        else coalesce(c.payload ->> v_by[i], '') end;
-      v_mine := v_mine || i;
-      v_key := v_kinds[i] || '/' || v_names[i] || '/' || v_parts[cardinality(v_parts)];
-      if v_key = any(v_full) then
+      v_part := case when v_by[i] is null then '' else coalesce(c.payload ->> v_by[i], '') end;
+      v_key := i || '/' || v_part;
+      v_pos := array_position(v_keys, v_key);
+      if v_pos is null then
+        select st.running, st.starts into s
+        from {{schema}}._private_py_limit_state as st
+        where st.kind = v_kinds[i] and st.name = v_names[i] and st.partition = v_part;
+        v_keys := v_keys || v_key;
+        v_key_limit := v_key_limit || i;
+        v_key_part := v_key_part || v_part;
+        v_key_running := v_key_running || case when found and v_running[i] is not null then (
+            select count(*)::int from {{schema}}._private_jobs as j
+            where j.id = any(s.running) and j.locked_at is not null
+          ) else 0 end;
+        v_key_starts := v_key_starts || case when found and v_starts[i] is not null then (
+            select count(*)::int from unnest(s.starts) as x(at)
+            where x.at > v_clock - v_periods[i] - v_margin
+          ) else 0 end;
+        v_pos := cardinality(v_keys);
+      end if;
+      if (v_running[i] is not null and v_key_running[v_pos] >= v_running[i])
+        or (v_starts[i] is not null and v_key_starts[v_pos] >= v_starts[i])
+      then
         v_ok := false;
         exit;
       end if;
-      select st.running, st.starts into s
-      from {{schema}}._private_py_limit_state as st
-      where st.kind = v_kinds[i] and st.name = v_names[i]
-        and st.partition = v_parts[cardinality(v_parts)];
-      if found and (
-        (v_running[i] is not null and (
-          select count(*) from {{schema}}._private_jobs as j
-          where j.id = any(s.running) and j.locked_at is not null
-        ) >= v_running[i])
-        or (v_starts[i] is not null and (
-          select count(*) from unnest(s.starts) as x(at)
-          where x.at > v_clock - v_periods[i] - v_margin
-        ) >= v_starts[i])
-      ) then
-        v_full := v_full || v_key;
-        v_ok := false;
-        exit;
-      end if;
+      v_mine := v_mine || v_pos;
     end loop;
     continue when not v_ok;
     -- Its named queue, if any, must be free: take it.
@@ -295,40 +365,55 @@ begin
     where j.id = c.id;
     v_taken := v_taken || c.id;
     -- Count it in each of its limits.
-    for k in 1 .. cardinality(v_mine) loop
-      insert into {{schema}}._private_py_limit_state as st (
-        kind, name, partition, running, starts, started
-      )
-      values (v_kinds[v_mine[k]], v_names[v_mine[k]], v_parts[k],
-        case when v_running[v_mine[k]] is null then '{}'::bigint[] else array[c.id] end,
-        case when v_starts[v_mine[k]] is null then '{}'::timestamptz[] else array[v_clock] end,
-        case when v_starts[v_mine[k]] is null then '{}'::bigint[] else array[c.id] end)
-      on conflict on constraint _private_py_limit_state_pkey do update
-      set running = case when v_running[v_mine[k]] is null then '{}'::bigint[] else
-          array(
-            select j.id from {{schema}}._private_jobs as j
-            where j.id = any(st.running || c.id) and j.locked_at is not null
-          )
-        end,
-        -- The starts still in the window, at most max_starts - 1, and this one.
-        starts = case when v_starts[v_mine[k]] is null then '{}'::timestamptz[] else
-          (array(
-            select x.at from unnest(st.starts, st.started) as x(at, job_id)
-            where x.at > v_clock - v_periods[v_mine[k]] - v_margin
-            order by x.at desc, x.job_id desc
-            limit v_starts[v_mine[k]] - 1
-          ) || v_clock)
-        end,
-        started = case when v_starts[v_mine[k]] is null then '{}'::bigint[] else
-          (array(
-            select x.job_id from unnest(st.starts, st.started) as x(at, job_id)
-            where x.at > v_clock - v_periods[v_mine[k]] - v_margin
-            order by x.at desc, x.job_id desc
-            limit v_starts[v_mine[k]] - 1
-          ) || c.id)
-        end;
+    foreach v_pos in array v_mine loop
+      v_key_running[v_pos] := v_key_running[v_pos] + 1;
+      v_key_starts[v_pos] := v_key_starts[v_pos] + 1;
+      v_new_key := v_new_key || v_pos;
+      v_new_job := v_new_job || c.id;
+      v_new_at := v_new_at || v_clock;
     end loop;
     exit when cardinality(v_taken) >= job_limit;
+  end loop;
+
+  -- Write each key's new starts and running jobs once (its starts stay in
+  -- the order they were made: the latest max_starts are kept).
+  for v_pos in 1 .. coalesce(cardinality(v_keys), 0) loop
+    v_ids := array(
+      select v_new_job[n] from generate_subscripts(v_new_key, 1) as n
+      where v_new_key[n] = v_pos order by n
+    );
+    continue when cardinality(v_ids) = 0;
+    v_ats := array(
+      select v_new_at[n] from generate_subscripts(v_new_key, 1) as n
+      where v_new_key[n] = v_pos order by n
+    );
+    v_i := v_key_limit[v_pos];
+    insert into {{schema}}._private_py_limit_state as st (
+      kind, name, partition, running, starts, started
+    )
+    values (v_kinds[v_i], v_names[v_i], v_key_part[v_pos],
+      case when v_running[v_i] is null then '{}'::bigint[] else v_ids end,
+      case when v_starts[v_i] is null then '{}'::timestamptz[]
+        else v_ats[greatest(1, cardinality(v_ats) - v_starts[v_i] + 1):] end,
+      case when v_starts[v_i] is null then '{}'::bigint[]
+        else v_ids[greatest(1, cardinality(v_ids) - v_starts[v_i] + 1):] end)
+    on conflict on constraint _private_py_limit_state_pkey do update
+    set running = case when v_running[v_i] is null then '{}'::bigint[] else
+        array(
+          select j.id from {{schema}}._private_jobs as j
+          where j.id = any(st.running) and j.locked_at is not null and j.id <> all(v_ids)
+        ) || v_ids
+      end,
+      starts = case when v_starts[v_i] is null then '{}'::timestamptz[] else
+        (st.starts || v_ats)[
+          greatest(1, cardinality(st.starts) + cardinality(v_ats) - v_starts[v_i] + 1):
+        ]
+      end,
+      started = case when v_starts[v_i] is null then '{}'::bigint[] else
+        (st.started || v_ids)[
+          greatest(1, cardinality(st.started) + cardinality(v_ids) - v_starts[v_i] + 1):
+        ]
+      end;
   end loop;
 
   return query
@@ -371,21 +456,35 @@ $fn$;
 
 -- When a limited fetch that came back short may find more: the earliest
 -- moment one of the rate limits of these tasks (or of any queue) that is
--- full now has a start free again (null: none is full by its rate; a freed
--- slot comes with a job's completion instead).
-create or replace function {{schema}}.py_limits_next_start(task_ids int[])
+-- full now has room for `wanted` starts (the worker's free slots: one fetch
+-- then takes several, instead of one fetch a start); null: none is full by
+-- its rate (a freed slot comes with a job's completion instead). A limit
+-- counts as full here if it was within the last 100 ms, so that the fetch
+-- that found it full moments ago is followed by another (the moment may be
+-- past: the worker fetches at once).
+create or replace function {{schema}}.py_limits_next_start(task_ids int[], wanted int default 1)
 returns timestamptz
 language sql
 stable
 as $fn$
-  select min(w.first_at + l.period + interval '50 milliseconds')
+  select min(f.freed_at + l.period + interval '50 milliseconds')
   from {{schema}}._private_py_limits as l
   join {{schema}}._private_py_limit_state as st on st.kind = l.kind and st.name = l.name
   cross join lateral (
-    select min(x.at) as first_at, count(*) as n
-    from unnest(st.starts) as x(at)
-    where x.at > clock_timestamp() - l.period - interval '50 milliseconds'
+    select count(*) as n
+    from unnest(st.starts) as y(at)
+    where y.at > clock_timestamp() - l.period - interval '150 milliseconds'
   ) as w
+  cross join lateral (
+    -- The (n - max_starts + wanted)-th oldest of the n starts in the window
+    -- (at most the newest): once it leaves, `wanted` may start.
+    select r.at as freed_at
+    from unnest(st.starts) as r(at)
+    where r.at > clock_timestamp() - l.period - interval '150 milliseconds'
+    order by r.at
+    offset least(w.n, w.n - l.max_starts + greatest(wanted, 1)) - 1
+    limit 1
+  ) as f
   where l.max_starts is not null and w.n >= l.max_starts
     and (l.kind = 'queue' or l.kind = 'task' and l.name in (
       select t.identifier from {{schema}}._private_tasks as t where t.id = any(task_ids)
@@ -615,20 +714,10 @@ begin
   set running = case when v_limit.max_running is null then '{}'::bigint[]
       else v_running || holder end,
     starts = case when v_limit.max_starts is null then '{}'::timestamptz[] else
-      (array(
-        select x.at from unnest(st.starts, st.started) as x(at, job_id)
-        where x.at > v_clock - v_limit.period
-        order by x.at desc, x.job_id desc
-        limit v_limit.max_starts - 1
-      ) || v_clock)
+      st.starts[greatest(1, cardinality(st.starts) - v_limit.max_starts + 2):] || v_clock
     end,
     started = case when v_limit.max_starts is null then '{}'::bigint[] else
-      (array(
-        select x.job_id from unnest(st.starts, st.started) as x(at, job_id)
-        where x.at > v_clock - v_limit.period
-        order by x.at desc, x.job_id desc
-        limit v_limit.max_starts - 1
-      ) || holder)
+      st.started[greatest(1, cardinality(st.started) - v_limit.max_starts + 2):] || holder
     end;
   return null;
 end;

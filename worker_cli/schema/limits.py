@@ -105,8 +105,13 @@ limit_usage = (
 """
 )
 
-# Whether any limit exists (the pool then fetches limited jobs too).
-limits_exist = "select exists (select from {schema}._private_py_limits)"
+# The limits of tasks and queues (the pool then fetches limited jobs too),
+# and whether each limits starts (its jobs then have a start deadline).
+limits_exist = """
+  select l.kind, l.name, l.max_starts is not null
+  from {schema}._private_py_limits as l
+  where l.kind in ('task', 'queue')
+"""
 
 # Lock up to %(limit)s runnable jobs of limited tasks and queues (see
 # py_fetch_limited_jobs); the columns of statements.get_jobs.
@@ -124,10 +129,10 @@ fetch_limited_at = """
   )
 """
 
-# Seconds until a full rate limit of these tasks (or of a queue) has a start
-# free again (null: none is full by its rate).
+# Seconds until a full rate limit of these tasks (or of a queue) has room for
+# %(wanted)s starts again (null: none is full by its rate).
 next_start = """
-  select extract(epoch from {schema}.py_limits_next_start(%(task_ids)s::int[])
+  select extract(epoch from {schema}.py_limits_next_start(%(task_ids)s::int[], %(wanted)s::int)
     - clock_timestamp())::float8
 """
 

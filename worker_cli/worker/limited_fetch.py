@@ -38,6 +38,9 @@ Take = Callable[
 #: Seconds between reads of whether any limit exists, made when a fetch comes
 #: back short.
 REREAD = 2.0
+#: A limited fetch is put off until the planned nudge when that comes sooner
+#: than this (seconds).
+BATCH_WAIT = 0.05
 
 
 class LimitedFetch:
@@ -50,8 +53,10 @@ class LimitedFetch:
         self._exist = statements.compose(limits.limits_exist, schema)
         self._next_start = statements.compose(limits.next_start, schema)
         self._nudge = nudge
-        #: Whether any limit exists (None: not known; read at the next fetch).
+        #: Whether any task or queue limit exists (None: not known; read at
+        #: the next fetch), and the tasks and queues whose limit counts starts.
         self.apply: bool | None = None
+        self._rated: tuple[frozenset[str], frozenset[str]] = (frozenset(), frozenset())
         self._read_at = -REREAD
         self._clock = ClockBound()
         self.deadlines: StartDeadlines | None = None
@@ -78,8 +83,12 @@ class LimitedFetch:
         now = time.monotonic()
         if self.apply is None or (short and now - self._read_at >= REREAD):
             cur = await conn.execute(self._exist)
-            row = await cur.fetchone()
-            self.apply = bool(row and row[0])
+            rows = await cur.fetchall()
+            self.apply = bool(rows)
+            self._rated = (
+                frozenset(name for kind, name, rated in rows if rated and kind == "task"),
+                frozenset(name for kind, name, rated in rows if rated and kind == "queue"),
+            )
             self._read_at = now
         return self.apply
 
@@ -90,23 +99,36 @@ class LimitedFetch:
         queued ahead by ``take``; how many. Fewer than ``free``: plan a nudge
         for when a full rate limit frees a start (a freed slot comes with a
         completion's nudge)."""
-        if free <= 0:
+        if free <= 0 or self._due_soon():
             return 0
         if self.deadlines is not None:
             await self._clock.refresh(conn)
         cur = await conn.cursor(binary=True).execute(self._fetch, {**params, "limit": free})
         fetched = await take(conn, cur, self._counted)
         if fetched < free:
-            cur = await conn.execute(self._next_start, {"task_ids": params["task_ids"]})
+            cur = await conn.execute(
+                self._next_start, {"task_ids": params["task_ids"], "wanted": free - fetched}
+            )
             row = await cur.fetchone()
             if row and row[0] is not None:
                 self._nudge_in(max(0.0, float(row[0])))
         return fetched
 
     def _counted(self, jobs: Sequence[Job]) -> None:
-        """Give the fetched jobs their start deadlines."""
-        if self.deadlines is not None:
-            self.deadlines.set(jobs, self._clock)
+        """Give the fetched jobs under a rate limit their start deadlines (a
+        job under a concurrency limit only may start late)."""
+        tasks, queues = self._rated
+        if self.deadlines is not None and (tasks or queues):
+            rated = [
+                job for job in jobs if job.task_identifier in tasks or job.queue_name in queues
+            ]
+            self.deadlines.set(rated, self._clock)
+
+    def _due_soon(self) -> bool:
+        """A planned nudge comes within :data:`BATCH_WAIT`: fetch then, for
+        several starts at once, rather than one per completion's nudge."""
+        timer = self._timer
+        return timer is not None and timer.when() - asyncio.get_running_loop().time() < BATCH_WAIT
 
     def _nudge_in(self, delay: float) -> None:
         loop = asyncio.get_running_loop()

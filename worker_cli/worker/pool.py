@@ -244,7 +244,7 @@ class WorkerPool:
             history=HistorySettings(options.keep_succeeded) if options.history else None,
         )
         deadlines = StartDeadlines(
-            utils.pool, schema=options.schema, give_back=completer.return_unstarted
+            utils.pool, options.schema, give_back=completer.return_unstarted, nudge=self.nudge
         )
         self._fetcher.limited.deadlines = deadlines
         slots = self._slots = Slots(

@@ -72,13 +72,16 @@ class StartDeadlines:
     def __init__(
         self,
         db: AsyncConnectionPool[Any],
-        *,
         schema: str,
+        *,
         give_back: Callable[[Sequence[Job]], Awaitable[None]],
+        nudge: Callable[[], None],
     ) -> None:
         self._db = db
         self._uncount = statements.compose(limits.uncount_starts, schema)
         self._give_back = give_back
+        #: There may be jobs to fetch (those given back, for one).
+        self._nudge = nudge
         #: Job id -> time.monotonic() by which it must start.
         self._deadlines: dict[int, float] = {}
         self._late: list[Job] = []
@@ -131,6 +134,7 @@ class StartDeadlines:
             )
             await retry_until_done("uncount late starts", self._uncount_starts, ids, logger=logger)
             await self._give_back(late)
+            self._nudge()
 
     async def _uncount_starts(self, ids: list[int]) -> None:
         async with self._db.connection() as conn:
