@@ -206,3 +206,34 @@ def test_read_only_refuses_even_a_valid_post(db: str) -> None:
     with serve_app(create_app(db, csrf_secret=secret)) as url:
         assert post(f"{url}/jobs/{job_id}/delete", fields, Cookie=cookie).status == 303
     assert not exists(db, job_id)
+
+
+def test_the_overview_flags_stranded_tasks(db: str) -> None:
+    """Tasks with runnable jobs that no live Python pool runs: a warning panel
+    and a badge in the task table, names escaped; nothing while no pool has a
+    heartbeat row, nor for a task a live pool runs or one with no runnable job."""
+    for task in ("a", "b", "b", "<i>x</i>"):
+        add_job(db, task)
+    rows(db, "select graphile_worker.add_job('later', run_at => now() + interval '1 day')")
+    with serve_app(create_app(db, refresh=0)) as url:
+        page = http(url + "/")
+        assert page.status == 200
+        assert "stranded-panel" not in page.body and "badge-stranded" not in page.body
+        rows(
+            db,
+            "insert into graphile_worker._private_py_heartbeats "
+            "(pool_id, timeout, task_identifiers) values ('pool-a', interval '5 minutes', '{a}')",
+        )
+        page = http(url + "/")
+    assert page.status == 200
+    assert page.headers["content-security-policy"] == CONTENT_SECURITY_POLICY
+    panel = page.body.split('id="stranded-panel"')[1].split("</section>")[0]
+    assert "2 tasks with runnable jobs that no live Python worker handles" in panel
+    assert "Node workers are not seen" in panel
+    assert re.findall(r'<tr data-task="([^"]*)">', panel) == ["&lt;i&gt;x&lt;/i&gt;", "b"]
+    counts = re.findall(r'<td class="num">([^<]*)</td>', panel)
+    assert counts == ["1", "2"]
+    assert "<i>x</i>" not in page.body
+    table = page.body.split('id="tasks-table"')[1].split("</table>")[0]
+    flagged = re.findall(r'>([^<]+)</a> <span class="badge badge-stranded"', table)
+    assert flagged == ["&lt;i&gt;x&lt;/i&gt;", "b"]

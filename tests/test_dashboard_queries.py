@@ -213,6 +213,12 @@ CASES: list[tuple[str, LiteralString, dict[str, Any], dict[str, set[str]]]] = [
         {"_private_jobs": {"jobs_pkey1"}},
     ),
     (
+        "stranded tasks",
+        queries.stranded,
+        {"tasks": 1000, "cap": 10_001},
+        {"_private_jobs": {"_private_py_jobs_task_order"}},
+    ),
+    (
         "named queues",
         queries.queues,
         {"limit": 51},
@@ -451,3 +457,30 @@ def test_the_limits_statement_reads_a_bounded_number_of_limits_and_partitions(
     # are the first 1,001 in the order of the text.
     read = sorted(str(n) for n in range(1, PARTITIONS + 1))[:1001]
     assert task_2[7:] == (len([n for n in read if int(n) * 89 <= JOBS]), 1, 0, 0, 1001)
+
+
+def test_the_stranded_statement_counts_at_most_its_cap_per_priority(big_queue: str) -> None:
+    """A live pool runs task_1 only: the 19 other tasks (about 5,700 due jobs
+    each, over three priorities) are stranded, each counted up to the cap,
+    and the jobs' index yields at most the cap per task and priority."""
+    with psycopg.connect(big_queue) as conn:
+        # (the fixture's pool-1 lists no tasks: it might run any; rolled back)
+        conn.execute("delete from graphile_worker._private_py_heartbeats")
+        conn.execute(
+            "insert into graphile_worker._private_py_heartbeats "
+            "(pool_id, timeout, task_identifiers) values ('pool-s', interval '5 minutes', "
+            "'{task_1}')"
+        )
+        params = {"tasks": 1000, "cap": 101}
+        found = conn.execute(compose(queries.stranded, "graphile_worker"), params).fetchall()
+        query = psycopg.sql.SQL("explain (analyze, format json) ") + compose(
+            queries.stranded, "graphile_worker"
+        )
+        [(result,)] = conn.execute(query, params).fetchall()
+        conn.rollback()
+    assert sorted(row[0] for row in found) == sorted(f"task_{n}" for n in range(2, TASKS + 1))
+    assert {row[1] for row in found} == {101}
+    for node in plan_nodes(result[0]["Plan"]):
+        if node.get("Relation Name") == "_private_jobs":
+            assert node.get("Index Name") == "_private_py_jobs_task_order", node
+            assert node["Actual Rows"] <= 101 * node["Actual Loops"], node

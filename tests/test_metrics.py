@@ -601,3 +601,33 @@ def test_off_the_worker_runs_none_of_their_code(db: str, tmp_path: Path) -> None
     )
     assert result.returncode == 0, result.stderr
     assert value(db, f"select count(*) from {JOBS}") == 0
+
+
+@pytest.mark.db
+async def test_stranded_tasks_are_a_series_each_with_their_runnable_jobs(db: str) -> None:
+    """The worker runs mine (its job held back by a flag): lost (2 runnable;
+    its scheduled and failed jobs are not) and node_only (1) are stranded,
+    mine is not, and idle (no runnable job) has no series."""
+    for run_at in ("now() - interval '1 hour'", "now()", "now()", "now() + interval '1 day'"):
+        rows(db, f"select graphile_worker.add_job('lost', run_at => {run_at})")
+    rows(db, "select graphile_worker.add_job('node_only')")
+    rows(db, "select graphile_worker.add_job('idle', run_at => now() + interval '1 day')")
+    rows(db, f"update {JOBS} set attempts = max_attempts where id = (select min(id) from {JOBS})")
+    rows(db, "select graphile_worker.add_job('mine', flags => array['held'])")
+
+    async def mine(payload: Any, helpers: Helpers) -> None:
+        pass
+
+    async with (
+        served() as server,
+        worker(db, {"mine": mine}, forbidden_flags=["held"], metrics_registry=server.registry),
+    ):
+        beats = "select count(*) from graphile_worker._private_py_heartbeats"
+        await until(lambda: value(db, beats))
+        samples = await scrape_async(server.url)
+    stranded = {
+        dict(labels)["task"]: got
+        for (name, labels), got in samples.items()
+        if name == "graphile_worker_tasks_stranded"
+    }
+    assert stranded == {"lost": 2, "node_only": 1}

@@ -98,8 +98,16 @@ async def test_status_in_every_state_text_and_json(utils: WorkerUtils, db: str) 
         "  retrying: 2  (waiting or scheduled after a failed attempt)",
     ]
     assert lines[7] == f"Oldest waiting job: {ids['oldest']} (report), due for 1h 00m"
+    # The live worker runs resize only: report and email have runnable jobs
+    # (the one of report in the queue "mail" too: its queue is locked, not the job).
+    assert lines[8:11] == [
+        "Stranded tasks: 2  (runnable jobs, but no live Python worker handles it; "
+        "Node workers are not seen)",
+        "  email: 1 runnable, oldest due for 10m 00s",
+        "  report: 3 runnable, oldest due for 1h 00m",
+    ]
     header = ["total", "waiting", "scheduled", "locked", "permanently_failed", "retrying"]
-    assert _split("\n".join(lines[8:])) == [
+    assert _split("\n".join(lines[11:])) == [
         [],
         ["task", *header],
         ["email", "4", "1", "1", "1", "1", "2"],
@@ -142,6 +150,10 @@ async def test_status_in_every_state_text_and_json(utils: WorkerUtils, db: str) 
         "reports": [1, 0, 0, 1, 0, 0],
     }
     assert queues["mail"]["locked_by"] == pool_id and queues["mail"]["locked_for_seconds"] < 60
+    assert [(s["task_identifier"], s["runnable"]) for s in document["stranded"]] == [
+        ("email", 1),
+        ("report", 3),
+    ]
     assert queues["reports"]["locked_by"] == "pool-crashed"
     assert 5 * 3600 <= queues["reports"]["locked_for_seconds"] < 5 * 3600 + 60
 
@@ -162,9 +174,12 @@ def test_status_of_an_empty_queue(db: str) -> None:
         "  permanently_failed: 0  (attempts >= max_attempts)",
         "  retrying: 0  (waiting or scheduled after a failed attempt)",
         "Oldest waiting job: none",
+        "Stranded tasks: not checked: no Python worker heartbeat to compare with "
+        "(no Python worker is running, or heartbeats are off)",
     ]
     document = json.loads(run_cli("status", "--json", env={"DATABASE_URL": db}).stdout)
     assert document["jobs"]["total"] == 0 and document["oldest_waiting"] is None
+    assert document["stranded"] is None
     assert document["tasks"] == {} and document["queues"] == {}
 
 
@@ -261,3 +276,105 @@ def test_worker_flags_before_status_are_refused(db: str) -> None:
     assert result.returncode == 2
     assert "--once, --jobs cannot be used with the status command" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+# --- Stranded tasks -------------------------------------------------------------
+
+BEATS = "graphile_worker._private_py_heartbeats"
+
+
+def _stranded_jobs(db: str) -> None:
+    """Task a: 2 runnable jobs. Task b: 3 runnable (one due an hour ago, one a
+    retry), and jobs that are not runnable: locked, scheduled, out of attempts."""
+    rows(db, "select graphile_worker.add_job('a')")
+    rows(db, "select graphile_worker.add_job('a', priority => 5)")
+    rows(db, "select graphile_worker.add_job('b', run_at => now() - interval '1 hour')")
+    rows(db, "select graphile_worker.add_job('b', priority => -3)")
+    retry = value(db, "select (graphile_worker.add_job('b')).id")
+    rows(db, "update graphile_worker._private_jobs set attempts = 1 where id = %s", [retry])
+    locked = value(db, "select (graphile_worker.add_job('b')).id")
+    rows(
+        db,
+        "update graphile_worker._private_jobs set locked_at = now(), locked_by = 'p' where id = %s",
+        [locked],
+    )
+    rows(db, "select graphile_worker.add_job('b', run_at => now() + interval '1 day')")
+    failed = value(db, "select (graphile_worker.add_job('b', max_attempts => 2)).id")
+    rows(db, "update graphile_worker._private_jobs set attempts = 2 where id = %s", [failed])
+
+
+def _beat(db: str, pool: str, tasks: list[str] | None, *, silent: str = "0 seconds") -> None:
+    rows(
+        db,
+        f"insert into {BEATS} (pool_id, beat_at, timeout, task_identifiers) "
+        "values (%s, now() - %s::interval, interval '5 minutes', %s)",
+        [pool, silent, tasks],
+    )
+
+
+def _stranded(status: Any) -> dict[str, tuple[int, bool]] | None:
+    if status.stranded is None:
+        return None
+    return {s.task_identifier: (s.runnable, s.capped) for s in status.stranded}
+
+
+async def test_stranded_tasks_are_the_ones_no_live_pool_runs(db: str) -> None:
+    from worker_cli.observe.status import read_status
+
+    _stranded_jobs(db)
+    # No heartbeat row at all: nothing to compare with, nothing flagged.
+    assert _stranded(await read_status(db)) is None
+    # A live pool running a: only b is stranded, with its runnable jobs.
+    _beat(db, "pool-a", ["a", "c"])
+    status = await read_status(db)
+    assert _stranded(status) == {"b": (3, False)}
+    [b] = status.stranded or []
+    assert 3600 <= (b.oldest_age_seconds or 0) < 3660
+    # Its heartbeat expired: a and b are both stranded.
+    rows(db, f"update {BEATS} set beat_at = now() - interval '6 minutes'")
+    assert _stranded(await read_status(db)) == {"a": (2, False), "b": (3, False)}
+    # Another live pool runs b (one of several tasks): only a.
+    _beat(db, "pool-b", ["x", "b"])
+    assert _stranded(await read_status(db)) == {"a": (2, False)}
+    # A live pool of an older version lists no tasks: it may run any of them.
+    _beat(db, "pool-old", None)
+    assert _stranded(await read_status(db)) == {}
+
+
+async def test_stranded_counts_are_capped(db: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from worker_cli.observe import status as status_module
+
+    monkeypatch.setattr(status_module, "STRANDED_CAP", 2)
+    _stranded_jobs(db)
+    _beat(db, "pool-z", ["z"])
+    status = await status_module.read_status(db)
+    assert _stranded(status) == {"a": (2, False), "b": (2, True)}
+    assert "  b: 2+ runnable, oldest due for 1h 00m" in status_module.format_text(status)
+
+
+def test_status_shows_stranded_tasks_text_and_json(db: str) -> None:
+    _stranded_jobs(db)
+    unchecked = run_cli("status", "-c", db)
+    assert unchecked.returncode == 0, unchecked.stderr
+    assert unchecked.stdout.splitlines()[8] == (
+        "Stranded tasks: not checked: no Python worker heartbeat to compare with "
+        "(no Python worker is running, or heartbeats are off)"
+    )
+    assert json.loads(run_cli("status", "-c", db, "--json").stdout)["stranded"] is None
+
+    _beat(db, "pool-a", ["a"])
+    text = run_cli("status", "-c", db)
+    assert text.returncode == 0, text.stderr
+    assert text.stdout.splitlines()[8:10] == [
+        "Stranded tasks: 1  (runnable jobs, but no live Python worker handles it; "
+        "Node workers are not seen)",
+        "  b: 3 runnable, oldest due for 1h 00m",
+    ]
+    document = json.loads(run_cli("status", "-c", db, "--json").stdout)
+    [b] = document["stranded"]
+    assert (b["task_identifier"], b["runnable"], b["capped"]) == ("b", 3, False)
+    assert 3600 <= b["oldest_age_seconds"] < 3660 and b["oldest_run_at"].startswith("20")
+
+    rows(db, f"update {BEATS} set task_identifiers = array['a', 'b']")
+    assert run_cli("status", "-c", db).stdout.splitlines()[8] == "Stranded tasks: none"
+    assert json.loads(run_cli("status", "-c", db, "--json").stdout)["stranded"] == []

@@ -18,7 +18,9 @@ The indexes of ``_private_jobs`` used here (migrations/base.sql):
 
 - ``jobs_pkey1`` (``id``): a job's page; the windows of newest jobs;
 - ``jobs_main_index`` (``priority, run_at`` where ``is_available``): the
-  oldest waiting job.
+  oldest waiting job;
+- ``_private_py_jobs_task_order`` (migrations/py/000003.sql: ``task_id,
+  priority, run_at, id`` of available jobs): the stranded tasks' runnable jobs.
 
 The finished jobs are read from the history (``_private_py_job_history``,
 migrations/py/000007.sql) through its primary key only (``job_id``): a
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 from typing import LiteralString
 
+from ..observe import status_statements as _status
 from ..schema import limits as _limits
 
 __all__ = [
@@ -263,6 +266,14 @@ pauses = """
 # running looked up by ``jobs_pkey1`` (a running array holds at most
 # max_running ids, at most 10,000).
 limits: LiteralString = _limits.limit_usage
+
+# Stranded tasks: runnable jobs that no live Python pool runs (by its
+# heartbeat's task_identifiers), the statement `graphile-worker status` and
+# the metrics read too (worker_cli/observe/status_statements.py): at most
+# %(tasks)s tasks (tasks_identifier_key), each read per priority through
+# _private_py_jobs_task_order, at most %(cap)s due jobs counted per priority.
+# Nothing when there is no heartbeat row at all.
+stranded: LiteralString = _status.stranded_tasks
 
 # --- Jobs ---------------------------------------------------------------------
 

@@ -16,6 +16,7 @@ from typing import Any, LiteralString
 import psycopg
 from psycopg.rows import dict_row
 
+from ..observe.status import STRANDED_CAP
 from ..schema.migrate import MigrationFiles
 from ..schema.statements import compose
 from . import queries
@@ -44,6 +45,9 @@ LIMITS_SHOWN = 200
 #: Partition values of one limit read at most (its figures are then over these).
 PARTITIONS_READ = 1000
 LIST_LIMIT = 500
+#: Stranded tasks shown on the overview at most (runnable jobs are counted up
+#: to STRANDED_CAP per task, as by `graphile-worker status`).
+STRANDED_SHOWN = 200
 
 #: The cursor of the first page: below every id.
 NEWEST = 2**63 - 1
@@ -109,6 +113,17 @@ class Overview:
     #: The limits, by kind and name (the first LIMITS_SHOWN), with their use.
     limits: list[Row] = field(default_factory=list)
     limits_truncated: bool = False
+    #: Tasks with runnable jobs that no live Python pool handles (the first
+    #: STRANDED_SHOWN by identifier; none when no pool has a heartbeat row).
+    stranded: list[Row] = field(default_factory=list)
+    stranded_truncated: bool = False
+
+    def stranded_of(self, task: str) -> Row | None:
+        """The stranded-task row of ``task``; None if it is not stranded."""
+        for row in self.stranded:
+            if row["task_identifier"] == task:
+                return row
+        return None
 
     def pause_of(self, kind: str, name: str) -> Row | None:
         """The pause holding back the named queue or the task ``name``: its
@@ -215,6 +230,7 @@ class Reader:
         )
         pauses = await self.pauses(PAUSES_SHOWN + 1)
         limits = await self.limits(LIMITS_SHOWN + 1)
+        stranded = await self.stranded(STRANDED_SHOWN + 1)
         assert now is not None
         return Overview(
             now=now["now"],
@@ -229,7 +245,19 @@ class Reader:
             pauses_truncated=len(pauses) > PAUSES_SHOWN,
             limits=limits[:LIMITS_SHOWN],
             limits_truncated=len(limits) > LIMITS_SHOWN,
+            stranded=stranded[:STRANDED_SHOWN],
+            stranded_truncated=len(stranded) > STRANDED_SHOWN,
         )
+
+    async def stranded(self, limit: int = STRANDED_SHOWN) -> list[Row]:
+        """Tasks with runnable jobs that no live Python pool handles (at most
+        ``limit``), each with its runnable jobs up to STRANDED_CAP (``capped``:
+        more) and the earliest run_at among them."""
+        found = await self.rows(queries.stranded, tasks=limit, cap=STRANDED_CAP + 1)
+        for row in found:
+            row["capped"] = row["runnable"] > STRANDED_CAP
+            row["runnable"] = min(row["runnable"], STRANDED_CAP)
+        return found
 
     async def pauses(self, limit: int = PAUSES_SHOWN) -> list[Row]:
         """The pauses in force, by kind and name (at most ``limit``)."""

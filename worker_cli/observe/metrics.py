@@ -21,7 +21,11 @@ Where each figure comes from, so that nothing is paid when metrics are off
 - ``graphile_worker_limit_running``, ``_limit_max_running``,
   ``_limit_recent_starts`` and ``_limit_max_starts`` ``{kind, name}``: each
   limit's slots in use and starts in its current window, and its caps (all
-  workers), read in the same cached query too.
+  workers), read in the same cached query too;
+- ``graphile_worker_tasks_stranded{task}``: the runnable jobs of each task
+  that no live Python pool handles (by the heartbeats' task lists; Node
+  workers are not seen), no series for the others and none at all while no
+  Python pool has a heartbeat row; in the same cached query.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigurationError
 from .queue_depth import OTHER_TASKS, STATES, Depth, QueueDepth
+from .status import STRANDED_CAP
 
 try:
     from prometheus_client import (
@@ -264,6 +269,22 @@ class _Collector:
             queries.add_metric([], self._depth.queries)
         yield from (jobs, durations, running, stuck, queued, depth, truncated, paused, queries)
         yield from _limit_families(queue)
+        yield _stranded_family(queue)
+
+
+def _stranded_family(queue: Depth | None) -> Metric:
+    """The stranded tasks' family, filled from ``queue`` (None: empty)."""
+    stranded = GaugeMetricFamily(
+        "graphile_worker_tasks_stranded",
+        "Runnable jobs (not locked, attempts left, due) of each task that no live "
+        "Python worker handles (by the heartbeats' task lists; Node workers are not "
+        "seen); no series for other tasks, none while no Python worker has a "
+        f"heartbeat; counted up to {STRANDED_CAP:,}; read with the queue depth.",
+        labels=("task",),
+    )
+    for task, runnable in queue.stranded if queue is not None else ():
+        stranded.add_metric([task], runnable)
+    return stranded
 
 
 def _limit_families(queue: Depth | None) -> Iterator[Metric]:

@@ -14,7 +14,10 @@ server, a threaded web app) waits for it, up to :data:`WAIT_SECONDS`. The
 same read, in the same transaction, lists the pauses in force (at most
 :data:`PAUSES_LIMIT`: they are few, made by people) and the limits with
 their use (at most :data:`LIMITS_LIMIT`, each over at most
-:data:`PARTITIONS_READ` partition values). A
+:data:`PARTITIONS_READ` partition values), and the stranded tasks, with
+runnable jobs that no live Python pool handles (at most
+:data:`~worker_cli.observe.status.STRANDED_TASKS`, each counted up to
+:data:`~worker_cli.observe.status.STRANDED_CAP`). A
 scrape on the event loop's own thread (an ASGI app sharing the worker's
 loop) cannot wait: it gets the figures of the previous query, and the next
 scrape the new ones.
@@ -35,7 +38,8 @@ from psycopg_pool import AsyncConnectionPool
 from ..db.retry import one_line
 from ..schema import statements
 from ..schema.limits import limit_usage
-from .status_statements import STATE_COUNTS
+from .status import STRANDED_CAP, STRANDED_TASKS
+from .status_statements import STATE_COUNTS, stranded_tasks
 
 if TYPE_CHECKING:
     from .pool_view import ObservedPool
@@ -152,6 +156,9 @@ class Depth:
     paused: tuple[tuple[str, str], ...] = ()
     #: The limits, by kind and name.
     limits: tuple[LimitUse, ...] = ()
+    #: The stranded tasks and their runnable jobs (up to STRANDED_CAP), by
+    #: task: none when no Python pool has a heartbeat row.
+    stranded: tuple[tuple[str, int], ...] = ()
 
 
 class QueueDepth:
@@ -164,6 +171,7 @@ class QueueDepth:
         self._statement = statements.compose(_DEPTH, pool.options.schema)
         self._pauses = statements.compose(_PAUSES, pool.options.schema)
         self._limits = statements.compose(limit_usage, pool.options.schema)
+        self._stranded = statements.compose(stranded_tasks, pool.options.schema)
         self._lock = threading.Lock()
         self._figures: Depth | None = None
         self._read_at = -math.inf
@@ -243,6 +251,8 @@ class QueueDepth:
                 self._limits, {"limit": LIMITS_LIMIT, "partitions": PARTITIONS_READ}
             )
             limits = tuple(_limit_use(row) for row in await cur.fetchall())
+            cur = await conn.execute(self._stranded, {"tasks": STRANDED_TASKS, "cap": STRANDED_CAP})
+            stranded = tuple((str(row[0]), int(row[1])) for row in await cur.fetchall())
         counts: dict[str, tuple[int, ...]] = {}
         for row in rows:
             # A worker's own task named like the bucket adds up with it.
@@ -250,7 +260,13 @@ class QueueDepth:
             before = counts.get(task, (0,) * len(STATES))
             counts[task] = tuple(a + int(b) for a, b in zip(before, row[1:6], strict=True))
         scanned = sum(int(row[6]) for row in rows)
-        return Depth(counts, truncated=scanned > SCAN_LIMIT, paused=paused, limits=limits)
+        return Depth(
+            counts,
+            truncated=scanned > SCAN_LIMIT,
+            paused=paused,
+            limits=limits,
+            stranded=stranded,
+        )
 
 
 def _limit_use(row: tuple[Any, ...]) -> LimitUse:

@@ -26,10 +26,33 @@ from ..errors import GraphileWorkerError, SchemaNotInstalledError
 from ..schema import statements
 from . import status_statements
 
-__all__ = ["Counts", "QueueStatus", "Status", "format_json", "format_text", "read_status"]
+__all__ = [
+    "STRANDED_CAP",
+    "STRANDED_TASKS",
+    "Counts",
+    "QueueStatus",
+    "Status",
+    "StrandedTask",
+    "format_json",
+    "format_text",
+    "read_status",
+]
 
 #: The counters, in the order they are printed.
 COUNTERS = ("total", "waiting", "scheduled", "locked", "permanently_failed", "retrying")
+
+#: Stranded tasks: tasks not run by a live Python pool examined at most, and
+#: runnable jobs counted at most per task (more: the count says so).
+STRANDED_TASKS = 1000
+STRANDED_CAP = 10_000
+
+#: What a stranded task is, wherever one is shown.
+STRANDED_NOTE = "no live Python worker handles it; Node workers are not seen"
+#: Why nothing is flagged when no Python pool has a heartbeat row.
+STRANDED_UNCHECKED = (
+    "not checked: no Python worker heartbeat to compare with "
+    "(no Python worker is running, or heartbeats are off)"
+)
 
 
 @dataclass
@@ -71,6 +94,21 @@ class OldestWaiting:
 
 
 @dataclass
+class StrandedTask:
+    """A task with runnable jobs (not locked, attempts left, due) that no live
+    Python pool lists among its tasks."""
+
+    task_identifier: str
+    #: Runnable jobs, counted up to STRANDED_CAP (``capped``: there are more).
+    runnable: int
+    capped: bool
+    #: The earliest run_at of its runnable jobs (PostgreSQL's text for a time
+    #: Python cannot hold), and how long ago (None for ``-infinity``).
+    oldest_run_at: datetime | str
+    oldest_age_seconds: float | None
+
+
+@dataclass
 class Status:
     schema: str
     revision: int | None
@@ -79,6 +117,9 @@ class Status:
     oldest_waiting: OldestWaiting | None = None
     tasks: dict[str, Counts] = field(default_factory=dict)
     queues: dict[str, QueueStatus] = field(default_factory=dict)
+    #: Tasks that no live Python worker handles, by identifier; None when not
+    #: checked (no heartbeat row: nothing to compare with).
+    stranded: list[StrandedTask] | None = None
 
 
 async def read_status(connection_string: str | None = None, *, schema: str | None = None) -> Status:
@@ -111,10 +152,48 @@ async def read_status(connection_string: str | None = None, *, schema: str | Non
                 counts = await fetch(status_statements.status_counts)
                 oldest = await fetch(status_statements.status_oldest_waiting)
                 locked_queues = await fetch(status_statements.status_locked_queues)
+                stranded = await _read_stranded(conn, schema_name)
     except psycopg.Error as exc:
         reason = one_line(exc)
         raise GraphileWorkerError(f"could not read the queue status: {reason}") from None
-    return _assemble(schema_name, revision, now, counts, oldest, locked_queues)
+    status = _assemble(schema_name, revision, now, counts, oldest, locked_queues)
+    status.stranded = stranded
+    return status
+
+
+async def _read_stranded(
+    conn: psycopg.AsyncConnection[Any], schema: str
+) -> list[StrandedTask] | None:
+    """The stranded tasks; None when no Python pool has a heartbeat row (or
+    the schema has no heartbeats table)."""
+    cur = await conn.execute(
+        statements.compose(status_statements.status_heartbeats_installed, schema),
+        {"schema": schema},
+    )
+    found = await cur.fetchone()
+    if not found or not found[0]:
+        return None
+    cur = await conn.execute(statements.compose(status_statements.status_any_heartbeat, schema))
+    if not await cur.fetchone():
+        return None
+    cur = await conn.execute(
+        statements.compose(status_statements.stranded_tasks, schema),
+        {"tasks": STRANDED_TASKS, "cap": STRANDED_CAP + 1},
+    )
+    return [stranded_task(*row) for row in await cur.fetchall()]
+
+
+def stranded_task(
+    identifier: str, runnable: int, oldest_run_at: datetime | str, age: float | None
+) -> StrandedTask:
+    """A row of ``stranded_tasks`` (read with a cap of STRANDED_CAP + 1)."""
+    return StrandedTask(
+        identifier,
+        min(int(runnable), STRANDED_CAP),
+        int(runnable) > STRANDED_CAP,
+        oldest_run_at,
+        None if age is None else round(float(age), 3),
+    )
 
 
 class DatetimeOrText(Loader):
@@ -211,6 +290,7 @@ def format_text(status: Status) -> str:
             f"Oldest waiting job: {oldest.job_id} ({oldest.task_identifier}{queue}), "
             + _due(oldest)
         )
+    lines.extend(_stranded_lines(status.stranded))
     if status.tasks:
         lines.append("")
         lines.extend(_table("task", status.tasks.items(), []))
@@ -231,6 +311,23 @@ def format_text(status: Status) -> str:
             )
         )
     return "\n".join(lines)
+
+
+def _stranded_lines(stranded: list[StrandedTask] | None) -> list[str]:
+    """``Stranded tasks: ...``, then a line per stranded task."""
+    if stranded is None:
+        return [f"Stranded tasks: {STRANDED_UNCHECKED}"]
+    if not stranded:
+        return ["Stranded tasks: none"]
+    lines = [f"Stranded tasks: {len(stranded)}  (runnable jobs, but {STRANDED_NOTE})"]
+    for task in stranded:
+        runnable = f"{task.runnable}+" if task.capped else str(task.runnable)
+        if task.oldest_age_seconds is None:
+            due = f"oldest due since {task.oldest_run_at}"
+        else:
+            due = f"oldest due for {format_age(task.oldest_age_seconds)}"
+        lines.append(f"  {task.task_identifier}: {runnable} runnable, {due}")
+    return lines
 
 
 def _due(oldest: OldestWaiting) -> str:

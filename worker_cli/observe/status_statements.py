@@ -90,3 +90,94 @@ status_locked_queues = """
 """
 
 status_now = "select now()"
+
+# Whether the schema has the Python pools' heartbeats (migrations/py/000002.sql;
+# a schema only Node's migrations installed has none).
+status_heartbeats_installed = """
+  select to_regclass(format('%%I._private_py_heartbeats', %(schema)s::text)) is not null
+"""
+
+# Whether any Python pool has a heartbeat row, live or not (the heartbeats'
+# primary key, one row at most).
+status_any_heartbeat = "select 1 from {schema}._private_py_heartbeats limit 1"
+
+# Stranded tasks: tasks with runnable jobs (not locked, attempts left, due)
+# that no live Python pool runs. A pool is live while its heartbeat is not
+# older than its timeout (the dashboard's "alive"); it runs the tasks its row
+# lists in task_identifiers. A live pool of an older version (no
+# task_identifiers) might run any task, so then nothing is flagged; nor when
+# there is no heartbeat row at all (no Python pool running, or heartbeats
+# off): there is nothing to compare with. Node workers have no heartbeat, so
+# a task only they run is flagged too.
+#
+# Bounded: at most %(tasks)s tasks not run by a live pool are examined (by
+# identifier, tasks_identifier_key), and each through
+# _private_py_jobs_task_order (migrations/py/000003.sql), as the worker's
+# fetch reads it: the task's priorities found one index descent each (a loose
+# index scan), then per priority its due jobs, a range in run_at order, at
+# most %(cap)s of them counted. So a task's future jobs, however many, are
+# never walked, and `runnable` is at most %(cap)s (counts past it are cut
+# there). oldest_age is null for a run_at of -infinity (as in
+# status_oldest_waiting).
+stranded_tasks = """
+  with live as materialized (
+    select h.task_identifiers
+    from {schema}._private_py_heartbeats as h
+    where h.beat_at >= now() - h.timeout
+  ),
+  unhandled as materialized (
+    select t.id, t.identifier
+    from {schema}._private_tasks as t
+    where exists (select 1 from {schema}._private_py_heartbeats)
+      and not exists (
+        select 1 from live as l
+        where l.task_identifiers is null or t.identifier = any(l.task_identifiers)
+      )
+    order by t.identifier
+    limit %(tasks)s
+  )
+  select u.identifier as task_identifier, least(r.runnable, %(cap)s)::bigint as runnable,
+    r.oldest_run_at,
+    case when isfinite(r.oldest_run_at)
+      then extract(epoch from now() - r.oldest_run_at)::float8 end as oldest_age
+  from unhandled as u
+  cross join lateral (
+    with recursive priorities (priority) as (
+      (
+        select j.priority
+        from {schema}._private_jobs as j
+        where j.task_id = u.id and j.locked_at is null and j.attempts < j.max_attempts
+        order by j.priority
+        limit 1
+      )
+      union all
+      select (
+        select j.priority
+        from {schema}._private_jobs as j
+        where j.task_id = u.id and j.locked_at is null and j.attempts < j.max_attempts
+          and j.priority > p.priority
+        order by j.priority
+        limit 1
+      )
+      from priorities as p
+      where p.priority is not null
+    )
+    select coalesce(sum(d.runnable), 0) as runnable, min(d.oldest) as oldest_run_at
+    from priorities as p
+    cross join lateral (
+      select count(*) as runnable, min(due.run_at) as oldest
+      from (
+        select j.run_at
+        from {schema}._private_jobs as j
+        where j.task_id = u.id and j.priority = p.priority
+          and j.locked_at is null and j.attempts < j.max_attempts
+          and j.run_at <= now()
+        order by j.run_at
+        limit %(cap)s
+      ) as due
+    ) as d
+    where p.priority is not null
+  ) as r
+  where r.runnable > 0
+  order by u.identifier
+"""
