@@ -98,3 +98,17 @@ def parse_int(text: str, name: str, low: int, high: int = SMALLINT) -> int | Non
     if not low <= value <= high:
         raise BadInput(f"{name}: must be between {low} and {high}, not {value}")
     return value
+
+
+def form_target(form: dict[str, str], *, missing: str) -> tuple[str, str]:
+    """A pause or limit form's kind (``queue`` or ``task``) and name, checked:
+    ``missing`` says what to give when the name is empty."""
+    kind = form.get("kind", "")
+    if kind not in ("queue", "task"):
+        raise BadInput(f"kind: choose queue or task, not {shown(kind)}")
+    name = checked_text(form.get("name", ""), "name").strip()
+    if not name:
+        raise BadInput(f"name: {missing}")
+    if len(name) > 128:
+        raise BadInput(f"name: {shown(name)} is longer than 128 characters")
+    return kind, name

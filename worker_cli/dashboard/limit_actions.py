@@ -29,7 +29,7 @@ from ..jobs.limits import MAX_PERIOD, MAX_RUNNING, MAX_STARTS, Limit, LimitInfo,
 from ..jobs.pauses import parse_length
 from .actions import checked_form, redirect
 from .formatting import length
-from .inputs import BadInput, checked_text, parse_int, shown
+from .inputs import BadInput, checked_text, form_target, parse_int, shown
 
 if TYPE_CHECKING:
     from .site import Site
@@ -59,16 +59,9 @@ def routes(dashboard: Site) -> list[Route]:
 
 def _target(form: dict[str, str]) -> tuple[str, str]:
     """The form's kind (``queue`` or ``task``) and name, checked."""
-    kind = form.get("kind", "")
-    if kind not in ("queue", "task"):
-        raise BadInput(f"kind: choose queue or task, not {shown(kind)}")
-    name = checked_text(form.get("name", ""), "name").strip()
-    if not name:
-        raise BadInput("name: give a queue's name or a task identifier")
+    kind, name = form_target(form, missing="give a queue's name or a task identifier")
     if name == "*":
         raise BadInput("name: a limit names one task or queue, not '*'")
-    if len(name) > 128:
-        raise BadInput(f"name: {shown(name)} is longer than 128 characters")
     return kind, name
 
 

@@ -25,9 +25,9 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from ..errors import JobSpecError
-from ..jobs.pauses import parse_length, pause_params, target
+from ..jobs.pauses import parse_length, pause_params
 from .actions import checked_form, redirect
-from .inputs import BadInput, checked_text, parse_time, shown
+from .inputs import BadInput, checked_text, form_target, parse_time, shown
 
 if TYPE_CHECKING:
     from .site import Site
@@ -59,17 +59,7 @@ def routes(dashboard: Site) -> list[Route]:
 
 def _target(form: dict[str, str]) -> tuple[str, str]:
     """The form's kind (``queue`` or ``task``) and name, checked."""
-    kind = form.get("kind", "")
-    if kind not in ("queue", "task"):
-        raise BadInput(f"kind: choose queue or task, not {shown(kind)}")
-    name = checked_text(form.get("name", ""), "name").strip()
-    if not name:
-        raise BadInput("name: give a queue's name or a task identifier (* for every one)")
-    try:
-        target(name if kind == "queue" else None, name if kind == "task" else None)
-    except JobSpecError as exc:
-        raise BadInput(f"name: {shown(name)} is longer than 128 characters") from exc
-    return kind, name
+    return form_target(form, missing="give a queue's name or a task identifier (* for every one)")
 
 
 def pause_request(form: dict[str, str], now: datetime) -> dict[str, Any]:
