@@ -197,6 +197,27 @@ async def test_a_payload_python_cannot_read_fails_its_job_alone(db: str, kind: s
     )
 
 
+@pytest.mark.parametrize("kind", sorted(UNREADABLE_PAYLOADS))
+async def test_an_unreadable_payload_under_a_limit_fails_its_job_alone(db: str, kind: str) -> None:
+    """The same through the fetch of limited jobs (py_fetch_limited_jobs), with
+    a limit partitioned by a payload field the poison payload cannot give."""
+    rows(
+        db,
+        "select graphile_worker.py_set_limit('task', 'good', max_running => 5, "
+        "max_starts => 1000, period => '1 second', partition_by => 'n')",
+    )
+    ran: Counter[int] = Counter()
+    before = [add(db, f"'good', '{{\"n\": {n}}}'") for n in range(3)]
+    bad = add(db, f"'good', {UNREADABLE_PAYLOADS[kind]}, max_attempts := 4")
+    after = [add(db, f"'good', '{{\"n\": {n}}}', queue_name := 'q'") for n in range(3)]
+    assert await drain(db, {"good": innocent(ran)}) == 0
+    assert ran == Counter(before + after)
+    [row] = left(db)
+    assert row["id"] == bad and row["locked_by"] is None
+    assert row["attempts"] == row["max_attempts"] == 4
+    assert row["last_error"].startswith("UnreadableJobError: payload: cannot be read")
+
+
 @pytest.mark.parametrize("run_at", ["-infinity", "0044-03-15 BC"])
 async def test_a_job_due_before_year_1_runs(db: str, run_at: str) -> None:
     ran: Counter[int] = Counter()
