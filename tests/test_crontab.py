@@ -154,7 +154,7 @@ INVALID = [
     ("* * * * * t ?queue=" + "q" * 129, "queue '" + "q" * 40 + "'... is 129 characters long"),
     (
         "* * * * * t {a: Infinity}",
-        "the payload cannot be sent as JSON (Out of range float values are not JSON compliant)",
+        "the payload cannot be sent as JSON (Out of range float values are not JSON compliant",
     ),
     ("* * * * * t {a: NaN}", "the payload cannot be sent as JSON"),
     ("* * * * * t {a: 1e999}", "the payload cannot be sent as JSON"),
