@@ -140,7 +140,7 @@ def test_the_bounds_themselves_are_accepted(
 ) -> None:
     monkeypatch.chdir(tmp_path)  # no pyproject.toml
     captured = Captured()
-    monkeypatch.setattr(cli_module, "_run_worker", captured)
+    monkeypatch.setattr(cli_module, "run_worker", captured)
     monkeypatch.setattr(cli_module.logs, "configure", lambda *args, **kwargs: None)
     args = [
         "-j", "10000", "-m", "262143", "--local-queue-size", "100000", "--poll-interval",

@@ -59,7 +59,7 @@ class Captured:
 def worker(monkeypatch: pytest.MonkeyPatch) -> Captured:
     """Run the command in-process up to the point where it starts the worker."""
     captured = Captured()
-    monkeypatch.setattr(cli_module, "_run_worker", captured)
+    monkeypatch.setattr(cli_module, "run_worker", captured)
     monkeypatch.setattr(cli_module.logs, "configure", lambda *args, **kwargs: None)
     return captured
 

@@ -66,6 +66,59 @@ def _parse_cleanup(_ctx: click.Context, _param: click.Parameter, value: str | No
     return names
 
 
+#: Options the Django worker command (worker_cli.contrib.django) shares.
+log_format_option = click.option(
+    "--log-format",
+    type=click.Choice(LOG_FORMATS),
+    default="text",
+    show_default=True,
+    envvar="GRAPHILE_WORKER_LOG_FORMAT",
+    show_envvar=True,
+    help="Log lines as text, or as JSON objects (one per line, with the job's fields).",
+)
+
+progress_interval_option = click.option(
+    "--progress-interval",
+    type=number(0, MAX_PROGRESS_INTERVAL),
+    default=5.0,
+    show_default=True,
+    metavar="SECONDS",
+    envvar="GRAPHILE_WORKER_PROGRESS_INTERVAL",
+    show_envvar=True,
+    help="With --once: log jobs done, rate and jobs remaining this often (0: never; "
+    f"at most {MAX_PROGRESS_INTERVAL}).",
+)
+
+metrics_port_option = click.option(
+    "--metrics-port",
+    type=click.IntRange(0, 65535),
+    metavar="PORT",
+    envvar="GRAPHILE_WORKER_METRICS_PORT",
+    show_envvar=True,
+    help="Serve Prometheus metrics at http://HOST:PORT/metrics (0: any free port, logged). "
+    "Needs graphile-worker[metrics].",
+)
+
+metrics_host_option = click.option(
+    "--metrics-host",
+    metavar="HOST",
+    default="127.0.0.1",
+    show_default=True,
+    envvar="GRAPHILE_WORKER_METRICS_HOST",
+    show_envvar=True,
+    help="Address the metrics are served on (0.0.0.0: every interface).",
+)
+
+tracing_option = click.option(
+    "--tracing",
+    is_flag=True,
+    envvar="GRAPHILE_WORKER_TRACING",
+    show_envvar=True,
+    help="An OpenTelemetry span per job, child of the span that added it. Needs "
+    "graphile-worker[otel] and an SDK (e.g. run under opentelemetry-instrument).",
+)
+
+
 @click.group(
     context_settings=CONTEXT_SETTINGS,
     invoke_without_command=True,
@@ -110,52 +163,11 @@ def _parse_cleanup(_ctx: click.Context, _param: click.Parameter, value: str | No
     show_default=True,
     help="Folder of task files (.py modules with a `task` function, or executables).",
 )
-@click.option(
-    "--log-format",
-    type=click.Choice(LOG_FORMATS),
-    default="text",
-    show_default=True,
-    envvar="GRAPHILE_WORKER_LOG_FORMAT",
-    show_envvar=True,
-    help="Log lines as text, or as JSON objects (one per line, with the job's fields).",
-)
-@click.option(
-    "--progress-interval",
-    type=number(0, MAX_PROGRESS_INTERVAL),
-    default=5.0,
-    show_default=True,
-    metavar="SECONDS",
-    envvar="GRAPHILE_WORKER_PROGRESS_INTERVAL",
-    show_envvar=True,
-    help="With --once: log jobs done, rate and jobs remaining this often (0: never; "
-    f"at most {MAX_PROGRESS_INTERVAL}).",
-)
-@click.option(
-    "--metrics-port",
-    type=click.IntRange(0, 65535),
-    metavar="PORT",
-    envvar="GRAPHILE_WORKER_METRICS_PORT",
-    show_envvar=True,
-    help="Serve Prometheus metrics at http://HOST:PORT/metrics (0: any free port, logged). "
-    "Needs graphile-worker[metrics].",
-)
-@click.option(
-    "--metrics-host",
-    metavar="HOST",
-    default="127.0.0.1",
-    show_default=True,
-    envvar="GRAPHILE_WORKER_METRICS_HOST",
-    show_envvar=True,
-    help="Address the metrics are served on (0.0.0.0: every interface).",
-)
-@click.option(
-    "--tracing",
-    is_flag=True,
-    envvar="GRAPHILE_WORKER_TRACING",
-    show_envvar=True,
-    help="An OpenTelemetry span per job, child of the span that added it. Needs "
-    "graphile-worker[otel] and an SDK (e.g. run under opentelemetry-instrument).",
-)
+@log_format_option
+@progress_interval_option
+@metrics_port_option
+@metrics_host_option
+@tracing_option
 @click.option(
     "--embedded-db",
     metavar="DIR",
@@ -193,14 +205,14 @@ def command(
         return
     if once and schema_only:
         raise click.UsageError("--once and --schema-only cannot be used together")
-    settings = _worker_settings(ctx, worker_flags)
+    settings = worker_settings(ctx, worker_flags)
     logs.configure(log_format)
     if embedded_db is not None:  # runs until the command ends
         from ..embedded import use_embedded_database
 
         connection = use_embedded_database(embedded_db, connection)
     if schema_only:
-        _migrate_only(connection, settings["schema"])
+        migrate_only(connection, settings["schema"])
     elif cleanup:
         _clean(connection, settings["schema"], cleanup)
     else:
@@ -208,8 +220,8 @@ def command(
         if crontab_file is None and Path("crontab").is_file():
             crontab_file = Path("crontab")
         if metrics_port is not None:
-            settings["metrics_registry"] = _serve_metrics(metrics_port, metrics_host)
-        _run_worker(
+            settings["metrics_registry"] = metrics_registry(metrics_port, metrics_host)
+        run_worker(
             connection,
             settings,
             task_directory=tasks_dir,
@@ -220,7 +232,7 @@ def command(
         )
 
 
-def _worker_settings(ctx: click.Context, flags: dict[str, Any]) -> dict[str, Any]:
+def worker_settings(ctx: click.Context, flags: dict[str, Any]) -> dict[str, Any]:
     """The worker flags' values as ``run()`` keywords (in the fields' units),
     checked together as WorkerOptions checks them; an error also names the
     config file's keys among the fields it names."""
@@ -235,7 +247,7 @@ def _worker_settings(ctx: click.Context, flags: dict[str, Any]) -> dict[str, Any
     return settings
 
 
-def _serve_metrics(port: int, host: str) -> Any:
+def metrics_registry(port: int, host: str) -> Any:
     """``--metrics-port``: serve /metrics (from a thread, until the process
     ends); returns the registry the worker's metrics go into."""
     try:
@@ -246,7 +258,7 @@ def _serve_metrics(port: int, host: str) -> Any:
         raise failure(exc) from None
 
 
-def _migrate_only(connection: str | None, schema: str) -> None:
+def migrate_only(connection: str | None, schema: str) -> None:
     """``--schema-only``."""
     from ..runner import run_migrations
 
@@ -270,7 +282,7 @@ def _clean(connection: str | None, schema: str, tasks: list[str]) -> None:
     click.echo(f"Cleanup done: {', '.join(tasks)}.")
 
 
-def _run_worker(connection: str | None, settings: dict[str, Any], **run_options: Any) -> None:
+def run_worker(connection: str | None, settings: dict[str, Any], **run_options: Any) -> None:
     """The worker (``--once`` too); exits with its exit code."""
     from ..runner import run
 
