@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -156,3 +157,17 @@ def node() -> NodeWorker:
 def node_factory() -> object:
     """Install another graphile-worker version from npm: ``node_factory("0.16.6")``."""
     return _node
+
+
+#: The Django 6 suite runs in a pytest process of its own (tests/test_django_tasks.py).
+_DJANGO_SUITE = Path(__file__).resolve().parent / "django_tasks"
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """Leave tests/django_tasks out unless it was named on the command line:
+    Django is configured once per process, and the README's Django recipe
+    (tests/test_python_apps.py) configures it otherwise."""
+    if collection_path != _DJANGO_SUITE:
+        return None
+    named = [Path(arg.split("::")[0]).resolve() for arg in config.args]
+    return not any(path == _DJANGO_SUITE or _DJANGO_SUITE in path.parents for path in named)

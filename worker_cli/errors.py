@@ -12,6 +12,7 @@ __all__ = [
     "GraphileWorkerError",
     "IncompatibleSchemaError",
     "JobCancelled",
+    "JobLost",
     "JobSpecError",
     "JobTimeout",
     "MigrationError",
@@ -118,3 +119,10 @@ class JobTimeout(GraphileWorkerError):
         super().__init__(f"exceeded {timeout:g}s")
         #: The timeout, in seconds.
         self.timeout = timeout
+
+
+class JobLost(GraphileWorkerError):
+    """An attempt that ended without an outcome: its worker was killed or lost
+    before writing one, or the job was removed from the queue (or failed for
+    good by an administrator) before it ran again. Where a result is kept per
+    attempt (a Django ``TaskResult``), it is that attempt's error."""

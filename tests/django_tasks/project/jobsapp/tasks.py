@@ -1,0 +1,91 @@
+"""The test project's tasks; each appends what it does to the file JOBS_LOG."""
+
+import asyncio
+import os
+import threading
+import time
+
+from django.tasks import task
+
+
+def log(*parts: object) -> None:
+    path = os.environ.get("JOBS_LOG")
+    if path:
+        with open(path, "a", encoding="utf-8") as file:
+            file.write(" ".join(map(str, parts)) + f" @{time.time():.3f}\n")
+
+
+@task
+def add(a: int, b: int) -> int:
+    log("add", a, b)
+    return a + b
+
+
+@task
+def record(name: str, sleep: float = 0.0) -> str:
+    log("start", name, os.getpid())
+    time.sleep(sleep)
+    log("end", name)
+    return name
+
+
+@task(queue_name="emails")
+def send_email(to: str) -> None:
+    log("email", to)
+
+
+@task
+def fail(message: str) -> None:
+    raise ValueError(message)
+
+
+@task(takes_context=True, max_attempts=2)
+def flaky(context, succeed_on: int) -> int:  # type: ignore[no-untyped-def]
+    log("flaky", context.attempt)
+    if context.attempt < succeed_on:
+        raise RuntimeError(f"attempt {context.attempt} fails")
+    return context.attempt
+
+
+@task(takes_context=True, max_attempts=2)
+def hang_first(context, marker: str) -> str:  # type: ignore[no-untyped-def]
+    log("hang_first", marker, context.attempt, os.getpid())
+    if context.attempt == 1:
+        time.sleep(120)
+    return f"attempt {context.attempt}"
+
+
+@task
+def hang(marker: str) -> None:
+    log("hang", marker, os.getpid())
+    time.sleep(120)
+
+
+@task(takes_context=True)
+def with_context(context) -> dict[str, object]:  # type: ignore[no-untyped-def]
+    return {"id": context.task_result.id, "attempt": context.attempt}
+
+
+@task
+async def async_add(a: int, b: int) -> int:
+    await asyncio.sleep(0.01)
+    log("async_add", a, b, threading.current_thread() is threading.main_thread())
+    return a + b
+
+
+@task
+def bad_return() -> object:
+    return {1, 2}
+
+
+def not_a_task(path: str) -> None:
+    """A plain function: a job naming it must never call it."""
+    with open(path, "w", encoding="utf-8") as file:
+        file.write("called")
+
+
+@task(max_attempts=3)
+def gives_up(reason: str) -> None:
+    from worker_cli.tasks.retry import Discard
+
+    raise Discard(reason)

@@ -1,0 +1,48 @@
+"""Settings of the Django 6 test project: its database is DJANGO_DATABASE_URL,
+a second alias ``bare`` (DJANGO_BARE_DATABASE_URL) has no schema."""
+
+import os
+
+from psycopg.conninfo import conninfo_to_dict
+
+
+def _database(url: str) -> dict[str, object]:
+    params = conninfo_to_dict(url)
+    return {
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": params.get("dbname", ""),
+        "USER": params.get("user", ""),
+        "PASSWORD": params.get("password", ""),
+        "HOST": params.get("host", ""),
+        "PORT": params.get("port", ""),
+    }
+
+
+SECRET_KEY = "test"
+DEBUG = False
+USE_TZ = True
+TIME_ZONE = "UTC"
+ALLOWED_HOSTS = ["*"]
+ROOT_URLCONF = "site_urls"
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+INSTALLED_APPS = ["worker_cli.contrib.django", "jobsapp"]
+DATABASES = {
+    "default": _database(os.environ["DJANGO_DATABASE_URL"]),
+    "bare": _database(os.environ.get("DJANGO_BARE_DATABASE_URL", "postgres:///bare")),
+}
+TASKS = {
+    "default": {
+        "BACKEND": "worker_cli.contrib.django.GraphileWorkerBackend",
+        "QUEUES": ["default", "emails"],
+    },
+    "bare": {
+        "BACKEND": "worker_cli.contrib.django.GraphileWorkerBackend",
+        "OPTIONS": {"database": "bare"},
+    },
+}
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "loggers": {"django.tasks": {"handlers": ["console"], "level": "DEBUG"}},
+}

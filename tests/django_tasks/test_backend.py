@@ -1,0 +1,198 @@
+"""The backend in the application's process: enqueue, get_result, validation,
+transactions, checks (no worker runs here)."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import math
+import pickle
+import uuid
+
+import pytest
+from conftest import log_lines
+from dbhelpers import rows, value
+
+pytestmark = pytest.mark.db
+
+JOBS = "graphile_worker._private_jobs"
+RESULTS = "graphile_worker._private_py_django_results"
+
+
+def counts(url: str) -> tuple[int, int]:
+    return value(url, f"select count(*) from {JOBS}"), value(url, f"select count(*) from {RESULTS}")
+
+
+def test_flags_and_backend(site: str) -> None:
+    from django.tasks import task_backends
+
+    from worker_cli.contrib.django import GraphileWorkerBackend
+
+    backend = task_backends["default"]
+    assert isinstance(backend, GraphileWorkerBackend)
+    assert backend.supports_defer and backend.supports_async_task
+    assert backend.supports_get_result and backend.supports_priority
+
+
+def test_enqueue_gives_a_ready_result_equal_to_get_result(site: str) -> None:
+    from django.db import connection
+    from django.tasks import TaskResultStatus
+    from django.test.utils import CaptureQueriesContext
+    from jobsapp.tasks import add
+
+    with CaptureQueriesContext(connection) as queries:
+        result = add.using(priority=7).enqueue(2, b=3)
+    assert len(queries) == 1  # the job and its result row in one statement
+    assert result.status == TaskResultStatus.READY
+    assert len(result.id) < 64 and uuid.UUID(result.id)
+    assert result.args == [2] and result.kwargs == {"b": 3}
+    assert result.attempts == 0 and result.errors == [] and result.worker_ids == []
+    assert result.enqueued_at is not None and result.started_at is None
+    assert add.get_result(result.id) == result
+    assert asyncio.run(add.aget_result(result.id)) == result
+    assert pickle.loads(pickle.dumps(result)) == result
+    # The job: django:<queue>, no graphile queue (Django queues are not serial),
+    # graphile's priority is Django's negated, the backend's max_attempts (1).
+    [job] = rows(
+        site,
+        f"select t.identifier, j.job_queue_id, j.priority, j.max_attempts, j.payload "
+        f"from {JOBS} j join graphile_worker._private_tasks t on t.id = j.task_id",
+    )
+    assert job["identifier"] == "django:default" and job["job_queue_id"] is None
+    assert job["priority"] == -7 and job["max_attempts"] == 1
+    assert job["payload"] == {"result_id": result.id, "task": "jobsapp.tasks.add"}
+    assert log_lines() == [f"signal enqueued {result.id} GraphileWorkerBackend READY"]
+
+
+def test_run_after_and_task_max_attempts(site: str) -> None:
+    from jobsapp.tasks import flaky
+
+    when = dt.datetime.now(dt.timezone(dt.timedelta(hours=2))) + dt.timedelta(hours=1)
+    result = flaky.using(run_after=when).enqueue(succeed_on=1)
+    assert flaky.get_result(result.id) == result
+    job = rows(site, f"select run_at, max_attempts from {JOBS}")[0]
+    assert job["run_at"] == when and job["max_attempts"] == 2  # @task(max_attempts=2)
+
+
+def test_bad_arguments_raise_type_error_and_write_nothing(site: str) -> None:
+    from jobsapp.tasks import record
+
+    for bad in (dt.datetime.now(), {1, 2}, object(), math.nan, math.inf):
+        with pytest.raises(TypeError):
+            record.enqueue(bad)
+    assert counts(site) == (0, 0)
+
+
+def test_unknown_and_malformed_ids_do_not_exist_and_keep_the_transaction(site: str) -> None:
+    from django.db import transaction
+    from django.tasks.exceptions import TaskResultDoesNotExist
+    from jobsapp.tasks import add
+
+    with transaction.atomic():
+        for bad in ("123", "", "not-a-uuid", str(uuid.uuid4()), "x" * 100):
+            with pytest.raises(TaskResultDoesNotExist):
+                add.get_result(bad)
+        result = add.enqueue(1, 1)  # the transaction still works
+    assert add.get_result(result.id).id == result.id
+
+
+def test_rollback_enqueues_nothing_and_uncommitted_is_invisible(site: str) -> None:
+    from django.db import transaction
+    from django.tasks.exceptions import TaskResultDoesNotExist
+    from jobsapp.tasks import add
+
+    class Boom(Exception):
+        pass
+
+    with pytest.raises(Boom), transaction.atomic():
+        result = add.enqueue(1, 2)
+        assert add.get_result(result.id) == result  # seen in its own transaction
+        assert counts(site) == (0, 0)  # but not by another connection
+        raise Boom
+    assert counts(site) == (0, 0)
+    with pytest.raises(TaskResultDoesNotExist):
+        add.get_result(result.id)
+    with transaction.atomic():
+        add.enqueue(1, 2)
+        assert counts(site) == (0, 0)
+    assert counts(site) == (1, 1)
+
+
+def test_validation_is_djangos(site: str) -> None:
+    from django.tasks.exceptions import InvalidTask
+    from jobsapp.tasks import add
+
+    with pytest.raises(InvalidTask, match="Queue 'nope' is not valid"):
+        add.using(queue_name="nope")
+    with pytest.raises(InvalidTask):
+        add.using(priority=101)
+    with pytest.raises(InvalidTask, match="aware"):
+        add.using(run_after=dt.datetime(2030, 1, 1))  # naive with USE_TZ
+    assert counts(site) == (0, 0)
+
+
+def test_aenqueue_from_async_code(site: str) -> None:
+    from jobsapp.tasks import add
+
+    async def view() -> str:
+        result = await add.aenqueue(4, 5)
+        fetched = await add.aget_result(result.id)
+        assert fetched == result
+        return result.id
+
+    result_id = asyncio.run(view())
+    assert value(site, f"select count(*) from {RESULTS} where id = %s", [result_id]) == 1
+
+
+def test_a_job_of_another_task_is_a_mismatch(site: str) -> None:
+    from django.tasks.exceptions import TaskResultMismatch
+    from jobsapp.tasks import add, record
+
+    result = add.enqueue(1, 2)
+    with pytest.raises(TaskResultMismatch):
+        record.get_result(result.id)
+
+
+def test_checks(site: str) -> None:
+    from django.core import checks
+    from django.tasks import task_backends
+    from django.test import override_settings
+
+    def ids(databases: list[str] | None = None) -> list[str]:
+        return [m.id for m in checks.run_checks(databases=databases) if m.id.startswith("graphile")]
+
+    assert ids(["default"]) == []
+    # The alias "bare" points at a database without the schema.
+    assert task_backends["bare"].check(databases=["bare"])[0].id == "graphile_worker.W002"
+    assert "is not installed" in task_backends["bare"].check(databases=["bare"])[0].msg
+    with override_settings(
+        TASKS={
+            "default": {
+                "BACKEND": "worker_cli.contrib.django.GraphileWorkerBackend",
+                "QUEUES": ["default", "q" * 130],
+            }
+        },
+        INSTALLED_APPS=["jobsapp"],
+    ):
+        assert ids() == ["graphile_worker.E001", "graphile_worker.E003"]
+
+
+def test_bad_options_are_one_clear_error(site: str) -> None:
+    from django.core.exceptions import ImproperlyConfigured
+
+    from worker_cli.contrib.django import GraphileWorkerBackend
+
+    with pytest.raises(ImproperlyConfigured, match="unknown key 'databse'"):
+        GraphileWorkerBackend("x", {"OPTIONS": {"databse": "default"}})
+    with pytest.raises(ImproperlyConfigured, match="max_attempts"):
+        GraphileWorkerBackend("x", {"OPTIONS": {"max_attempts": 0}})
+
+
+def test_a_missing_schema_says_what_to_run(site: str) -> None:
+    from django.core.exceptions import ImproperlyConfigured
+    from django.db import connections
+    from jobsapp.tasks import add
+
+    with pytest.raises(ImproperlyConfigured, match="graphile_worker --schema-only"):
+        add.using(backend="bare").enqueue(1, 2)
+    connections["bare"].close()

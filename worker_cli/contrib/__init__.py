@@ -1,0 +1,1 @@
+"""Integrations with frameworks (each an optional extra): :mod:`.django`."""

@@ -1,0 +1,107 @@
+"""The SQL of the Django backend and its worker, each statement named for what
+it does. They are rendered to text for Django's cursor (``%s`` parameters,
+psycopg 3 or psycopg2 alike) with the schema quoted by ``sql.Identifier``."""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import LiteralString
+
+from psycopg import sql
+
+__all__ = ["RESULT_COLUMNS", "compose", "render"]
+
+#: The columns every statement returning a result row gives, in this order
+#: (:func:`worker_cli.contrib.django.results.StoredResult.from_row`). The
+#: JSON ones are read as text: Django's psycopg 3 connections return jsonb
+#: undecoded, and their key order is kept.
+RESULT_COLUMNS: LiteralString = """
+  r.id::text, r.job_id, r.backend, r.queue_name, r.task_path, r.priority, r.run_after,
+  r.args::text, r.kwargs::text, r.status, r.enqueued_at, r.started_at, r.last_attempted_at,
+  r.finished_at, r.return_value::text, r.errors::text, r.worker_ids"""
+
+#: Add the job and its result row in one statement (in the caller's
+#: transaction); returns when it was enqueued. Parameters: identifier,
+#: payload, run_at, max_attempts, job priority; id, backend, queue name,
+#: task path, Django priority, run_after, args, kwargs.
+enqueue: LiteralString = """
+insert into {schema}._private_py_django_results as r (
+  id, job_id, backend, queue_name, task_path, priority, run_after, args, kwargs
+)
+select %s::uuid, j.id, %s, %s, %s, %s, %s, %s::json, %s::json
+from {schema}.add_job(
+  %s, %s::json, run_at => %s, max_attempts => %s, priority => %s
+) as j
+returning r.enqueued_at"""
+
+#: A result row with the state of its job (``py_job_status``: 'running',
+#: 'failed', 'cancelled', 'unknown', ...), the job's last error and, for a
+#: cancelled job, its reason. Parameter: the result id.
+read_result: LiteralString = (
+    "select "
+    + RESULT_COLUMNS
+    + """,
+  s.state, s.last_error, s.cancel_reason, s.finished_at
+from {schema}._private_py_django_results as r
+left join lateral {schema}.py_job_status(r.job_id) as s on true
+where r.id = %s::uuid"""
+)
+
+#: An attempt starts: RUNNING, this pool appended to worker_ids; an attempt
+#: still marked RUNNING (its worker was lost) is recorded as a failed one.
+#: Parameters: the lost attempt's error (JSON), the worker id, the result id.
+mark_running: LiteralString = (
+    """
+update {schema}._private_py_django_results as r
+set status = 'RUNNING',
+  errors = case when r.status = 'RUNNING' then r.errors || %s::jsonb else r.errors end,
+  started_at = coalesce(r.started_at, now()),
+  last_attempted_at = now(),
+  worker_ids = r.worker_ids || %s::text
+where r.id = %s::uuid and r.status in ('READY', 'RUNNING')
+returning """
+    + RESULT_COLUMNS
+)
+
+#: An attempt succeeded. Parameters: the return value (JSON), the result id.
+mark_successful: LiteralString = """
+update {schema}._private_py_django_results as r
+set status = 'SUCCESSFUL', return_value = %s::json, finished_at = now()
+where r.id = %s::uuid
+returning r.finished_at"""
+
+#: An attempt failed: READY when the job will run again, else FAILED.
+#: Parameters: the status, the error (JSON), the result id.
+mark_failed: LiteralString = """
+update {schema}._private_py_django_results as r
+set status = u.status, errors = r.errors || u.error,
+  finished_at = case when u.status = 'FAILED' then now() end
+from (select %s::text as status, %s::jsonb as error) as u
+where r.id = %s::uuid
+returning r.finished_at"""
+
+#: Delete finished results older than a number of seconds, at most 1,000 rows.
+prune: LiteralString = """
+delete from {schema}._private_py_django_results as r
+where r.id in (
+  select x.id from {schema}._private_py_django_results as x
+  where x.finished_at < now() - make_interval(secs => %s)
+  limit 1000
+)"""
+
+#: Whether the results table exists (the schema is installed and migrated).
+#: Parameter: the schema name.
+results_table_exists: LiteralString = """
+select to_regclass(quote_ident(%s) || '._private_py_django_results') is not null"""
+
+
+@cache
+def compose(statement: LiteralString, schema: str) -> sql.Composed:
+    """``statement`` with ``{schema}`` quoted (for the worker's psycopg connections)."""
+    return sql.SQL(statement).format(schema=sql.Identifier(schema))
+
+
+@cache
+def render(statement: LiteralString, schema: str) -> str:
+    """``statement`` with ``{schema}`` quoted, as text for Django's cursor."""
+    return compose(statement, schema).as_string(None)

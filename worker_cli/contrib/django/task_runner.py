@@ -1,0 +1,154 @@
+"""What the worker runs for a job of ``django:<queue>``: the Django Task its
+result row names, with Django's signals and connection handling around it.
+
+It is a plain ``def`` task, so each job runs in its slot's thread: a sync
+Django task is called there (``close_old_connections()`` before and after,
+as Django does around a request), an async one is awaited on the worker's
+event loop. The row is written through the worker's own pool: RUNNING when
+the attempt starts, then SUCCESSFUL, READY (it will run again) or FAILED.
+Only a Django ``Task`` object is ever called: a job naming anything else
+(``subprocess.check_output``) fails for good and runs nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import json
+import traceback
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from django.db import close_old_connections
+from django.tasks.base import TaskContext, TaskResult
+from django.tasks.signals import task_finished, task_started
+from django.utils.json import normalize_json
+
+from ...tasks.helpers import Helpers
+from ...tasks.retry import Cancel, Discard
+from . import statements
+from .results import StoredResult, django_time, error_record, lost_attempt
+
+__all__ = ["make_task_runner"]
+
+
+def make_task_runner(schema: str, sender: type) -> Callable[[Any, Helpers], None]:
+    """The task function of the ``django:<queue>`` identifiers: results in
+    ``schema``, signals sent by ``sender`` (the backend's class)."""
+
+    def run_django_task(payload: Any, helpers: Helpers) -> None:
+        result_id = _result_id(payload)
+        stored = helpers.run(_mark_running(helpers, schema, result_id))
+        if stored is None:
+            raise Discard(f"no unfinished Django task result {result_id} for this job")
+        try:
+            task = stored.task()
+        except Exception as exc:  # cannot start (not a Task, not importable): for good
+            helpers.run(_mark_failed(helpers, schema, result_id, "FAILED", _error(exc)))
+            raise Discard(f"cannot run {stored.task_path!r}: {exc}") from exc
+        running = stored.task_result(task)
+        close_old_connections()
+        try:
+            task_started.send(sender=sender, task_result=running)
+            args = (
+                (TaskContext(task_result=running), *stored.args)
+                if task.takes_context
+                else (*stored.args,)
+            )
+            if inspect.iscoroutinefunction(task.func):
+                value = helpers.run(task.acall(*args, **stored.kwargs))
+            else:
+                value = task.call(*args, **stored.kwargs)
+            value = normalize_json(value)
+            value_json = json.dumps(value, allow_nan=False)
+        except BaseException as exc:
+            job = helpers.job
+            # No attempt follows the last one, a cancel, or a task's Discard or Cancel.
+            final = (
+                job.attempts >= job.max_attempts
+                or helpers.cancelled
+                or isinstance(exc, Discard | Cancel)
+            )
+            status = "FAILED" if final else "READY"
+            error = _error(exc)
+            finished_at = helpers.run(_mark_failed(helpers, schema, result_id, status, error))
+            if final:
+                failed = _after(stored, running, status, finished_at, error=error)
+                task_finished.send(sender=sender, task_result=failed.task_result(task))
+            raise
+        else:
+            finished_at = helpers.run(_mark_successful(helpers, schema, result_id, value_json))
+            done = _after(stored, running, "SUCCESSFUL", finished_at, value=value)
+            task_finished.send(sender=sender, task_result=done.task_result(task))
+        finally:
+            close_old_connections()
+
+    return run_django_task
+
+
+def _result_id(payload: Any) -> str:
+    raw = payload.get("result_id") if isinstance(payload, dict) else None
+    try:
+        return str(uuid.UUID(raw))
+    except (TypeError, ValueError, AttributeError):
+        raise Discard("not a Django task job: its payload has no valid result_id") from None
+
+
+def _error(exc: BaseException) -> dict[str, str]:
+    kind = type(exc)
+    return error_record(
+        f"{kind.__module__}.{kind.__qualname__}", "".join(traceback.format_exception(exc))
+    )
+
+
+def _after(
+    stored: StoredResult,
+    running: TaskResult,
+    status: str,
+    finished_at: Any,
+    *,
+    value: Any = None,
+    error: dict[str, str] | None = None,
+) -> StoredResult:
+    """The row as the attempt left it (what was just written)."""
+    return dataclasses.replace(
+        stored,
+        status=status,
+        started_at=running.started_at,
+        last_attempted_at=running.last_attempted_at,
+        finished_at=django_time(finished_at),
+        return_value=value,
+        errors=[*stored.errors, error] if error else stored.errors,
+    )
+
+
+async def _mark_running(helpers: Helpers, schema: str, result_id: str) -> StoredResult | None:
+    async with helpers.with_pg_client() as conn:
+        cursor = await conn.execute(
+            statements.compose(statements.mark_running, schema),
+            [json.dumps([lost_attempt()]), helpers.worker_id, result_id],
+        )
+        row = await cursor.fetchone()
+    return None if row is None else StoredResult.from_row(row)
+
+
+async def _mark_successful(helpers: Helpers, schema: str, result_id: str, value: str) -> Any:
+    async with helpers.with_pg_client() as conn:
+        cursor = await conn.execute(
+            statements.compose(statements.mark_successful, schema), [value, result_id]
+        )
+        row = await cursor.fetchone()
+    return None if row is None else row[0]
+
+
+async def _mark_failed(
+    helpers: Helpers, schema: str, result_id: str, status: str, error: dict[str, str]
+) -> Any:
+    async with helpers.with_pg_client() as conn:
+        cursor = await conn.execute(
+            statements.compose(statements.mark_failed, schema),
+            [status, json.dumps([error]), result_id],
+        )
+        row = await cursor.fetchone()
+    return None if row is None else row[0]
