@@ -196,3 +196,14 @@ def test_a_missing_schema_says_what_to_run(site: str) -> None:
     with pytest.raises(ImproperlyConfigured, match="graphile_worker --schema-only"):
         add.using(backend="bare").enqueue(1, 2)
     connections["bare"].close()
+
+
+def test_the_worker_connects_with_djangos_settings(site: str) -> None:
+    from psycopg.conninfo import conninfo_to_dict
+
+    from worker_cli.contrib.django.connection import conninfo_of
+
+    params = conninfo_to_dict(conninfo_of("default"))
+    expected = conninfo_to_dict(site)
+    assert params["dbname"] == expected["dbname"] and params["host"] == expected["host"]
+    assert "cursor_factory" not in params and "context" not in params

@@ -170,6 +170,25 @@ def test_retries_with_max_attempts(site: str) -> None:
     assert failed.started_at < failed.last_attempted_at
 
 
+def test_a_finished_task_whose_job_runs_again_is_not_run_again(site: str) -> None:
+    """The worker wrote the outcome, then stopped before the job's completion:
+    the job runs again (at least once), the task does not."""
+    from django.tasks import TaskResultStatus
+    from jobsapp.tasks import add
+
+    enqueued = add.enqueue(3, 4)
+    run_once()
+    value(
+        site,
+        "select 1 from graphile_worker.add_job('django:default', %s::json)",
+        [json.dumps({"result_id": enqueued.id, "task": "jobsapp.tasks.add"})],
+    )
+    out = run_once()
+    assert log_lines().count("add 3 4") == 1 and "not run again" in out
+    assert value(site, f"select count(*) from {JOBS}") == 0  # the job completed
+    assert result(enqueued.id).status == TaskResultStatus.SUCCESSFUL
+
+
 def test_a_task_that_discards_is_failed_at_once(site: str) -> None:
     from django.tasks import TaskResultStatus
     from jobsapp.tasks import gives_up
@@ -298,3 +317,37 @@ def test_schema_only_and_clear_errors(site: str) -> None:
     assert done.returncode == 2 and "The connection 'nope' doesn't exist" in done.stderr
     done = manage("graphile_worker", "--schema", "other")
     assert done.returncode == 2 and "leave it out" in done.stderr
+
+
+def test_finished_results_are_pruned_after_keep_results_days(site: str) -> None:
+    from jobsapp.tasks import add, fail, record
+
+    from worker_cli.contrib.django.pruning import PRUNE_TASK, prune_cron_items
+
+    old_ok, old_failed, recent = add.enqueue(1, 1), fail.enqueue("x"), add.enqueue(2, 2)
+    run_once()
+    waiting = record.using(queue_name="emails").enqueue("still waiting")
+    value(
+        site,
+        f"update {RESULTS} set finished_at = now() - interval '15 days', "
+        "enqueued_at = now() - interval '15 days' where id = any(%s::uuid[]) returning 1",
+        [[old_ok.id, old_failed.id]],
+    )
+    value(site, f"update {RESULTS} set enqueued_at = now() - interval '30 days' where id = %s "
+          "returning 1", [waiting.id])  # fmt: skip
+    # What the hourly cron item (14 days by default) adds, run now.
+    [item] = prune_cron_items(14)
+    assert (item.task, item.minutes, dict(item.payload)) == (
+        PRUNE_TASK,
+        frozenset({17}),
+        {"seconds": 14 * 86400},
+    )
+    assert prune_cron_items(None) == []
+    value(
+        site,
+        "select 1 from graphile_worker.add_job(%s, %s::json)",
+        [PRUNE_TASK, json.dumps(dict(item.payload))],
+    )
+    run_once()
+    kept = {row["id"] for row in rows(site, f"select id::text from {RESULTS}")}
+    assert kept == {recent.id, waiting.id}  # unfinished results are never pruned

@@ -63,6 +63,10 @@ returning """
     + RESULT_COLUMNS
 )
 
+#: A result row's status. Parameter: the result id.
+read_status: LiteralString = """
+select r.status from {schema}._private_py_django_results as r where r.id = %s::uuid"""
+
 #: An attempt succeeded. Parameters: the return value (JSON), the result id.
 mark_successful: LiteralString = """
 update {schema}._private_py_django_results as r

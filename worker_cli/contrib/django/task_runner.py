@@ -41,7 +41,13 @@ def make_task_runner(schema: str, sender: type) -> Callable[[Any, Helpers], None
         result_id = _result_id(payload)
         stored = helpers.run(_mark_running(helpers, schema, result_id))
         if stored is None:
-            raise Discard(f"no unfinished Django task result {result_id} for this job")
+            status = helpers.run(_status(helpers, schema, result_id))
+            if status is None:
+                raise Discard(f"no Django task result {result_id} for this job")
+            # Its outcome was written, but not the job's completion (the worker
+            # stopped in between): the task is not run again.
+            helpers.logger.info("Django task %s is %s already: not run again", result_id, status)
+            return
         try:
             task = stored.task()
         except Exception as exc:  # cannot start (not a Task, not importable): for good
@@ -131,6 +137,13 @@ async def _mark_running(helpers: Helpers, schema: str, result_id: str) -> Stored
         )
         row = await cursor.fetchone()
     return None if row is None else StoredResult.from_row(row)
+
+
+async def _status(helpers: Helpers, schema: str, result_id: str) -> str | None:
+    async with helpers.with_pg_client() as conn:
+        cursor = await conn.execute(statements.compose(statements.read_status, schema), [result_id])
+        row = await cursor.fetchone()
+    return None if row is None else str(row[0])
 
 
 async def _mark_successful(helpers: Helpers, schema: str, result_id: str, value: str) -> Any:
