@@ -207,3 +207,49 @@ def test_the_worker_connects_with_djangos_settings(site: str) -> None:
     expected = conninfo_to_dict(site)
     assert params["dbname"] == expected["dbname"] and params["host"] == expected["host"]
     assert "cursor_factory" not in params and "context" not in params
+
+
+NAIVE_TIMES = """
+import datetime as dt
+from jobsapp.tasks import add
+when = dt.datetime(2031, 6, 1, 12, 30)  # naive: Europe/Paris (TIME_ZONE), USE_TZ = False
+result = add.using(run_after=when).enqueue(1, 2)
+again = add.get_result(result.id)
+assert again == result, (again, result)
+assert again.task.run_after == when and again.enqueued_at.tzinfo is None
+print(result.id)
+"""
+
+#: After the worker ran started_tzinfo: the times it gave the task were naive too.
+NAIVE_IN_THE_WORKER = """
+from jobsapp.tasks import started_tzinfo
+result = started_tzinfo.get_result(RESULT_ID)
+assert result.return_value == "None", result.return_value
+assert result.finished_at.tzinfo is None
+"""
+
+
+def test_naive_times_without_use_tz(site: str) -> None:
+    import os
+
+    from conftest import manage
+    from jobsapp.tasks import started_tzinfo
+
+    os.environ["DJANGO_USE_TZ"] = "0"
+    try:
+        done = manage("shell", "-c", NAIVE_TIMES)
+        assert done.returncode == 0, done.stderr
+        result_id = done.stdout.strip().splitlines()[-1]
+        started = started_tzinfo.enqueue()
+        assert manage("graphile_worker", "--once").returncode == 0
+        check = NAIVE_IN_THE_WORKER.replace("RESULT_ID", repr(started.id))
+        done = manage("shell", "-c", check)
+        assert done.returncode == 0, done.stderr
+    finally:
+        del os.environ["DJANGO_USE_TZ"]
+    run_at = value(
+        site,
+        f"select j.run_at from {JOBS} j join {RESULTS} r on r.job_id = j.id where r.id = %s",
+        [result_id],
+    )
+    assert run_at == dt.datetime(2031, 6, 1, 10, 30, tzinfo=dt.UTC)  # 12:30 in Paris (CEST)

@@ -20,8 +20,9 @@ def _database(url: str) -> dict[str, object]:
 
 SECRET_KEY = "test"
 DEBUG = False
-USE_TZ = True
-TIME_ZONE = "UTC"
+# DJANGO_USE_TZ=0: naive datetimes in TIME_ZONE (a test of that case).
+USE_TZ = os.environ.get("DJANGO_USE_TZ", "1") == "1"
+TIME_ZONE = "UTC" if USE_TZ else "Europe/Paris"
 ALLOWED_HOSTS = ["*"]
 ROOT_URLCONF = "site_urls"
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"

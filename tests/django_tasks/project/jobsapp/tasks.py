@@ -89,3 +89,9 @@ def gives_up(reason: str) -> None:
     from worker_cli.tasks.retry import Discard
 
     raise Discard(reason)
+
+
+@task(takes_context=True)
+def started_tzinfo(context) -> str:  # type: ignore[no-untyped-def]
+    """The time zone of the running result's start (None: naive, USE_TZ = False)."""
+    return str(context.task_result.started_at.tzinfo)
