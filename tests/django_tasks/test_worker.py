@@ -189,6 +189,43 @@ def test_a_finished_task_whose_job_runs_again_is_not_run_again(site: str) -> Non
     assert result(enqueued.id).status == TaskResultStatus.SUCCESSFUL
 
 
+def test_an_unreadable_result_row_fails_its_job_alone_and_for_good(site: str) -> None:
+    """Result rows PostgreSQL keeps but Python cannot read back (JSON nested
+    5,000 deep, a 5,000-digit integer): their jobs fail for good, once; the
+    task enqueued beside them runs."""
+    from django.tasks import TaskResultStatus
+    from jobsapp.tasks import add
+
+    deep = _forge_json(site, "[" * 5000 + "]" * 5000)
+    huge = _forge_json(site, "[" + "9" * 5000 + "]")
+    fine = add.enqueue(5, 6)
+    run_once()
+    assert result(fine.id).status == TaskResultStatus.SUCCESSFUL
+    assert log_lines().count("add 5 6") == 1
+    forged = rows(
+        site,
+        f"select r.id::text, r.status, r.errors, r.worker_ids, j.attempts, j.max_attempts "
+        f"from {RESULTS} r join {JOBS} j on j.id = r.job_id",
+    )
+    assert {row["id"] for row in forged} == {deep, huge}
+    for row in forged:  # failed for good (of add_job's 25 attempts), after one run
+        assert row["attempts"] == row["max_attempts"] == 25 and len(row["worker_ids"]) == 1
+        assert row["status"] == "FAILED" and len(row["errors"]) == 1
+
+
+def _forge_json(site: str, args_json: str) -> str:
+    """A job and result row whose args are ``args_json`` as written (add_job's 25 attempts)."""
+    forged = str(uuid.uuid4())
+    value(
+        site,
+        f"insert into {RESULTS} (id, job_id, backend, queue_name, task_path, priority, "
+        "args, kwargs) select %s, j.id, 'default', 'default', 'jobsapp.tasks.add', 0, %s, '{}' "
+        "from graphile_worker.add_job('django:default', %s::json) j returning 1",
+        [forged, args_json, json.dumps({"result_id": forged})],
+    )
+    return forged
+
+
 def test_a_task_that_discards_is_failed_at_once(site: str) -> None:
     from django.tasks import TaskResultStatus
     from jobsapp.tasks import gives_up

@@ -17,8 +17,8 @@ import inspect
 import json
 import traceback
 import uuid
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, LiteralString
 
 from django.db import close_old_connections
 from django.tasks.base import TaskContext, TaskResult
@@ -38,21 +38,30 @@ def make_task_runner(schema: str, sender: type) -> Callable[[Any, Helpers], None
     ``schema``, signals sent by ``sender`` (the backend's class)."""
 
     def run_django_task(payload: Any, helpers: Helpers) -> None:
+        def one_row(statement: LiteralString, *params: Any) -> tuple[Any, ...] | None:
+            return helpers.run(_one_row(helpers, statement, schema, params))
+
+        def mark_failed(status: str, error: dict[str, str]) -> Any:
+            row = one_row(statements.mark_failed, status, json.dumps([error]), result_id)
+            return None if row is None else row[0]
+
         result_id = _result_id(payload)
-        stored = helpers.run(_mark_running(helpers, schema, result_id))
-        if stored is None:
-            status = helpers.run(_status(helpers, schema, result_id))
-            if status is None:
+        lost = json.dumps([lost_attempt()])
+        row = one_row(statements.mark_running, lost, helpers.worker_id, result_id)
+        if row is None:
+            found = one_row(statements.read_status, result_id)
+            if found is None:
                 raise Discard(f"no Django task result {result_id} for this job")
             # Its outcome was written, but not the job's completion (the worker
             # stopped in between): the task is not run again.
-            helpers.logger.info("Django task %s is %s already: not run again", result_id, status)
+            helpers.logger.info("Django task %s is %s already: not run again", result_id, found[0])
             return
         try:
+            stored = StoredResult.from_row(row)
             task = stored.task()
-        except Exception as exc:  # cannot start (not a Task, not importable): for good
-            helpers.run(_mark_failed(helpers, schema, result_id, "FAILED", _error(exc)))
-            raise Discard(f"cannot run {stored.task_path!r}: {exc}") from exc
+        except Exception as exc:  # cannot start (unreadable row, not a Task): for good
+            mark_failed("FAILED", _error(exc))
+            raise Discard(f"cannot run Django task result {result_id}: {exc}") from exc
         running = stored.task_result(task)
         close_old_connections()
         try:
@@ -78,13 +87,14 @@ def make_task_runner(schema: str, sender: type) -> Callable[[Any, Helpers], None
             )
             status = "FAILED" if final else "READY"
             error = _error(exc)
-            finished_at = helpers.run(_mark_failed(helpers, schema, result_id, status, error))
+            finished_at = mark_failed(status, error)
             if final:
                 failed = _after(stored, running, status, finished_at, error=error)
                 task_finished.send(sender=sender, task_result=failed.task_result(task))
             raise
         else:
-            finished_at = helpers.run(_mark_successful(helpers, schema, result_id, value_json))
+            done_row = one_row(statements.mark_successful, value_json, result_id)
+            finished_at = None if done_row is None else done_row[0]
             done = _after(stored, running, "SUCCESSFUL", finished_at, value=value)
             task_finished.send(sender=sender, task_result=done.task_result(task))
         finally:
@@ -129,39 +139,10 @@ def _after(
     )
 
 
-async def _mark_running(helpers: Helpers, schema: str, result_id: str) -> StoredResult | None:
+async def _one_row(
+    helpers: Helpers, statement: LiteralString, schema: str, params: Sequence[Any]
+) -> tuple[Any, ...] | None:
+    """``statement`` run on the worker's pool; its first row (None: no row)."""
     async with helpers.with_pg_client() as conn:
-        cursor = await conn.execute(
-            statements.compose(statements.mark_running, schema),
-            [json.dumps([lost_attempt()]), helpers.worker_id, result_id],
-        )
-        row = await cursor.fetchone()
-    return None if row is None else StoredResult.from_row(row)
-
-
-async def _status(helpers: Helpers, schema: str, result_id: str) -> str | None:
-    async with helpers.with_pg_client() as conn:
-        cursor = await conn.execute(statements.compose(statements.read_status, schema), [result_id])
-        row = await cursor.fetchone()
-    return None if row is None else str(row[0])
-
-
-async def _mark_successful(helpers: Helpers, schema: str, result_id: str, value: str) -> Any:
-    async with helpers.with_pg_client() as conn:
-        cursor = await conn.execute(
-            statements.compose(statements.mark_successful, schema), [value, result_id]
-        )
-        row = await cursor.fetchone()
-    return None if row is None else row[0]
-
-
-async def _mark_failed(
-    helpers: Helpers, schema: str, result_id: str, status: str, error: dict[str, str]
-) -> Any:
-    async with helpers.with_pg_client() as conn:
-        cursor = await conn.execute(
-            statements.compose(statements.mark_failed, schema),
-            [status, json.dumps([error]), result_id],
-        )
-        row = await cursor.fetchone()
-    return None if row is None else row[0]
+        cursor = await conn.execute(statements.compose(statement, schema), params)
+        return await cursor.fetchone()
