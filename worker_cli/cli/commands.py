@@ -67,6 +67,12 @@ def _parse_cleanup(_ctx: click.Context, _param: click.Parameter, value: str | No
 
 
 #: Options the Django worker command (worker_cli.contrib.django) shares.
+schema_only_option = click.option(
+    "--schema-only", is_flag=True, help="Install or upgrade the schema, then exit."
+)
+once_option = click.option(
+    "--once", is_flag=True, help="Run until no runnable job is left, then exit."
+)
 log_format_option = click.option(
     "--log-format",
     type=click.Choice(LOG_FORMATS),
@@ -126,8 +132,8 @@ tracing_option = click.option(
 )
 @connection_option
 @schema_option
-@click.option("--schema-only", is_flag=True, help="Install or upgrade the schema, then exit.")
-@click.option("--once", is_flag=True, help="Run until no runnable job is left, then exit.")
+@schema_only_option
+@once_option
 @worker_option("concurrency")
 @worker_option("max_pool_size")
 @worker_option("local_queue_size")

@@ -22,8 +22,10 @@ from ...cli.commands import (
     metrics_port_option,
     metrics_registry,
     migrate_only,
+    once_option,
     progress_interval_option,
     run_worker,
+    schema_only_option,
     tracing_option,
     worker_settings,
 )
@@ -57,8 +59,8 @@ __all__ = ["command"]
     show_default=True,
     help="Comma-separated Django queue names to run, or * for every name in the backend's QUEUES.",
 )
-@click.option("--schema-only", is_flag=True, help="Install or upgrade the schema, then exit.")
-@click.option("--once", is_flag=True, help="Run until no runnable job is left, then exit.")
+@schema_only_option
+@once_option
 @worker_option("schema")
 @worker_option("concurrency")
 @worker_option("max_pool_size")
