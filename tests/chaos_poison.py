@@ -112,7 +112,7 @@ class Poison:
 
 _BATCH_ERROR = "RuntimeError: Batch failures (1 of 2 items)"
 _REFUSED_ERROR = "the worker could not record this job's failure"
-_DEEP = "(repeat('[', 5000) || repeat(']', 5000))::json"
+_DEEP = "(repeat('[', 12000) || repeat(']', 12000))::json"  # see test_poison.py
 _DIGITS = "('[' || repeat('7', 5000) || ']')::json"
 POISONS = (
     Poison("batch", "'poison_batch', '[1e400, 2]'::json", error=_BATCH_ERROR, payload="[1e400]"),

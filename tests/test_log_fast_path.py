@@ -542,12 +542,18 @@ def test_a_handler_or_formatter_of_another_class_or_a_lock_is_used(
 
     events: list[str] = []
 
-    class Lock:  # what Handler.acquire and release call
+    class Lock:  # what Handler.acquire and release call (3.11, 3.12), or `with` (3.13)
         def acquire(self) -> None:
             events.append("acquire")
 
         def release(self) -> None:
             events.append("release")
+
+        def __enter__(self) -> None:
+            self.acquire()
+
+        def __exit__(self, *exc: object) -> None:
+            self.release()
 
     class Upper(logging.Formatter):
         def format(self, record: logging.LogRecord) -> str:
