@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 from dbhelpers import run_cli, value
+from psycopg.conninfo import conninfo_to_dict
 
 
 @pytest.mark.db
@@ -55,6 +56,21 @@ def test_unreachable_database_is_one_line_and_exit_1(pg) -> None:  # type: ignor
     assert "Traceback" not in result.stderr
     assert "could not connect to the database" in result.stderr
     assert "no_such_db_for_cli" in result.stderr
+
+
+@pytest.mark.db
+def test_a_read_only_server_is_one_line_and_exit_1(db: str, tmp_path: Path) -> None:
+    """As a standby is (a connection string naming a replica, or a failover
+    not finished yet): the worker says why it cannot start, in one line."""
+    name = conninfo_to_dict(db)["dbname"]
+    value(db, f"alter database {name} set default_transaction_read_only = on; select 1")
+    (tmp_path / "tasks").mkdir()
+    (tmp_path / "tasks" / "t.py").write_text("def task(payload, helpers):\n    pass\n")
+    result = run_cli("-c", db, "--once", cwd=tmp_path)
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert "could not start" in last and "read-only transaction" in last, result.stderr
 
 
 @pytest.mark.unit

@@ -141,6 +141,7 @@ async def run(
     poll_interval: float = WorkerOptions.poll_interval,
     max_pool_size: int = WorkerOptions.max_pool_size,
     no_prepared_statements: bool = WorkerOptions.no_prepared_statements,
+    listen_url: str | None = WorkerOptions.listen_url,
     forbidden_flags: ForbiddenFlags = WorkerOptions.forbidden_flags,
     local_queue_size: int = WorkerOptions.local_queue_size,
     local_queue_horizon: float = WorkerOptions.local_queue_horizon,
@@ -179,20 +180,19 @@ async def run(
     cron_items = load_cron_items(crontab, crontab_file, parsed_cron_items)
     if progress_interval is not None and progress_interval < 0:
         raise ConfigurationError("progress_interval must not be negative")
-    if log_success is None:
-        log_success = not os.environ.get("NO_LOG_SUCCESS")
     options = WorkerOptions(
         concurrency=concurrency,
         schema=database.schema,
         poll_interval=poll_interval,
         max_pool_size=max_pool_size,
         no_prepared_statements=no_prepared_statements,
+        listen_url=listen_url,
         forbidden_flags=forbidden_flags,
         local_queue_size=local_queue_size,
         local_queue_horizon=local_queue_horizon,
         complete_job_batch_delay=complete_job_batch_delay,
         graceful_shutdown_timeout=graceful_shutdown_timeout,
-        log_success=log_success,
+        log_success=not os.environ.get("NO_LOG_SUCCESS") if log_success is None else log_success,
         heartbeat_interval=heartbeat_interval,
         heartbeat_timeout=heartbeat_timeout,
         use_local_time=use_local_time,

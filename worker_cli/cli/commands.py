@@ -140,6 +140,7 @@ tracing_option = click.option(
 @worker_option("complete_job_batch_delay")
 @worker_option("poll_interval")
 @worker_option("no_prepared_statements")
+@worker_option("listen_url")
 @click.option(
     "--cleanup",
     metavar="TASKS",
@@ -289,11 +290,18 @@ def _clean(connection: str | None, schema: str, tasks: list[str]) -> None:
 
 
 def run_worker(connection: str | None, settings: dict[str, Any], **run_options: Any) -> None:
-    """The worker (``--once`` too); exits with its exit code."""
+    """The worker (``--once`` too); exits with its exit code. A database error
+    while it starts is one line."""
+    import psycopg
+
+    from ..db.retry import one_line
     from ..runner import run
 
     async def work() -> int:
-        worker = await run(connection, **settings, **run_options)
+        try:
+            worker = await run(connection, **settings, **run_options)
+        except psycopg.Error as exc:  # e.g. a read-only server (a standby)
+            raise GraphileWorkerError(f"the worker could not start: {one_line(exc)}") from None
         await worker
         return worker.exit_code
 
@@ -398,6 +406,7 @@ def _basic_auth(_ctx: click.Context, _param: click.Parameter, value: str | None)
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", type=click.IntRange(1, 65535), default=8080, show_default=True)
 @click.option("--read-only", is_flag=True, help="Show the queue; hide and refuse the actions.")
+@worker_option("no_prepared_statements")
 @click.option(
     "--auth",
     metavar="USER:PASSWORD",

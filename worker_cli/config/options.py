@@ -79,6 +79,10 @@ class WorkerOptions:
     max_pool_size: int = 10
     #: Disable server-side prepared statements, for pgBouncer in transaction mode.
     no_prepared_statements: bool = False
+    #: A connection string for the LISTEN connection alone (``--listen-url``):
+    #: a direct one to PostgreSQL when the main one goes through a pooler in
+    #: transaction mode, which cannot pass notifications on. None: the main one.
+    listen_url: str | None = None
     #: Jobs carrying any of these flags are not fetched.
     forbidden_flags: ForbiddenFlags = None
     #: Most jobs fetched ahead and held locally, beyond the idle slots. The
@@ -312,6 +316,15 @@ FLAGS: tuple[Flag, ...] = (
         "no_prepared_statements",
         ("--no-prepared-statements",),
         help="Do not use prepared statements (for pgBouncer in transaction mode).",
+    ),
+    Flag(
+        "listen_url",
+        ("--listen-url",),
+        envvar="GRAPHILE_WORKER_LISTEN_URL",
+        metavar="URL",
+        help="Connection string of the LISTEN connection alone, when the main one goes "
+        "through a pooler in transaction mode (PgBouncer), which cannot pass "
+        "notifications on: a direct one to PostgreSQL. Default: the main one.",
     ),
     Flag(
         "heartbeat_interval",

@@ -65,8 +65,10 @@ class Dashboard:
         csrf_secret: bytes | None = None,
         max_connections: int = 4,
         allowed_hosts: Iterable[str] | None = None,
+        no_prepared_statements: bool = False,
     ) -> None:
         self.conninfo = resolve_connection_string(connection_string)
+        self.no_prepared_statements = no_prepared_statements
         self.schema = resolve_schema(schema)
         self.read_only = read_only
         self.refresh = refresh
@@ -117,7 +119,11 @@ class Dashboard:
                     worker_conninfo(self.conninfo, "graphile-worker dashboard"),
                     min_size=1,
                     max_size=self.max_connections,
-                    kwargs={"autocommit": True},
+                    kwargs=(
+                        {"autocommit": True, "prepare_threshold": None}
+                        if self.no_prepared_statements
+                        else {"autocommit": True}
+                    ),
                     configure=self._configure,
                     open=False,
                     timeout=10,
@@ -130,9 +136,13 @@ class Dashboard:
     async def _configure(self, conn: psycopg.AsyncConnection[Any]) -> None:
         """Timestamps outside Python's range (a job due at ``-infinity``) read
         as the earliest or latest datetime; with ``--read-only`` the
-        connections themselves refuse to write."""
+        connections themselves refuse to write, unless they go through a pooler
+        (``no_prepared_statements``), where a session setting would stay on a
+        server connection other clients are lent next: then the actions are
+        refused by the dashboard alone, and every page reads in a read-only
+        transaction."""
         read_timestamps_leniently(conn)
-        if self.read_only:
+        if self.read_only and not self.no_prepared_statements:
             await conn.execute("set default_transaction_read_only = on")
 
     async def close(self) -> None:
@@ -296,6 +306,7 @@ def create_app(
     csrf_secret: bytes | None = None,
     max_connections: int = 4,
     allowed_hosts: Iterable[str] | None = None,
+    no_prepared_statements: bool = False,
 ) -> Dashboard:
     """The dashboard as an ASGI application.
 
@@ -312,8 +323,10 @@ def create_app(
     (besides ``localhost`` and the address a request reached); any other
     ``Host`` gets a 400, which defeats DNS rebinding. None (the default):
     no check, for a dashboard mounted in an application that checks hosts or
-    authenticates in front of it. Mount it with ``app.mount("/queue", dashboard)``; close its
-    connections with ``await dashboard.close()`` when the application stops.
+    authenticates in front of it. ``no_prepared_statements``: the connection string
+    goes through a pooler in transaction mode (PgBouncer): no prepared statement and
+    no session setting is made. Mount it with ``app.mount("/queue", dashboard)``; close
+    its connections with ``await dashboard.close()`` when the application stops.
     """
     return Dashboard(
         connection_string,
@@ -324,4 +337,5 @@ def create_app(
         csrf_secret=csrf_secret,
         max_connections=max_connections,
         allowed_hosts=allowed_hosts,
+        no_prepared_statements=no_prepared_statements,
     )

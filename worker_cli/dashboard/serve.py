@@ -99,6 +99,7 @@ def serve(
     auth: BasicAuth | None,
     refresh: float,
     allowed_hosts: Iterable[str] = (),
+    no_prepared_statements: bool = False,
 ) -> None:
     """Serve the dashboard until interrupted (Ctrl-C, SIGTERM). It answers
     to its own address, ``localhost`` and ``allowed_hosts`` (a 400 to any
@@ -125,6 +126,7 @@ def serve(
         auth=auth,
         refresh=refresh,
         allowed_hosts=sorted(hosts.names),
+        no_prepared_statements=no_prepared_statements,
     )
     shown = f"[{host}]" if ":" in host else host
     logger.info(

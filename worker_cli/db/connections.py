@@ -6,7 +6,7 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
@@ -14,6 +14,9 @@ from psycopg_pool import AsyncConnectionPool
 
 from ..errors import DatabaseConnectionError
 from .retry import one_line
+
+if TYPE_CHECKING:
+    from ..config.options import WorkerOptions
 
 __all__ = [
     "WORKER_CONNECTION_DEFAULTS",
@@ -110,11 +113,22 @@ class WorkerConnections:
     conninfo: str
     pool_id: str
     no_prepared_statements: bool = False
+    #: The LISTEN connection's own connection string (``--listen-url``), if any.
+    listen_conninfo: str | None = None
+
+    @classmethod
+    def of(cls, options: WorkerOptions, conninfo: str, pool_id: str) -> WorkerConnections:
+        """The connections of pool ``pool_id`` run with ``options``."""
+        return cls(conninfo, pool_id, options.no_prepared_statements, options.listen_url)
 
     def conninfo_for(self, role: str) -> str:
         """The connection string of the connection playing ``role``
-        (``pool``, ``fetch``, ``listen``, ``heartbeat``)."""
-        return worker_conninfo(self.conninfo, f"graphile-worker {self.pool_id} {role}")
+        (``pool``, ``fetch``, ``listen``, ``heartbeat``; ``listen`` has its own
+        when ``listen_conninfo`` is set)."""
+        conninfo = self.conninfo
+        if role == "listen" and self.listen_conninfo is not None:
+            conninfo = self.listen_conninfo
+        return worker_conninfo(conninfo, f"graphile-worker {self.pool_id} {role}")
 
     def kwargs(self) -> dict[str, Any]:
         """Keyword arguments of ``connect()`` for every such connection."""

@@ -104,6 +104,8 @@ def background_loops(
         schema=options.schema,
         on_cancel=cancels.notified,
         on_control=pauses.notified if pauses is not None else None,
+        probe_pool=utils.pool,
+        poll_interval=options.poll_interval,
     )
     poller = Poller(options.poll_interval, exhausted=pool.exhausted, nudge=pool.nudge)
     sweeper = Sweeper(

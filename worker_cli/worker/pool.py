@@ -103,7 +103,7 @@ class WorkerPool:
         self._stuck = StuckJobs()  # in the heartbeat, the metrics (load.stuck)
         #: Set once the pool is connected and its tasks are registered.
         self.ready = asyncio.Event()
-        self.connections = WorkerConnections(conninfo, self.id, options.no_prepared_statements)
+        self.connections = WorkerConnections.of(options, conninfo, self.id)
         self._stop = asyncio.Event()
         self._forced = asyncio.Event()
         #: loop.time() by which a forced stop gives up on the database.

@@ -68,6 +68,7 @@ __all__ = ["command"]
 @worker_option("complete_job_batch_delay")
 @worker_option("poll_interval")
 @worker_option("no_prepared_statements")
+@worker_option("listen_url")
 @worker_option("heartbeat_interval")
 @worker_option("heartbeat_timeout")
 @worker_option("history")
