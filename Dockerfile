@@ -5,8 +5,9 @@
 #     -v "$PWD/tasks:/worker/tasks:ro" -v "$PWD/crontab:/worker/crontab:ro" graphile-worker
 #
 # Arguments after the image name are the worker's flags (--jobs 4, --once, ...).
-# tests/test_docker.py lints this file with hadolint and reproduces the image
-# on the host (same wheel, same layout, same entrypoint), so keep the two in step.
+# tests/test_docker_image.py builds and runs it; tests/test_docker.py lints this
+# file with hadolint and reproduces the image on the host (same wheel, same
+# layout, same entrypoint), so keep the two in step.
 
 # Build stage: the wheel, and a virtual environment holding it and its
 # dependencies. Every dependency ships binary wheels, so no compiler is needed;
@@ -34,7 +35,7 @@ RUN apt-get update \
     && rm -rf /var/lib/apt/lists/*
 
 RUN groupadd --system --gid 10001 worker \
-    && useradd --system --uid 10001 --gid worker --no-create-home --home-dir /worker worker
+    && useradd --uid 10001 --gid worker --no-create-home --home-dir /worker worker
 
 COPY --from=builder /opt/venv /opt/venv
 
