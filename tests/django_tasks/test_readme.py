@@ -29,12 +29,20 @@ _db = conninfo_to_dict(os.environ["DATABASE_URL"])
 SECRET_KEY = "readme"
 USE_TZ = True
 ROOT_URLCONF = "mysite.urls"
+ALLOWED_HOSTS = ["testserver"]  # Django's test client
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 INSTALLED_APPS = [
     "django.contrib.auth",
     "django.contrib.contenttypes",
     "django.contrib.sessions",
     "shop",
+]
+# As startproject has them: CSRF protection on.
+MIDDLEWARE = [
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
 ]
 DATABASES = {
     "default": {
@@ -58,16 +66,6 @@ from django.core.management import execute_from_command_line
 execute_from_command_line(sys.argv)
 """,
     "mysite/__init__.py": "",
-    "mysite/urls.py": """\
-from django.urls import path
-
-from shop import views
-
-urlpatterns = [
-    path("orders/", views.place_order),
-    path("receipts/<str:task_id>/", views.receipt),
-]
-""",
     "shop/__init__.py": "",
     "shop/models.py": """\
 from django.db import models
@@ -78,16 +76,23 @@ class Order(models.Model):
 """,
 }
 
-#: What the project's user does next, from Python: an order placed (its
-#: task enqueued), a request that fails inside atomic() (nothing enqueued).
+#: What the project's user does next, from Python, as a script the README's
+#: way (the csrftoken cookie's value in X-CSRFToken; refused without it): an
+#: order placed (its task enqueued), a request that fails inside atomic()
+#: (nothing enqueued).
 PLACE_ORDERS = """\
 import django, json
 django.setup()
-from django.test import Client
-client = Client(raise_request_exception=False)
-placed = client.post("/orders/", {"item": "book"}).json()
-failed = client.post("/orders/", {}).status_code
-print(json.dumps({"placed": placed, "failed": failed}))
+from django.middleware.csrf import get_token
+from django.test import Client, RequestFactory
+client = Client(raise_request_exception=False, enforce_csrf_checks=True)
+refused = client.post("/orders/", {"item": "book"}).status_code
+request = RequestFactory().get("/")
+token = get_token(request)  # what a page's {% csrf_token %} holds
+client.cookies["csrftoken"] = request.META["CSRF_COOKIE"]  # and the cookie it set
+placed = client.post("/orders/", {"item": "book"}, headers={"X-CSRFToken": token}).json()
+failed = client.post("/orders/", {}, headers={"X-CSRFToken": token}).status_code
+print(json.dumps({"placed": placed, "failed": failed, "refused": refused}))
 """
 
 #: Then: the receipt's status through a view, and the ASGI application of the
@@ -155,7 +160,13 @@ def run(command: list[str], directory: Path, env: dict[str, str]) -> str:
 def test_the_readme_django_tasks_section(pg: PgServer, tmp_path: Path) -> None:
     url = pg.url(pg.create_database())
     files = python_files()
-    assert set(files) == {"mysite/settings.py", "shop/tasks.py", "shop/views.py", "mysite/asgi.py"}
+    assert set(files) == {
+        "mysite/settings.py",
+        "shop/tasks.py",
+        "shop/views.py",
+        "mysite/urls.py",
+        "mysite/asgi.py",
+    }
     project = {**PROJECT_FILES, **files}
     project["mysite/settings.py"] = BASE_SETTINGS + "\n" + files["mysite/settings.py"]
     for name, text in project.items():
@@ -179,6 +190,7 @@ def test_the_readme_django_tasks_section(pg: PgServer, tmp_path: Path) -> None:
     run([*python, "manage.py", "check", "--database", "default"], tmp_path, env)
 
     orders = json.loads(run([*python, "-c", PLACE_ORDERS], tmp_path, env))
+    assert orders["refused"] == 403  # no CSRF token
     assert orders["failed"] == 500  # KeyError inside atomic(): no order, no task
     task_id = orders["placed"]["task_id"]
     assert value(url, "select count(*) from graphile_worker._private_jobs") == 1
