@@ -112,6 +112,8 @@ def test_the_command_serves_exact_counts_of_the_jobs_it_ran(db: str, tmp_path: P
 
     assert (jobs("alpha", "success"), jobs("alpha", "failure")) == (3, 1)
     assert (jobs("beta", "success"), jobs("beta", "failure")) == (2, 2)
+    for task in ("alpha", "beta"):  # one attempt allowed: every failure is final
+        assert [jobs(task, outcome) for outcome in ("retry", "cancelled", "timeout")] == [0] * 3
     for task in ("alpha", "beta"):
         name = "graphile_worker_job_duration_seconds"
         assert sample(samples, f"{name}_count", task=task) == 4
@@ -122,11 +124,12 @@ def test_the_command_serves_exact_counts_of_the_jobs_it_ran(db: str, tmp_path: P
     # worker's clock; the sum once read 0.29977.)
     assert sample(samples, f"{name}_bucket", task="alpha", le="0.25") == 3
     assert sample(samples, f"{name}_sum", task="alpha") > 0.25
-    assert sample(samples, "graphile_worker_jobs_running") == 0
+    for task in ("alpha", "beta"):
+        assert sample(samples, "graphile_worker_jobs_running", task=task) == 0
     assert sample(samples, "graphile_worker_local_queue_length") == 0
     for task, failed in (("alpha", 1), ("beta", 2)):
         depth = {
-            state: sample(samples, "graphile_worker_queue_depth", task=task, state=state)
+            state: sample(samples, "graphile_worker_queue_depth", task=task, queue="", state=state)
             for state in queue_depth.STATES
         }
         assert depth == {
@@ -134,7 +137,6 @@ def test_the_command_serves_exact_counts_of_the_jobs_it_ran(db: str, tmp_path: P
             "scheduled": 0,
             "locked": 0,
             "permanently_failed": failed,
-            "retrying": 0,
         }
     assert sample(samples, "process_cpu_seconds_total") > 0
 
@@ -224,11 +226,14 @@ async def test_running_and_local_queue_gauges(utils: WorkerUtils, db: str) -> No
             samples = await scrape_async(server.url)
         finally:
             release.set()
-    assert sample(samples, "graphile_worker_jobs_running") == 1
+    # Per task, every task of the worker there: the running one, and 0 for the other.
+    assert sample(samples, "graphile_worker_jobs_running", task="hold") == 1
+    assert sample(samples, "graphile_worker_jobs_running", task="other") == 0
     assert sample(samples, "graphile_worker_jobs_stuck") == 0
     assert sample(samples, "graphile_worker_local_queue_length") == 3
-    assert sample(samples, "graphile_worker_queue_depth", task="hold", state="locked") == 1
-    assert sample(samples, "graphile_worker_queue_depth", task="other", state="locked") == 3
+    depth = "graphile_worker_queue_depth"
+    assert sample(samples, depth, task="hold", queue="", state="locked") == 1
+    assert sample(samples, depth, task="other", queue="", state="locked") == 3
 
 
 @pytest.mark.db
@@ -259,7 +264,7 @@ async def test_a_job_stuck_past_its_timeout_is_counted_until_it_ends(
         await until(lambda: runner.pool.load.running == 0, what="the job ended")
         after = await scrape_async(server.url)
     assert sample(stuck, "graphile_worker_jobs_stuck") == 1
-    assert sample(stuck, "graphile_worker_jobs_running") == 1
+    assert sample(stuck, "graphile_worker_jobs_running", task="deaf") == 1
     assert sample(after, "graphile_worker_jobs_stuck") == 0
 
 
@@ -320,8 +325,13 @@ async def test_queue_depth_is_the_status_figures_by_task(db: str) -> None:
     }
     unknown = [status.tasks[f"unknown_{i}"] for i in (1, 2, 3)]
     for task in ("a", "b", "mine", other):  # the worker's own task too, with no job
-        for state in queue_depth.STATES:
-            got = sample(samples, "graphile_worker_queue_depth", task=task, state=state)
+        for state in (*queue_depth.STATES, "retrying"):
+            if state == "retrying":  # a subset of waiting and scheduled, a metric of its own
+                got = sample(samples, "graphile_worker_queue_depth_retrying", task=task, queue="")
+            else:
+                got = sample(
+                    samples, "graphile_worker_queue_depth", task=task, queue="", state=state
+                )
             assert got == expected.get((task, state), 0), (task, state)
             if task in ("a", "b"):
                 assert got == getattr(status.tasks[task], state), (task, state)
@@ -333,7 +343,7 @@ async def test_queue_depth_is_the_status_figures_by_task(db: str) -> None:
 @pytest.mark.db
 async def test_other_tasks_share_one_series_whatever_their_number(db: str) -> None:
     """5,000 task names the worker does not have made 25,000 series: now the
-    worker's tasks and (other), five states each, and nothing else."""
+    worker's tasks and (other), four states each, and nothing else."""
     add_other_jobs(db, 5000)
     rows(db, "select graphile_worker.add_job('mine', run_at => now() + interval '1 day')")
 
@@ -363,7 +373,7 @@ async def test_scrapes_within_the_cache_time_send_one_query(
 
     def waiting(samples: Samples) -> float:  # of "a", a task the worker does not have
         other = queue_depth.OTHER_TASKS
-        return sample(samples, "graphile_worker_queue_depth", task=other, state="waiting")
+        return sample(samples, "graphile_worker_queue_depth", task=other, queue="", state="waiting")
 
     def queries(samples: Samples) -> float:
         return sample(samples, "graphile_worker_queue_depth_queries_total")

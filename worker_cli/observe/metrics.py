@@ -8,14 +8,21 @@ Where each figure comes from, so that nothing is paid when metrics are off
 (none of this is imported then) and little when they are on:
 
 - ``graphile_worker_jobs_total{task, outcome}`` and
-  ``graphile_worker_job_duration_seconds{task}``: the pool's ``job:success``
-  and ``job:error`` events (their ``duration_ms``), counted on the event loop
-  (:class:`JobStats`);
-- ``graphile_worker_jobs_running`` and ``graphile_worker_local_queue_length``:
-  the pool's read-only figures, read when scraped;
-- ``graphile_worker_queue_depth{task, state}``: one bounded query, cached
-  (:class:`~worker_cli.observe.queue_depth.QueueDepth`); ``task`` is one of the
-  worker's tasks, or ``(other)`` for the jobs of every other task together;
+  ``graphile_worker_job_duration_seconds{task}``: the pool's ``job:success``,
+  ``job:error`` and ``job:failed`` events (their ``duration_ms``), counted on
+  the event loop (:class:`~worker_cli.observe.job_stats.JobStats`); outcome
+  ``success``, ``retry`` (a failed attempt that another follows) or, for a
+  failed attempt that ends its job, ``failure``, ``cancelled`` or ``timeout``;
+- ``graphile_worker_jobs_running{task}`` (every task of the pool, 0 when
+  idle), ``_jobs_stuck`` and ``graphile_worker_local_queue_length``: the
+  pool's read-only figures, read when scraped;
+- ``graphile_worker_queue_depth{task, queue, state}`` (states that partition:
+  each job in one), ``graphile_worker_queue_depth_retrying{task, queue}``
+  and ``graphile_worker_oldest_runnable_job_age_seconds{task, queue}``: one
+  bounded query, cached (:class:`~worker_cli.observe.queue_depth.QueueDepth`);
+  ``task`` is one of the worker's tasks, or ``(other)`` for the jobs of every
+  other task together; ``queue`` a named queue, ``""`` for none, ``(other)``
+  past the named queues with the most jobs;
 - ``graphile_worker_paused{kind, name}``: 1 per pause in force (all
   workers), read in the same cached query as the depth;
 - ``graphile_worker_limit_running``, ``_limit_max_running``,
@@ -32,14 +39,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
-from bisect import bisect_left
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigurationError
-from .queue_depth import OTHER_TASKS, STATES, Depth, QueueDepth
+from .job_stats import DURATION_BUCKETS, OUTCOMES, JobStats
+from .queue_depth import EMPTY_GROUP, OTHER_TASKS, QUEUE_LABELS, STATES, Depth, QueueDepth
 from .status import STRANDED_CAP
 
 try:
@@ -77,106 +83,6 @@ __all__ = [
 
 logger = logging.getLogger("graphile_worker.metrics")
 
-#: Upper bounds (seconds) of the job duration histogram's buckets: from a
-#: trivial job's fraction of a millisecond to a five-minute one.
-DURATION_BUCKETS: tuple[float, ...] = (
-    0.001,
-    0.0025,
-    0.005,
-    0.01,
-    0.025,
-    0.05,
-    0.1,
-    0.25,
-    0.5,
-    1.0,
-    2.5,
-    5.0,
-    10.0,
-    30.0,
-    60.0,
-    120.0,
-    300.0,
-)
-
-
-class _TaskFigures:
-    """One task's counts and durations (under :attr:`JobStats._lock`)."""
-
-    __slots__ = ("buckets", "failures", "seconds", "successes")
-
-    def __init__(self, size: int) -> None:
-        self.successes = 0
-        self.failures = 0
-        #: Observations per bucket, not cumulative; the last one is +Inf.
-        self.buckets = [0] * size
-        self.seconds = 0.0
-
-
-@dataclass(frozen=True)
-class TaskSnapshot:
-    """One task's figures as read by a scrape (buckets cumulative, with +Inf)."""
-
-    task: str
-    successes: int
-    failures: int
-    buckets: tuple[int, ...]
-    seconds: float
-
-
-class JobStats:
-    """Jobs run to an outcome and their durations, by task.
-
-    Written on the event loop (one event handler call per job), read by a
-    scrape in any thread: a lock keeps a task's counts, buckets and sum
-    consistent with one another.
-    """
-
-    def __init__(self, tasks: Iterable[str], bounds: Sequence[float] = DURATION_BUCKETS) -> None:
-        self.bounds = tuple(bounds)
-        self._lock = threading.Lock()
-        # Every task of the worker from the start: a series that appears only
-        # after its first job hides the first increase from rate().
-        self._tasks = {task: _TaskFigures(len(self.bounds) + 1) for task in tasks}
-
-    def on_success(self, event: Mapping[str, Any]) -> None:
-        """``job:success`` handler."""
-        self.record(event["job"].task_identifier, event["duration_ms"] / 1000, success=True)
-
-    def on_error(self, event: Mapping[str, Any]) -> None:
-        """``job:error`` handler (every failed attempt)."""
-        self.record(event["job"].task_identifier, event["duration_ms"] / 1000, success=False)
-
-    def record(self, task: str, seconds: float, *, success: bool) -> None:
-        # Prometheus buckets are "less than or equal": the first bound >= seconds.
-        index = bisect_left(self.bounds, seconds)
-        with self._lock:
-            figures = self._tasks.get(task)
-            if figures is None:
-                figures = self._tasks[task] = _TaskFigures(len(self.bounds) + 1)
-            if success:
-                figures.successes += 1
-            else:
-                figures.failures += 1
-            figures.buckets[index] += 1
-            figures.seconds += seconds
-
-    def snapshot(self) -> list[TaskSnapshot]:
-        """Every task's figures, by task identifier."""
-        with self._lock:
-            raw = [
-                (task, f.successes, f.failures, list(f.buckets), f.seconds)
-                for task, f in self._tasks.items()
-            ]
-        result = []
-        for task, successes, failures, buckets, seconds in sorted(raw):
-            cumulative, total = [], 0
-            for count in buckets:
-                total += count
-                cumulative.append(total)
-            result.append(TaskSnapshot(task, successes, failures, tuple(cumulative), seconds))
-        return result
-
 
 class _Collector:
     """The prometheus-client collector of one worker pool."""
@@ -197,7 +103,9 @@ class _Collector:
     def _families(self, *, read: bool) -> Iterator[Metric]:
         jobs = CounterMetricFamily(
             "graphile_worker_jobs",
-            "Jobs this worker ran to an outcome (success, failure: every failed attempt).",
+            "Attempts this worker ran to an outcome, each exactly one of: success; retry "
+            "(failed, another attempt follows); failure, cancelled, timeout (failed, and "
+            "the job ends there: its final failures).",
             labels=("task", "outcome"),
         )
         durations = HistogramMetricFamily(
@@ -205,7 +113,11 @@ class _Collector:
             "How long the jobs this worker ran took, from the task's start to its outcome.",
             labels=("task",),
         )
-        running = GaugeMetricFamily("graphile_worker_jobs_running", "Jobs running now.")
+        running = GaugeMetricFamily(
+            "graphile_worker_jobs_running",
+            "Jobs this worker is running now, by task (each of its tasks, 0 when idle).",
+            labels=("task",),
+        )
         stuck = GaugeMetricFamily(
             "graphile_worker_jobs_stuck",
             "Jobs running now that should have stopped: a cancel request ignored past its "
@@ -215,19 +127,6 @@ class _Collector:
         queued = GaugeMetricFamily(
             "graphile_worker_local_queue_length",
             "Jobs this worker has fetched (locked) and not started yet.",
-        )
-        depth = GaugeMetricFamily(
-            "graphile_worker_queue_depth",
-            "Jobs in the queue (all workers) by task and state, as `graphile-worker status` "
-            "counts them (retrying: waiting or scheduled after a failed attempt); task: one "
-            "of this worker's tasks, or (other) for every other task's jobs; read at most "
-            "every few seconds, over a bounded number of rows.",
-            labels=("task", "state"),
-        )
-        truncated = GaugeMetricFamily(
-            "graphile_worker_queue_depth_truncated",
-            "1 when the queue held more jobs than the depth query reads: the depth "
-            "figures are then lower bounds.",
         )
         paused = GaugeMetricFamily(
             "graphile_worker_paused",
@@ -246,30 +145,73 @@ class _Collector:
             bounds = [repr(float(bound)) for bound in self._stats.bounds] + ["+Inf"]
             for figures in self._stats.snapshot():
                 name = figures.task
-                jobs.add_metric([name, "success"], figures.successes)
-                jobs.add_metric([name, "failure"], figures.failures)
+                for outcome, count in zip(OUTCOMES, figures.outcomes, strict=True):
+                    jobs.add_metric([name, outcome], count)
                 durations.add_metric(
                     [name], list(zip(bounds, figures.buckets, strict=True)), figures.seconds
                 )
             load = self._pool.load
-            running.add_metric([], load.running)
+            for task in dict.fromkeys([*self._pool.tasks, *load.running_tasks]):
+                running.add_metric([task], load.running_tasks.get(task, 0))
             stuck.add_metric([], load.stuck)
             queued.add_metric([], load.queued)
             queue = self._depth.read()
-            if queue is not None:
-                # This worker's tasks and the bucket of the others always, at 0
-                # when they have no job; no series of their own for other tasks.
-                for task in sorted({*self._pool.tasks, OTHER_TASKS}):
-                    counts = queue.counts.get(task, (0,) * len(STATES))
-                    for state, count in zip(STATES, counts, strict=True):
-                        depth.add_metric([task, state], count)
-                truncated.add_metric([], int(queue.truncated))
-                for kind, name in queue.paused:
-                    paused.add_metric([kind, name], 1)
+            for kind, name in queue.paused if queue is not None else ():
+                paused.add_metric([kind, name], 1)
             queries.add_metric([], self._depth.queries)
-        yield from (jobs, durations, running, stuck, queued, depth, truncated, paused, queries)
+        yield from (jobs, durations, running, stuck, queued)
+        yield from _depth_families(queue, self._pool.tasks)
+        yield from (paused, queries)
         yield from _limit_families(queue)
         yield _stranded_family(queue)
+
+
+def _depth_families(queue: Depth | None, tasks: Iterable[str]) -> Iterator[Metric]:
+    """The queue depth's families, filled from ``queue`` (None: empty): by
+    task and queue, each of the worker's ``tasks`` and the bucket of the
+    others always (queue "", at 0 when they have no job), and every other
+    (task, queue) pair that has jobs."""
+    labels = ("task", "queue")
+    depth = GaugeMetricFamily(
+        "graphile_worker_queue_depth",
+        "Jobs in the queue (all workers) by task, named queue and state, as "
+        "`graphile-worker status` counts them: each job in exactly one of waiting, "
+        "scheduled, locked, permanently_failed; task: one of this worker's tasks, or "
+        "(other) for every other task's jobs; queue: the named queue, empty for none, "
+        f"(other) past the {QUEUE_LABELS} named queues with the most jobs; read at most "
+        "every few seconds, over a bounded number of rows.",
+        labels=(*labels, "state"),
+    )
+    retrying = GaugeMetricFamily(
+        "graphile_worker_queue_depth_retrying",
+        "Of the waiting and scheduled jobs of graphile_worker_queue_depth, those that "
+        "failed an attempt before (a subset: status's retrying); read with the depth.",
+        labels=labels,
+    )
+    oldest = GaugeMetricFamily(
+        "graphile_worker_oldest_runnable_job_age_seconds",
+        "Seconds since the run_at of the job that has waited longest (due, not locked, "
+        "attempts left: status's waiting), by task and queue as the depth; 0 when none "
+        "waits; +Inf for a run_at of -infinity; read with the depth, so up to its cache "
+        "time old.",
+        labels=labels,
+    )
+    truncated = GaugeMetricFamily(
+        "graphile_worker_queue_depth_truncated",
+        "1 when the queue held more jobs than the depth query reads: the depth "
+        "figures are then lower bounds.",
+    )
+    if queue is not None:
+        groups = dict(queue.groups)
+        for task in {*tasks, OTHER_TASKS}:
+            groups.setdefault((task, ""), EMPTY_GROUP)
+        for key, group in sorted(groups.items()):
+            for state, count in zip(STATES, group.states, strict=True):
+                depth.add_metric([*key, state], count)
+            retrying.add_metric(list(key), group.retrying)
+            oldest.add_metric(list(key), 0.0 if group.oldest_age is None else group.oldest_age)
+        truncated.add_metric([], int(queue.truncated))
+    yield from (depth, retrying, oldest, truncated)
 
 
 def _stranded_family(queue: Depth | None) -> Metric:
@@ -339,6 +281,7 @@ class WorkerMetrics:
         self._handlers = (
             ("job:success", self.stats.on_success),
             ("job:error", self.stats.on_error),
+            ("job:failed", self.stats.on_failed),
             ("stop", self._on_stop),
         )
         self._attached = False

@@ -28,6 +28,9 @@ class PoolLoadView(Protocol):
     @property
     def stuck(self) -> int: ...
 
+    @property
+    def running_tasks(self) -> Mapping[str, int]: ...
+
 
 class ObservedPool(Protocol):
     """A running worker pool, as its observers see it."""

@@ -1,9 +1,13 @@
-"""The queue's depth by task and state, the pauses in force and the limits'
-use, for metrics: one bounded read, cached.
+"""The queue's depth by task, named queue and state, its oldest waiting job
+by task and named queue, the pauses in force and the limits' use, for
+metrics: one bounded read, cached.
 
 By task means the worker's own tasks, each on its own, and every other task
-of the queue together under :data:`OTHER_TASKS`: the number of series stays
-bounded by the worker's code, not by the task names found in the table.
+of the queue together under :data:`OTHER_TASKS`; by named queue means the
+:data:`QUEUE_LABELS` named queues with the most jobs, each on its own, the
+others together under :data:`OTHER_QUEUES`, and the jobs of no named queue
+under "": the number of series stays bounded by the worker's code and these
+constants, not by the names found in the table.
 
 However often the metrics are scraped, and however large the queue, a worker
 sends at most one depth query every :data:`CACHE_SECONDS`, and that query
@@ -46,13 +50,17 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CACHE_SECONDS",
+    "EMPTY_GROUP",
     "LIMITS_LIMIT",
+    "OTHER_QUEUES",
     "OTHER_TASKS",
     "PARTITIONS_READ",
     "PAUSES_LIMIT",
+    "QUEUE_LABELS",
     "SCAN_LIMIT",
     "STATES",
     "Depth",
+    "Group",
     "LimitUse",
     "QueueDepth",
 ]
@@ -60,13 +68,18 @@ __all__ = [
 logger = logging.getLogger("graphile_worker.metrics")
 
 #: The states of a job, as ``graphile-worker status`` counts them: every job is
-#: one of the first four; retrying counts the waiting and scheduled jobs that
-#: failed before.
-STATES = ("waiting", "scheduled", "locked", "permanently_failed", "retrying")
+#: exactly one of them (status's retrying, a subset of the waiting and
+#: scheduled jobs, is a figure of its own: :attr:`Group.retrying`).
+STATES = ("waiting", "scheduled", "locked", "permanently_failed")
 #: The ``task`` label of the jobs of every task the worker does not run (in
 #: parentheses, unlike a usual task name; a task of the worker's so named
-#: would add up with them).
+#: would add up with them), and the ``queue`` label of the named queues past
+#: the :data:`QUEUE_LABELS` with the most jobs.
 OTHER_TASKS = "(other)"
+OTHER_QUEUES = "(other)"
+#: Named queues that have a ``queue`` label of their own at most (those with
+#: the most jobs read, then by name); the jobs of no named queue have "".
+QUEUE_LABELS = 20
 #: Seconds the figures are reused for.
 CACHE_SECONDS = 5.0
 #: Rows of the jobs table the query reads at most.
@@ -82,32 +95,59 @@ PARTITIONS_READ = 1000
 
 # At most %(limit)s rows of the jobs table, in their physical order (a
 # sequential scan that stops there, no index: the cost is bounded whatever the
-# queue holds), counted by task id in the states of `graphile-worker status`
-# (status_statements.STATE_COUNTS), then in all; then each task id named, and
-# added up: the worker's tasks (%(tasks)s) one row each, every other task in
-# one row whose name is null. At most one row more than the worker has tasks,
-# whatever task names the table holds.
+# queue holds), counted by task id and named queue id in the states of
+# `graphile-worker status` (status_statements.STATE_COUNTS: four that partition,
+# then retrying), then in all, with the earliest run_at of the waiting jobs.
+# Then each task id named, and each named queue: the worker's tasks (%(tasks)s)
+# by name, every other task as null; the %(queues)s named queues with the most
+# jobs read (then by name) by name, the others as %(other)s, no named queue as
+# ''. So at most (tasks + 1) * (%(queues)s + 2) rows, whatever names the table
+# holds. The oldest waiting job's age is null when none waits, and infinity
+# for a run_at of -infinity (PostgreSQL before 17 cannot subtract it).
 _DEPTH = (
     """
-  select
-    case when t.identifier = any(%(tasks)s::text[]) then t.identifier end,
-    sum(c.waiting)::bigint, sum(c.scheduled)::bigint, sum(c.locked)::bigint,
-    sum(c.permanently_failed)::bigint, sum(c.retrying)::bigint, sum(c.total)::bigint
-  from (
+  with c (task_id, job_queue_id, waiting, scheduled, locked, permanently_failed, retrying,
+          total, oldest) as (
     select
-      j.task_id,"""
+      j.task_id, j.job_queue_id,"""
     + STATE_COUNTS
     + """,
-      count(*)
+      count(*),
+      min(j.run_at) filter (
+        where j.locked_at is null and j.attempts < j.max_attempts and j.run_at <= now()
+      )
     from (
-      select j.task_id, j.run_at, j.attempts, j.max_attempts, j.locked_at
+      select j.task_id, j.job_queue_id, j.run_at, j.attempts, j.max_attempts, j.locked_at
       from {schema}._private_jobs as j
       limit %(limit)s
     ) as j
-    group by j.task_id
-  ) as c (task_id, waiting, scheduled, locked, permanently_failed, retrying, total)
+    group by j.task_id, j.job_queue_id
+  ),
+  ranked as (
+    select c.job_queue_id,
+      row_number() over (order by sum(c.total) desc, q.queue_name) <= %(queues)s as labelled
+    from c
+    join {schema}._private_job_queues as q on q.id = c.job_queue_id
+    group by c.job_queue_id, q.queue_name
+  )
+  select
+    case when t.identifier = any(%(tasks)s::text[]) then t.identifier end,
+    case
+      when c.job_queue_id is null then ''
+      when r.labelled then q.queue_name
+      else %(other)s
+    end,
+    sum(c.waiting)::bigint, sum(c.scheduled)::bigint, sum(c.locked)::bigint,
+    sum(c.permanently_failed)::bigint, sum(c.retrying)::bigint, sum(c.total)::bigint,
+    case
+      when isfinite(min(c.oldest)) then extract(epoch from now() - min(c.oldest))::float8
+      when min(c.oldest) is not null then 'infinity'::float8
+    end
+  from c
   join {schema}._private_tasks as t on t.id = c.task_id
-  group by 1
+  left join ranked as r on r.job_queue_id = c.job_queue_id
+  left join {schema}._private_job_queues as q on q.id = c.job_queue_id and r.labelled
+  group by 1, 2
 """
 )
 
@@ -144,11 +184,29 @@ class LimitUse:
 
 
 @dataclass(frozen=True)
-class Depth:
-    """Jobs by task: counts in the order of :data:`STATES`, for the worker's
-    tasks that have jobs and :data:`OTHER_TASKS` (the others' jobs, if any)."""
+class Group:
+    """The jobs of one task and named queue (labels as in :class:`Depth`)."""
 
-    counts: dict[str, tuple[int, ...]]
+    #: In the order of STATES: each job in exactly one.
+    states: tuple[int, ...]
+    #: The waiting and scheduled jobs that failed an attempt before.
+    retrying: int
+    #: Seconds since the run_at of the oldest waiting job (inf for a run_at
+    #: of -infinity), None when none waits.
+    oldest_age: float | None
+
+
+#: A task and queue without any job.
+EMPTY_GROUP = Group((0,) * len(STATES), 0, None)
+
+
+@dataclass(frozen=True)
+class Depth:
+    """Jobs by (task, queue): task one of the worker's tasks or
+    :data:`OTHER_TASKS`, queue a named queue, :data:`OTHER_QUEUES` or ""
+    (no named queue); only the pairs that have jobs."""
+
+    groups: dict[tuple[str, str], Group]
     #: The table held more rows than the query reads: the counts are lower bounds.
     truncated: bool
     #: The pauses in force: (kind, name), kind ``queue`` or ``task``, name ``*``
@@ -240,7 +298,12 @@ class QueueDepth:
             pending.set()
 
     async def _query(self, pool: AsyncConnectionPool[Any]) -> Depth:
-        params = {"limit": SCAN_LIMIT + 1, "tasks": sorted(self._pool.tasks)}
+        params = {
+            "limit": SCAN_LIMIT + 1,
+            "tasks": sorted(self._pool.tasks),
+            "queues": QUEUE_LABELS,
+            "other": OTHER_QUEUES,
+        }
         async with pool.connection() as conn, conn.transaction():
             await conn.execute(_TIMEOUT)
             cur = await conn.execute(self._statement, params)
@@ -253,20 +316,33 @@ class QueueDepth:
             limits = tuple(_limit_use(row) for row in await cur.fetchall())
             cur = await conn.execute(self._stranded, {"tasks": STRANDED_TASKS, "cap": STRANDED_CAP})
             stranded = tuple((str(row[0]), int(row[1])) for row in await cur.fetchall())
-        counts: dict[str, tuple[int, ...]] = {}
-        for row in rows:
-            # A worker's own task named like the bucket adds up with it.
-            task = OTHER_TASKS if row[0] is None else str(row[0])
-            before = counts.get(task, (0,) * len(STATES))
-            counts[task] = tuple(a + int(b) for a, b in zip(before, row[1:6], strict=True))
-        scanned = sum(int(row[6]) for row in rows)
+        scanned = sum(int(row[7]) for row in rows)
         return Depth(
-            counts,
+            _groups(rows),
             truncated=scanned > SCAN_LIMIT,
             paused=paused,
             limits=limits,
             stranded=stranded,
         )
+
+
+def _groups(rows: list[tuple[Any, ...]]) -> dict[tuple[str, str], Group]:
+    """The rows of :data:`_DEPTH` by (task, queue); a worker's own task
+    named like the bucket of the others adds up with it."""
+    groups: dict[tuple[str, str], Group] = {}
+    for task, queue, *figures in rows:
+        key = (OTHER_TASKS if task is None else str(task), str(queue))
+        states = tuple(int(count) for count in figures[:4])
+        retrying, age = int(figures[4]), figures[6]
+        oldest = None if age is None else float(age)
+        before = groups.get(key)
+        if before is not None:
+            states = tuple(a + b for a, b in zip(before.states, states, strict=True))
+            retrying += before.retrying
+            ages = [x for x in (before.oldest_age, oldest) if x is not None]
+            oldest = max(ages) if ages else None
+        groups[key] = Group(states, retrying, oldest)
+    return groups
 
 
 def _limit_use(row: tuple[Any, ...]) -> LimitUse:

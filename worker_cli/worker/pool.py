@@ -22,7 +22,8 @@ import asyncio
 import logging
 import math
 import secrets
-from collections.abc import Coroutine, Sequence
+from collections.abc import Coroutine, Mapping, Sequence
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import psycopg
@@ -69,6 +70,8 @@ class PoolLoad(NamedTuple):
     queued: int
     #: Running jobs that should have stopped (:mod:`.stuck`).
     stuck: int = 0
+    #: The running jobs by task identifier (tasks running none are left out).
+    running_tasks: Mapping[str, int] = MappingProxyType({})
 
 
 class WorkerPool:
@@ -172,8 +175,8 @@ class WorkerPool:
     @property
     def load(self) -> PoolLoad:
         """Jobs running now, and fetched jobs waiting for a slot (any thread may read it)."""
-        running = self._slots.running if self._slots else 0
-        return PoolLoad(running, len(self._queue), len(self._stuck))
+        running, tasks = (s.running, s.running_tasks()) if (s := self._slots) else (0, {})
+        return PoolLoad(running, len(self._queue), len(self._stuck), tasks)
 
     def held_job_ids(self) -> list[int]:
         """Ids of the jobs this pool holds locked and has not written back yet."""

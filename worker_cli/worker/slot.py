@@ -13,6 +13,7 @@ inherit it.
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -132,13 +133,22 @@ class SlotGroup:
 
     def running_job_ids(self) -> set[int]:
         """Ids of the jobs running now."""
-        ids = {slot.job.id for slot in self._slots if slot.job is not None}
-        ids.update(
-            job.id
-            for slot in self._slots
-            if slot.thread is not None and (job := slot.thread.current) is not None
-        )
-        return ids
+        return set(self._running_jobs())
+
+    def running_tasks(self) -> Counter[str]:
+        """Jobs running now, by task identifier (any thread may read it)."""
+        return Counter(job.task_identifier for job in self._running_jobs().values())
+
+    def _running_jobs(self) -> dict[int, Job]:
+        """The jobs running now, by id: in the slots' coroutines, and in their
+        threads (a job may be in both)."""
+        jobs: dict[int, Job] = {}
+        for slot in list(self._slots):
+            if (job := slot.job) is not None:
+                jobs[job.id] = job
+            if (thread := slot.thread) is not None and (current := thread.current) is not None:
+                jobs[current.id] = current
+        return jobs
 
     def where(self, job_id: int) -> str | None:
         """Where a running job's task is now (its innermost frames)."""
