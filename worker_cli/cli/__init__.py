@@ -11,6 +11,7 @@ package; nothing imports it but ``worker_cli/__init__.py`` (lazily) and
 
 from __future__ import annotations
 
+from .admin_commands import fail, jobs, migrate, remove, reschedule, retry
 from .commands import command, main
 from .job_commands import add_job, cancel, job
 from .limit_commands import limit, limits
@@ -24,5 +25,11 @@ command.add_command(resume)
 command.add_command(pauses)
 command.add_command(limit)
 command.add_command(limits)
+command.add_command(jobs)
+command.add_command(retry)
+command.add_command(reschedule)
+command.add_command(fail)
+command.add_command(remove)
+command.add_command(migrate)
 
 __all__ = ["command", "main"]
