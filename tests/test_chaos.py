@@ -14,7 +14,11 @@ of SIGKILL and every other worker exited 0. ``pytest -s`` prints the figures.
 
 The short version (plain ``pytest``) has one round of faults over about 12 s,
 all its jobs added by one ``add_jobs`` call. The long version, run by hand,
-keeps injecting rounds of faults for CHAOS_SECONDS and keeps adding jobs::
+keeps injecting rounds of faults for CHAOS_SECONDS and keeps adding jobs; its
+database is a primary with a synchronous streaming standby, and each of its
+rounds also fails over: the primary is killed, the standby promoted, and a new
+standby made (tests/failover_helpers.py; the workers are given both servers
+with ``target_session_attrs=read-write``)::
 
     CHAOS_SECONDS=600 CHAOS_SEED=12345 pytest -s -p no:cacheprovider tests/test_chaos.py
 
@@ -50,6 +54,7 @@ from chaos_poison import (
     write_poison_tasks,
 )
 from dbhelpers import run_cli
+from failover_helpers import chaos_pair
 from fault_helpers import (
     RestartablePg,
     Worker,
@@ -84,7 +89,7 @@ WORKER_ARGS = (
     *("--heartbeat-interval", "0.5", "--heartbeat-timeout", str(HEARTBEAT_TIMEOUT)),
 )
 # One round: the faults of the short version, in a random order.
-ROUND = ("SIGKILL", "SIGKILL", "SIGKILL", "SIGTERM", "restart")
+ROUND = ("SIGKILL", "SIGKILL", "SIGKILL", "SIGTERM", "restart", *(("failover",) if LONG else ()))
 GAP = (1.0, 3.8)  # seconds between two faults (a round lasts ~12 s)
 OUTAGE_PAUSE = (0.1, 3.0)  # seconds the server stays down (sometimes > the heartbeat timeout)
 
@@ -242,6 +247,9 @@ class Chaos:
             self.live.remove(index)
             self.stopping.append(index)
             self.start_worker()
+        elif kind == "failover":
+            t = time.monotonic()
+            self.faults.append(Fault(t, kind, self.pg.failover(self.rng)))
         else:
             wait_until(self.ready, 60, "every worker to have started")
             pause = self.rng.uniform(*OUTAGE_PAUSE)
@@ -356,7 +364,7 @@ def test_chaos(tmp_path: Path) -> None:
     (folder / "runs").mkdir(parents=True)
     write_task(folder, folder / "runs", TASK)
     write_poison_tasks(folder)
-    with restartable_pg() as pg:
+    with chaos_pair() if LONG else restartable_pg() as pg:
         db = Db(pg.server.url(pg.server.create_database()))
         chaos = Chaos(pg, db, folder, rng)
         stuck: list[Violation] = []
@@ -437,7 +445,8 @@ def test_chaos(tmp_path: Path) -> None:
         f"batches={chaos.batches} workers_started={len(chaos.workers)} "
         f"sigkills={kinds.count('SIGKILL')} sigterms={kinds.count('SIGTERM')} "
         f"db_restarts={kinds.count('restart')} "
-        f"(down {', '.join(f'{s:.2f}s' for s in chaos.outages)}) runs={figures.runs} "
+        f"(down {', '.join(f'{s:.2f}s' for s in chaos.outages)}) "
+        f"failovers={kinds.count('failover')} runs={figures.runs} "
         f"rerun_jobs={figures.rerun_jobs} cut_short_runs={figures.cut_short_runs} "
         f"pools_declared_dead={declared} (alive: {wrongly}) "
         f"idle_faults={sum('no job was left' in f.detail for f in chaos.faults)} "

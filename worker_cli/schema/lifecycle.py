@@ -24,7 +24,7 @@ complete_batch_recording = (
     delete from {schema}._private_jobs as j
     where j.id = any(%(job_ids)b::bigint[])
     returning j.id, j.job_queue_id, j.task_id, j.key, j.priority, j.attempts,
-      j.max_attempts, j.revision, j.flags, j.created_at, j.run_at, j.locked_at
+      j.max_attempts, j.revision, j.flags, j.created_at, j.run_at, j.locked_at, j.locked_by
   ),
   recorded as (
     insert into {schema}._private_py_job_history (
@@ -50,7 +50,8 @@ complete_batch_recording = (
   unlocked as (
     update {schema}._private_job_queues as q
     set locked_at = null, locked_by = null
-    where q.id in (select done.job_queue_id from done) and q.locked_by = %(pool_id)s
+    where q.id in (select done.job_queue_id from done where done.locked_by = %(pool_id)s)
+      and q.locked_by = %(pool_id)s
   ),"""
     + statements.finished_options
     + statements.notify_waiters
