@@ -3,6 +3,8 @@
     python tests/dashboard_screenshot.py [OUTPUT.png]
     python tests/dashboard_screenshot.py --page finished [OUTPUT.png]
     python tests/dashboard_screenshot.py --page finished-job [OUTPUT.png]
+    python tests/dashboard_screenshot.py --page crontab [OUTPUT.png]
+    python tests/dashboard_screenshot.py --page bulk [OUTPUT.png]
     python tests/dashboard_screenshot.py --width 420 --page jobs OUTPUT.png
 
 Fills a throwaway database (TEST_DATABASE_URL's server, else a private one)
@@ -10,7 +12,8 @@ with a small, plausible queue and history, serves the dashboard and
 photographs a page with headless Chromium: the overview
 (tests/screenshots/dashboard-overview.png by default), the Finished view, or
 the page of a finished job with a result (dashboard-finished.png,
-dashboard-finished-job.png), the Jobs list; ``--width`` sets the window's
+dashboard-finished-job.png), the Jobs list, the confirmation of a bulk
+retry (dashboard-bulk.png); ``--width`` sets the window's
 width (1280; 420 for a phone's).
 """
 
@@ -127,9 +130,52 @@ cross join lateral (
 ) as spec;
 """
 
+# Six hours of throughput for the chart: jobs finished at a rate that rises
+# and falls (a few failed for good, a few cancelled), waits growing with it.
+CHART_HISTORY = """
+insert into graphile_worker._private_py_job_history (
+  job_id, state, task_identifier, priority, attempts, max_attempts, revision,
+  created_at, run_at, started_at, finished_at, expires_at)
+select 200000 + n, case when n % 41 = 0 then 'failed' when n % 97 = 0 then 'cancelled'
+    else 'succeeded' end,
+  (array['send_email', 'resize_image', 'billing/charge', 'sync_crm'])[1 + n % 4], 0, 1, 25, 0,
+  f.at - w.wait, f.at - w.wait, f.at - interval '1 second', f.at, f.at + interval '1 day'
+from generate_series(1, 4000) as n
+cross join lateral (
+  select now() - interval '6 hours' + (n / 4000.0) * interval '6 hours'
+    + (sin(n / 170.0) * interval '9 minutes') as at
+) as f
+cross join lateral (
+  select (1 + 20 * greatest(sin(n / 600.0), 0) + (n % 13)) * interval '1 second' as wait
+) as w
+where f.at < now();
+update graphile_worker._private_jobs
+  set created_at = now() - ((id * 37) % 350) * interval '1 minute' - interval '5 minutes';
+"""
+
+# The crontab the dashboard is given, and what the workers know of it.
+DEMO_CRONTAB = """
+# m h dom mon dow  task  ?options  {payload}
+30 4 * * 1     send_weekly_email ?fill=2d&max=10 {onboarding: false}
+0 */4 * * *    reports/rollup
+30 2 * * *     reports/nightly ?id=nightly_paris&tz=Europe/Paris&queue=reports
+0 9 * * 1-5    billing/charge ?id=invoices_ny&tz=America/New_York {batch: 'daily'}
+*/15 * * * *   sync_crm ?queue=crm&jobKey=crm-sync
+"""
+KNOWN_CRONTABS = """
+insert into graphile_worker._private_known_crontabs values
+  ('send_weekly_email', now() - interval '60 days', now() - interval '3 days 2 hours'),
+  ('reports/rollup', now() - interval '60 days', date_trunc('hour', now()) - interval '2 hours'),
+  ('nightly_paris', now() - interval '20 days', now() - interval '16 hours'),
+  ('sync_crm', now() - interval '60 days', date_trunc('minute', now()) - interval '4 minutes'),
+  ('legacy_cleanup', now() - interval '200 days', now() - interval '45 days');
+"""
+
 #: The pages the script can photograph: path, the element to wait for, height.
 PAGES = {
-    "overview": ("/", "#failures-table", 1480),
+    "crontab": ("/crontab", "#cron-items", 1000),
+    "overview": ("/", "#failures-table", 1900),
+    "bulk": ("/bulk/retry?task=send_email&state=permanently_failed", "#bulk-confirm", 640),
     "finished": ("/finished", "#finished-table", 1200),
     "finished-job": ("/jobs/100048", "#job-result", 1000),
     "jobs": ("/jobs", "#jobs-table", 1200),
@@ -141,6 +187,8 @@ async def fill(url: str) -> None:
         await migrate(conn, "graphile_worker")
         await conn.execute(DEMO)
         await conn.execute(HISTORY)
+        await conn.execute(KNOWN_CRONTABS)
+        await conn.execute(CHART_HISTORY)
 
 
 def main() -> None:
@@ -157,7 +205,10 @@ def main() -> None:
     output = Path(args[0]) if args else default
     with start_server() as server, server.database() as url:
         asyncio.run(fill(url))
-        with serve_app(create_app(url, refresh=0)) as base, chromium() as browser:
+        with (
+            serve_app(create_app(url, refresh=0, crontab=DEMO_CRONTAB)) as base,
+            chromium() as browser,
+        ):
             browser.set_window_size(width, height)
             browser.get(base + path)
             wait_for(browser, element)

@@ -434,6 +434,15 @@ def _basic_auth(_ctx: click.Context, _param: click.Parameter, value: str | None)
     help="Also answer requests for this host name (repeatable); any other Host but the "
     "listening address and localhost gets a 400 (DNS rebinding).",
 )
+@click.option(
+    "--crontab",
+    "crontab_file",
+    type=click.Path(path_type=Path, dir_okay=False),
+    default=None,
+    help="The workers' crontab, for the Crontab page's schedules, time zones, next runs "
+    "and Run now. Default: ./crontab, if there is one.",
+)
+@worker_option("cron_timezone")
 @click.pass_context
 def dashboard(ctx: click.Context, /, connection: str | None, schema: str, **options: Any) -> None:
     """Serve the web dashboard: the queue by task, state and named queue, jobs,
@@ -447,6 +456,8 @@ def dashboard(ctx: click.Context, /, connection: str | None, schema: str, **opti
             "the dashboard needs its extra: pip install 'graphile-worker[dashboard]'"
         ) from None
     connection, schema = shared(ctx, connection, schema)
+    if options["crontab_file"] is None and Path("crontab").is_file():
+        options["crontab_file"] = Path("crontab")
     try:
         serve(connection, schema=schema, **options)
     except GraphileWorkerError as exc:

@@ -23,6 +23,8 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 
+from ..schema.admin_statements import ACTIONS as ADMIN_STATEMENTS
+from ..schema.statements import compose
 from .inputs import SMALLINT, BadInput, checked_text, parse_int, parse_job_id, parse_run_at
 from .security import Csrf, foreign_post
 
@@ -168,6 +170,8 @@ class _Actions:
             return form
         if action == "cancel":
             return await self._cancel(request, job_id, form)
+        if action == "fail":
+            return await self._fail(request, job_id, form)
         try:
             changed = await self._apply(job_id, action, form)
         except BadInput as exc:
@@ -204,14 +208,37 @@ class _Actions:
         logger.info("Dashboard: cancel job %d: %s", job_id, state)
         return self._redirect(request, f"/jobs/{job_id}", why, job=job_id, state=state)
 
+    async def _fail(self, request: Request, job_id: int, form: dict[str, str]) -> Response:
+        """Permanently fail the job with ``graphile-worker fail``'s statement
+        (through ``permanently_fail_jobs``), which keeps its real error: its
+        last error becomes ``REASON (was: ERROR)``, the reason alone if it
+        never failed. A job already failed for good is left as it is (its
+        error is not wrapped again), and a locked one alone."""
+        try:
+            reason = checked_text(form.get("reason", ""), "reason").strip() or DEFAULT_FAIL_REASON
+        except BadInput as exc:
+            return await self.confirm_job(request, error=str(exc))
+        utils = await self.dashboard.utils()
+        async with utils.connection() as conn:
+            cursor = await conn.execute(
+                compose(ADMIN_STATEMENTS["fail"], utils.schema), {"ids": [job_id], "reason": reason}
+            )
+            [(_, outcome)] = await cursor.fetchall()
+        if outcome == "changed":
+            logger.info("Dashboard: fail job %d", job_id)
+            return self._redirect(request, f"/jobs/{job_id}", "fail", job=job_id)
+        if outcome == "missing":
+            return self._redirect(request, "/jobs", "gone", job=job_id)
+        if outcome == "locked":
+            return self._redirect(request, f"/jobs/{job_id}", "locked", job=job_id)
+        already = f"job {job_id} was already permanently failed: its last error is kept as it is"
+        return self._redirect(request, f"/jobs/{job_id}", "bad-input", error=already)
+
     async def _apply(self, job_id: int, action: str, form: dict[str, str]) -> bool:
         """Run the action through WorkerUtils; whether it changed the job."""
         utils = await self.dashboard.utils()
         if action == "delete":
             return bool(await utils.complete_jobs([job_id]))
-        if action == "fail":
-            reason = checked_text(form.get("reason", ""), "reason").strip() or DEFAULT_FAIL_REASON
-            return bool(await utils.permanently_fail_jobs([job_id], reason))
         if action == "reschedule":
             run_at = parse_run_at(form.get("run_at", ""))
             priority = parse_int(form.get("priority", ""), "priority", -SMALLINT - 1)

@@ -34,7 +34,8 @@ from ..db.retry import one_line
 from ..db.timestamps import read_timestamps_leniently
 from ..jobs.worker_utils import WorkerUtils
 from ..schema.pauses import HELD_BY
-from . import actions, limit_actions, pages, pause_actions
+from . import actions, bulk_actions, crontab_page, limit_actions, pages, pause_actions, throughput
+from .error_chain import error_chain
 from .formatting import FILTERS
 from .inputs import BIGINT, BadInput, parse_job_id, shown
 from .notices import Flash, cookie_path
@@ -66,7 +67,11 @@ class Dashboard:
         max_connections: int = 4,
         allowed_hosts: Iterable[str] | None = None,
         no_prepared_statements: bool = False,
+        crontab: str | None = None,
+        crontab_file: str | Path | None = None,
+        cron_timezone: str = "UTC",
     ) -> None:
+        self.crontab = crontab_page.load_crontab(crontab, crontab_file, cron_timezone)
         self.conninfo = resolve_connection_string(connection_string)
         self.no_prepared_statements = no_prepared_statements
         self.schema = resolve_schema(schema)
@@ -87,11 +92,14 @@ class Dashboard:
             autoescape=True,
             undefined=jinja2.StrictUndefined,
         )
-        self.templates.filters.update(FILTERS)
+        self.templates.filters.update(FILTERS, error_chain=error_chain)
         inner = Starlette(
             routes=[
+                *throughput.routes(self),  # the overview, with its chart
+                *crontab_page.routes(self, self.crontab),
                 *pages.routes(self),
                 *actions.routes(self),
+                *bulk_actions.routes(self),
                 *pause_actions.routes(self),
                 *limit_actions.routes(self),
                 Mount("/static", app=StaticFiles(directory=PACKAGE / "static"), name="static"),
@@ -307,6 +315,9 @@ def create_app(
     max_connections: int = 4,
     allowed_hosts: Iterable[str] | None = None,
     no_prepared_statements: bool = False,
+    crontab: str | None = None,
+    crontab_file: str | Path | None = None,
+    cron_timezone: str = "UTC",
 ) -> Dashboard:
     """The dashboard as an ASGI application.
 
@@ -325,8 +336,12 @@ def create_app(
     no check, for a dashboard mounted in an application that checks hosts or
     authenticates in front of it. ``no_prepared_statements``: the connection string
     goes through a pooler in transaction mode (PgBouncer): no prepared statement and
-    no session setting is made. Mount it with ``app.mount("/queue", dashboard)``; close
-    its connections with ``await dashboard.close()`` when the application stops.
+    no session setting is made. ``crontab`` (its text) or ``crontab_file``: the
+    workers' crontab, shown on the Crontab page with each item's schedule, time zone
+    and next run (lines without ``?tz=`` in ``cron_timezone``, the workers'
+    ``--cron-timezone``); a bad one raises CrontabError as in the worker. Mount it
+    with ``app.mount("/queue", dashboard)``; close its connections with
+    ``await dashboard.close()`` when the application stops.
     """
     return Dashboard(
         connection_string,
@@ -338,4 +353,7 @@ def create_app(
         max_connections=max_connections,
         allowed_hosts=allowed_hosts,
         no_prepared_statements=no_prepared_statements,
+        crontab=crontab,
+        crontab_file=crontab_file,
+        cron_timezone=cron_timezone,
     )

@@ -37,6 +37,7 @@ __all__ = ["DONE", "REFUSED", "VALUES", "Flash", "Notice", "cookie_path", "notic
 
 #: What an action did.
 DONE = {
+    "bulk": "{detail}.",  # a bulk action's summary (bulk_actions.py)
     "run-now": "Job {job} will run now.",
     "reschedule": "Job {job} was rescheduled.",
     "fail": "Job {job} was permanently failed.",
@@ -74,6 +75,7 @@ REFUSED = {
     ),
     "not-limited": "{target} had no limit (removed already?): nothing was changed.",
     "bad-input": "{error}. Nothing was changed.",
+    "bulk-none": "No job matches ({detail}): nothing was changed.",
 }
 
 #: The values a notice is filled with (each shortened to Flash.MAX_VALUE).

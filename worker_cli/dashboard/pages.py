@@ -30,12 +30,10 @@ logger = logging.getLogger("graphile_worker.dashboard")
 def routes(dashboard: Site) -> list[Route]:
     pages = _Pages(dashboard)
     return [
-        Route("/", pages.overview, name="overview"),
         Route("/jobs", pages.jobs, name="jobs"),
         Route("/jobs/{job_id}", pages.job, name="job"),
         Route("/finished", pages.finished, name="finished"),
         Route("/pools", pages.pools, name="pools"),
-        Route("/crontab", pages.crontab, name="crontab"),
         Route("/healthz", pages.healthz, name="healthz"),
     ]
 
@@ -68,20 +66,6 @@ def job_filter_of(request: Request) -> tuple[JobFilter, list[str]]:
 class _Pages:
     def __init__(self, dashboard: Site) -> None:
         self.dashboard = dashboard
-
-    async def overview(self, request: Request) -> Response:
-        async with self.dashboard.reading() as reader:
-            data = await reader.overview()
-        return self.dashboard.render(
-            request,
-            "overview.html",
-            refresh=True,
-            title="Overview",
-            page="overview",
-            data=data,
-            now=data.now,
-            window=WINDOW,
-        )
 
     async def jobs(self, request: Request) -> Response:
         job_filter, problems = job_filter_of(request)
@@ -167,20 +151,6 @@ class _Pages:
             data=data,
             now=data.now,
             window=WINDOW,
-        )
-
-    async def crontab(self, request: Request) -> Response:
-        async with self.dashboard.reading() as reader:
-            items = await reader.crontab()
-            now = await reader.now()
-        return self.dashboard.render(
-            request,
-            "crontab.html",
-            refresh=True,
-            title="Crontab",
-            page="crontab",
-            items=items,
-            now=now,
         )
 
     async def healthz(self, request: Request) -> Response:

@@ -14,6 +14,7 @@ import errno
 import logging
 import socket
 from collections.abc import Iterable
+from pathlib import Path
 
 import uvicorn
 
@@ -22,6 +23,7 @@ from ..db.connections import connect
 from ..errors import ConfigurationError, GraphileWorkerError
 from ..observe import logs
 from .app import create_app
+from .crontab_page import load_crontab
 from .reads import Reader
 from .security import AUTH_ENVVAR, AllowedHosts, BasicAuth, is_loopback
 
@@ -100,10 +102,13 @@ def serve(
     refresh: float,
     allowed_hosts: Iterable[str] = (),
     no_prepared_statements: bool = False,
+    crontab_file: Path | None = None,
+    cron_timezone: str = "UTC",
 ) -> None:
     """Serve the dashboard until interrupted (Ctrl-C, SIGTERM). It answers
     to its own address, ``localhost`` and ``allowed_hosts`` (a 400 to any
-    other ``Host``: DNS rebinding)."""
+    other ``Host``: DNS rebinding). ``crontab_file``: the workers' crontab,
+    read and checked before it listens (a bad one fails as the worker's does)."""
     refuse_unprotected(host, auth)
     try:
         hosts = AllowedHosts([host, *allowed_hosts])
@@ -111,6 +116,7 @@ def serve(
         raise ConfigurationError(f"--allowed-host: {exc}") from None
     conninfo = resolve_connection_string(connection_string)
     schema_name = resolve_schema(schema)
+    load_crontab(crontab_file=crontab_file, cron_timezone=cron_timezone)  # fails at once
     sockets = bind(host, port)
     try:
         asyncio.run(check_database(conninfo, schema_name))
@@ -127,6 +133,8 @@ def serve(
         refresh=refresh,
         allowed_hosts=sorted(hosts.names),
         no_prepared_statements=no_prepared_statements,
+        crontab_file=crontab_file,
+        cron_timezone=cron_timezone,
     )
     shown = f"[{host}]" if ":" in host else host
     logger.info(

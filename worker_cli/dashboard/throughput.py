@@ -1,0 +1,361 @@
+"""Throughput and lag over time, on the overview: per bucket of the last
+hours (1 h by minute, 6 h by 5 minutes, 24 h by 20 minutes), the jobs
+completed, failed for good or cancelled, and added, and the longest wait of
+the completed jobs (from when they were due to when their last attempt
+started), for every task or one (``?task=``), drawn as an inline SVG
+(no script: the CSP stays ``default-src 'none'`` plus the dashboard's own
+files; colours come from the stylesheet).
+
+Where the figures come from, with no write beyond what the history already
+costs (each index on the history would be paid by every completed job,
+migrations/py/000011.sql, so none is added):
+
+- completed: history rows (``_private_py_job_history``) of state
+  ``succeeded``, by ``finished_at``; the wait: ``started_at - run_at``;
+- failed: history rows ``failed`` (archived by the cleanup, ``finished_at``
+  being when the job failed) and live jobs failed for good (attempts used up,
+  not locked), by ``updated_at``; cancelled: history rows ``cancelled``.
+  A retriable failure (an attempt that failed with attempts left) is recorded
+  nowhere once the next attempt starts: it is not counted;
+- added: ``created_at`` of live jobs and of history rows. A job a Node worker
+  completed, or an admin function removed, leaves no row: it is not counted.
+
+Bounds: one read-only statement reads the newest :data:`CHART_READ` history
+rows by their primary key (``_private_py_job_history_pkey``, backward) and the
+newest :data:`CHART_READ` live jobs by theirs (``jobs_pkey1``, backward), and
+buckets those; the task filter applies to the rows read (a rare task does not
+make the scan longer). When a read reached its cap, the jobs below the lowest
+id read are not seen: the chart says from when on its figures are complete
+(jobs added before then and finished since are still missed).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any, LiteralString
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from .inputs import BadInput, checked_text, shown
+from .queries import WINDOW
+
+if TYPE_CHECKING:
+    from starlette.datastructures import QueryParams
+
+    from .reads import Reader
+    from .site import Site
+
+__all__ = [
+    "CHART_READ",
+    "RANGES",
+    "Chart",
+    "ChartChoice",
+    "chart_choice_of",
+    "read_chart",
+    "routes",
+]
+
+#: Hours shown -> seconds per bucket.
+RANGES: dict[int, int] = {1: 60, 6: 300, 24: 1200}
+DEFAULT_HOURS = 6
+#: Rows read at most from the history, and from the jobs table (newest ids).
+CHART_READ = 50_000
+
+# The drawing, in SVG user units (the SVG scales to the panel's width).
+WIDTH, HEIGHT, WAIT_HEIGHT = 960, 180, 70
+LEFT, RIGHT, TOP, BOTTOM = 52, 8, 10, 22
+
+# The newest CHART_READ history rows and live jobs (each through its primary
+# key, backward), as events: completed, failed, cancelled, added, each at its
+# time, with the wait of a completed job; then counted per bucket from
+# %(start)s, %(step)s seconds each, up to %(end)s.
+chart_buckets: LiteralString = """
+  with h as materialized (
+    select h.job_id, h.state, h.task_identifier, h.created_at, h.run_at, h.started_at,
+      h.finished_at
+    from {schema}._private_py_job_history as h
+    order by h.job_id desc
+    limit %(read)s
+  ),
+  j as materialized (
+    select j.id, j.task_id, j.created_at, j.updated_at, j.attempts, j.max_attempts, j.locked_at
+    from {schema}._private_jobs as j
+    order by j.id desc
+    limit %(read)s
+  ),
+  jt as (
+    select j.*, t.identifier
+    from j join {schema}._private_tasks as t on t.id = j.task_id
+    where %(task)s::text is null or t.identifier = %(task)s::text
+  ),
+  ht as (
+    select h.* from h where %(task)s::text is null or h.task_identifier = %(task)s::text
+  ),
+  events as (
+    select h.finished_at as at,
+      case h.state when 'succeeded' then 'completed' else h.state end as kind,
+      case when h.state = 'succeeded' and h.started_at is not null
+        then greatest(extract(epoch from h.started_at - h.run_at), 0) end as wait
+    from ht as h
+    union all
+    select h.created_at, 'added', null from ht as h
+    union all
+    select j.created_at, 'added', null from jt as j
+    union all
+    select j.updated_at, 'failed', null from jt as j
+    where j.attempts >= j.max_attempts and j.locked_at is null
+  )
+  select floor(extract(epoch from e.at - %(start)s::timestamptz) / %(step)s)::int as bucket,
+    count(*) filter (where e.kind = 'completed') as completed,
+    count(*) filter (where e.kind = 'failed') as failed,
+    count(*) filter (where e.kind = 'cancelled') as cancelled,
+    count(*) filter (where e.kind = 'added') as added,
+    max(e.wait)::float8 as max_wait
+  from events as e
+  where e.at >= %(start)s::timestamptz and e.at < %(end)s::timestamptz
+  group by 1
+  order by 1
+"""
+
+# How much of each table the chart read: the rows read, and the created_at of
+# the lowest id read (the primary keys, backward; two rows by id).
+chart_coverage: LiteralString = """
+  with h as (
+    select h.job_id from {schema}._private_py_job_history as h
+    order by h.job_id desc limit %(read)s
+  ),
+  j as (
+    select j.id from {schema}._private_jobs as j order by j.id desc limit %(read)s
+  )
+  select
+    (select count(*) from h) as history_read,
+    (select x.created_at from {schema}._private_py_job_history as x
+      where x.job_id = (select min(h.job_id) from h)) as history_from,
+    (select count(*) from j) as live_read,
+    (select x.created_at from {schema}._private_jobs as x
+      where x.id = (select min(j.id) from j)) as live_from
+"""
+
+
+@dataclass(frozen=True)
+class ChartChoice:
+    """What the chart shows: the last ``hours``, every task or one."""
+
+    hours: int = DEFAULT_HOURS
+    task: str | None = None
+
+    @property
+    def step(self) -> int:
+        """Seconds per bucket."""
+        return RANGES[self.hours]
+
+
+def chart_choice_of(params: QueryParams) -> tuple[ChartChoice, list[str]]:
+    """The chart's choice from the overview's query string (``hours``,
+    ``task``), and what was wrong with it (each wrong value left out)."""
+    problems = []
+    hours = DEFAULT_HOURS
+    text = params.get("hours") or ""
+    if text:
+        if text.isdigit() and int(text) in RANGES:
+            hours = int(text)
+        else:
+            choices = ", ".join(str(one) for one in RANGES)
+            problems.append(f"hours {shown(text)} is not one of {choices}; showing {hours}")
+    task = None
+    try:
+        task = checked_text(params.get("task") or "", "task") or None
+    except BadInput as exc:
+        problems.append(f"{exc}; showing every task")
+    return ChartChoice(hours, task), problems
+
+
+@dataclass
+class Bucket:
+    start: datetime
+    completed: int = 0
+    failed: int = 0
+    cancelled: int = 0
+    added: int = 0
+    max_wait: float | None = None
+
+    @property
+    def finished(self) -> int:
+        return self.completed + self.failed + self.cancelled
+
+
+@dataclass
+class Chart:
+    """The chart's figures, and its drawing (SVG coordinates)."""
+
+    choice: ChartChoice
+    start: datetime
+    buckets: list[Bucket]
+    #: From when on the figures are complete (None: everything was read).
+    complete_from: datetime | None
+    #: The history holds no row at all (off, Node workers only, or pruned).
+    history_empty: bool
+    totals: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def step(self) -> int:
+        return self.choice.step
+
+    @property
+    def longest_wait(self) -> float | None:
+        waits = [b.max_wait for b in self.buckets if b.max_wait is not None]
+        return max(waits) if waits else None
+
+    # --- drawing ----------------------------------------------------------------
+
+    width, height, wait_height = WIDTH, HEIGHT, WAIT_HEIGHT
+    left, top = LEFT, TOP
+    plot_height = HEIGHT - BOTTOM - TOP
+    read = CHART_READ
+
+    @property
+    def plot_width(self) -> float:
+        return WIDTH - LEFT - RIGHT
+
+    @property
+    def slot(self) -> float:
+        return self.plot_width / len(self.buckets)
+
+    @property
+    def scale(self) -> int:
+        """The top of the count axis: a round number above every bar and point."""
+        return nice(max([1, *(max(b.finished, b.added) for b in self.buckets)]))
+
+    @property
+    def wait_scale(self) -> float:
+        return nice_seconds(self.longest_wait or 1.0)
+
+    def x(self, index: int) -> float:
+        return round(LEFT + index * self.slot, 2)
+
+    def y(self, value: float) -> float:
+        """The y of a count (the plot's bottom is HEIGHT - BOTTOM)."""
+        return round(HEIGHT - BOTTOM - value / self.scale * (HEIGHT - BOTTOM - TOP), 2)
+
+    def bar(self, value: float) -> float:
+        return round(value / self.scale * (HEIGHT - BOTTOM - TOP), 2)
+
+    def wait_bar(self, value: float | None) -> float:
+        if not value:
+            return 0.0
+        return round(min(value / self.wait_scale, 1.0) * (WAIT_HEIGHT - TOP - 4), 2)
+
+    @property
+    def added_points(self) -> str:
+        """The polyline of the jobs added, through each bucket's middle."""
+        half = self.slot / 2
+        return " ".join(
+            f"{round(self.x(i) + half, 2)},{self.y(b.added)}" for i, b in enumerate(self.buckets)
+        )
+
+    @property
+    def ticks(self) -> list[tuple[int, str]]:
+        """Bucket indexes labelled on the time axis, with their labels (UTC)."""
+        every = max(1, len(self.buckets) // 6)
+        return [
+            (i, b.start.astimezone(UTC).strftime("%H:%M"))
+            for i, b in enumerate(self.buckets)
+            if i % every == 0
+        ]
+
+    @property
+    def partial_buckets(self) -> int:
+        """How many buckets, from the left, lie before ``complete_from``."""
+        if self.complete_from is None:
+            return 0
+        seconds = (self.complete_from - self.start).total_seconds()
+        return max(0, min(len(self.buckets), math.ceil(seconds / self.step)))
+
+
+def nice(value: float) -> int:
+    """The smallest of 1, 2, 5 times a power of ten at or above ``value``."""
+    power = 10 ** math.floor(math.log10(value))
+    for factor in (1, 2, 5, 10):
+        if factor * power >= value:
+            return int(factor * power)
+    return int(10 * power)  # pragma: no cover
+
+
+def nice_seconds(value: float) -> float:
+    """A round length of time at or above ``value`` seconds."""
+    for step in (1, 2, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 7200, 21600, 86400):
+        if step >= value:
+            return float(step)
+    return float(nice(value))
+
+
+async def read_chart(reader: Reader, choice: ChartChoice, now: datetime) -> Chart:
+    """The chart of ``choice`` ending with the bucket holding ``now``."""
+    step = choice.step
+    count = choice.hours * 3600 // step
+    epoch = now.timestamp()
+    end = datetime.fromtimestamp((math.floor(epoch / step) + 1) * step, UTC)
+    start = end - timedelta(seconds=step * count)
+    buckets = [Bucket(start + timedelta(seconds=step * i)) for i in range(count)]
+    found = await reader.rows(
+        chart_buckets, read=CHART_READ, task=choice.task, start=start, end=end, step=step
+    )
+    for row in found:
+        if 0 <= row["bucket"] < count:
+            bucket = buckets[row["bucket"]]
+            bucket.completed, bucket.failed = row["completed"], row["failed"]
+            bucket.cancelled, bucket.added = row["cancelled"], row["added"]
+            bucket.max_wait = row["max_wait"]
+    cover = await reader.row(chart_coverage, read=CHART_READ)
+    assert cover is not None
+    complete_from = _complete_from(cover, start)
+    chart = Chart(choice, start, buckets, complete_from, history_empty=not cover["history_read"])
+    chart.totals = {
+        kind: sum(getattr(b, kind) for b in buckets)
+        for kind in ("completed", "failed", "cancelled", "added")
+    }
+    return chart
+
+
+def _complete_from(cover: dict[str, Any], start: datetime) -> datetime | None:
+    """From when on both reads saw every row (None: from the chart's start)."""
+    bounds = [
+        cover[f"{table}_from"]
+        for table in ("history", "live")
+        if cover[f"{table}_read"] >= CHART_READ and cover[f"{table}_from"] is not None
+    ]
+    latest = max(bounds, default=None)
+    return latest if latest is not None and latest > start else None
+
+
+def routes(dashboard: Site) -> list[Route]:
+    """The overview with the chart (it takes the place of the plain one:
+    register these routes before :func:`.pages.routes`)."""
+
+    async def overview(request: Request) -> Response:
+        choice, problems = chart_choice_of(request.query_params)
+        async with dashboard.reading() as reader:
+            data = await reader.overview()
+            chart = await read_chart(reader, choice, data.now)
+            tasks = await reader.task_identifiers()
+        return dashboard.render(
+            request,
+            "overview.html",
+            status=400 if problems else 200,
+            refresh=True,
+            title="Overview",
+            page="overview",
+            data=data,
+            now=data.now,
+            window=WINDOW,
+            chart=chart,
+            chart_tasks=tasks,
+            chart_ranges=list(RANGES),
+            chart_problems=problems,
+        )
+
+    return [Route("/", overview, name="overview")]

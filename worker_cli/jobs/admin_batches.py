@@ -1,0 +1,183 @@
+"""The admin actions on jobs chosen by filter or by id, in bounded batches:
+what the command line's admin commands (``graphile-worker retry``,
+``reschedule``, ``fail``, ``remove``: :mod:`worker_cli.cli.admin_jobs`) and
+the dashboard's bulk actions both run.
+
+A filter's matches are counted (with those a worker holds, and the highest
+id: an action goes no further), then walked by id, :data:`BATCH` ids at a
+time, each batch a statement (and, on an autocommit connection, a
+transaction) of its own: a filter matching 100,000 jobs never holds one long
+transaction. The statements are :mod:`worker_cli.schema.admin_statements`;
+the actions go through graphile-worker's admin functions, so a job a worker
+holds is left alone (and reported), as those functions leave it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, LiteralString
+
+import psycopg
+
+from ..schema import admin_statements, statements
+
+__all__ = ["BATCH", "Filters", "Matches", "Outcome", "Session"]
+
+#: Job ids per action statement (and per transaction).
+BATCH = 1000
+
+
+@dataclass(frozen=True)
+class Filters:
+    """Which jobs: every given filter must hold (none given: every job)."""
+
+    task: str | None = None
+    queue: str | None = None
+    state: str | None = None
+    key: str | None = None
+    ids: tuple[int, ...] = ()
+
+    def params(self) -> dict[str, Any]:
+        """The statements' filter parameters (None turns a filter off)."""
+        return {
+            "task": self.task,
+            "queue": self.queue,
+            "key": self.key,
+            "ids": list(self.ids) if self.ids else None,
+        }
+
+    def describe(self) -> str:
+        """``task charge_card, state permanently_failed`` (for the prompt)."""
+        parts = [
+            f"{name} {value}"
+            for name, value in (("task", self.task), ("queue", self.queue), ("state", self.state))
+            if value is not None
+        ]
+        if self.key is not None:
+            parts.append(f"key {self.key}")
+        if self.ids:
+            parts.append("id " + ", ".join(str(one) for one in self.ids))
+        return ", ".join(parts) or "every job"
+
+
+@dataclass
+class Matches:
+    """How many jobs a filter matches, how many a worker holds, and the
+    highest id among them (an action goes no further)."""
+
+    count: int
+    held: int
+    upto: int
+
+
+@dataclass
+class Outcome:
+    """What an action did, job by job (ids in the order acted on)."""
+
+    action: str
+    #: Changed as asked.
+    changed: list[int] = field(default_factory=list)
+    #: Held by a worker (locked less than 4 hours ago): left alone.
+    locked: list[int] = field(default_factory=list)
+    #: No such job.
+    missing: list[int] = field(default_factory=list)
+    #: Left as it was: the action does not apply (``fail``: already failed
+    #: for good), or it changed under the action (finished meanwhile).
+    unchanged: list[int] = field(default_factory=list)
+    #: ``remove --key`` of a job a worker holds: it keeps running, but lost
+    #: its key and will not be retried (graphile-worker's remove_job).
+    stopped: list[int] = field(default_factory=list)
+
+    def add(self, rows: Iterable[tuple[Any, ...]]) -> None:
+        """Add the rows of an action statement: (id, what became of it)."""
+        for job_id, what in rows:
+            getattr(self, what).append(int(job_id))
+
+    def as_json(self) -> str:
+        """The outcome as one JSON document (counts, then the ids)."""
+        fields = asdict(self)
+        counts = {name: len(ids) for name, ids in fields.items() if isinstance(ids, list)}
+        return json.dumps({"action": self.action, "counts": counts, **fields})
+
+
+class Session:
+    """One autocommit connection to the queue's schema (each statement, so
+    each batch, commits on its own)."""
+
+    def __init__(self, conn: psycopg.AsyncConnection[Any], schema: str) -> None:
+        self.conn = conn
+        self.schema = schema
+
+    async def rows(self, statement: LiteralString, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+        cursor = await self.conn.execute(statements.compose(statement, self.schema), params)
+        return await cursor.fetchall()
+
+    async def list_jobs(self, filters: Filters, limit: int) -> list[dict[str, Any]]:
+        """Up to ``limit`` matching jobs, newest first, as dicts."""
+        statement = admin_statements.list_jobs(filters.state)
+        cursor = await self.conn.execute(
+            statements.compose(statement, self.schema), {**filters.params(), "limit": limit}
+        )
+        names = [column.name for column in cursor.description or ()]
+        return [dict(zip(names, row, strict=True)) for row in await cursor.fetchall()]
+
+    async def matches(self, filters: Filters) -> Matches:
+        [(count, held, upto)] = await self.rows(
+            admin_statements.count_jobs(filters.state), filters.params()
+        )
+        return Matches(int(count), int(held), int(upto))
+
+    async def job_id_by_key(self, key: str) -> int | None:
+        found = await self.rows(admin_statements.job_id_by_key, {"key": key})
+        return int(found[0][0]) if found else None
+
+    async def unique_installed(self) -> bool:
+        found = await self.rows(statements.unique_tables_installed, {"schema": self.schema})
+        return bool(found and found[0][0])
+
+    async def action(self, action: str) -> LiteralString:
+        """The statement of ``action`` (``remove`` also releases the removed
+        jobs' uniqueness locks where the schema has them)."""
+        if action == "remove" and await self.unique_installed():
+            return admin_statements.ACTIONS["remove+unique"]
+        return admin_statements.ACTIONS[action]
+
+    async def remove_by_key(self, outcome: Outcome, key: str) -> bool:
+        """``remove --key``: graphile-worker's remove_job; whether there was a job."""
+        statement = (
+            admin_statements.remove_by_key_releasing
+            if await self.unique_installed()
+            else admin_statements.remove_by_key
+        )
+        found = await self.rows(statement, {"key": key})
+        for job_id, held in found:
+            (outcome.stopped if held else outcome.changed).append(int(job_id))
+        return bool(found)
+
+    async def act(
+        self, outcome: Outcome, statement: LiteralString, ids: Sequence[int], **params: Any
+    ) -> None:
+        """The action on ``ids``, :data:`BATCH` at a time, into ``outcome``."""
+        for start in range(0, len(ids), BATCH):
+            batch = list(ids[start : start + BATCH])
+            outcome.add(await self.rows(statement, {**params, "ids": batch}))
+
+    async def act_on_matches(
+        self, outcome: Outcome, statement: LiteralString, filters: Filters, upto: int, **params: Any
+    ) -> None:
+        """The action on the jobs ``filters`` match, up to id ``upto``, by id
+        order: the next :data:`BATCH` matching ids, then the action on them,
+        until none is left (a job changed leaves the filter or lies behind)."""
+        after = 0
+        choose = admin_statements.next_batch(filters.state)
+        while True:
+            found = await self.rows(
+                choose, {**filters.params(), "after": after, "upto": upto, "batch": BATCH}
+            )
+            if not found:
+                return
+            ids = [int(row[0]) for row in found]
+            outcome.add(await self.rows(statement, {**params, "ids": ids}))
+            after = ids[-1]
