@@ -177,6 +177,11 @@ class LocalQueue:
                     return job
         return None
 
+    def job_ids(self) -> set[int]:
+        """The ids of the queued jobs (any thread)."""
+        with self._lock:
+            return {entry[2] for entry in self._heap if entry[3] is not None}
+
     def first_count(self) -> int:
         """How many queued jobs were put ``first`` and have not started."""
         with self._lock:

@@ -43,6 +43,7 @@ from .heartbeat import Heartbeat, PoolReport
 from .local_queue import LocalQueue
 from .lock_refresh import LockRefresh
 from .pauses import Pauses
+from .refetched import Refetched
 from .result_writer import HistorySettings
 from .slots import Slots
 from .start_deadlines import StartDeadlines
@@ -133,7 +134,7 @@ class WorkerPool:
             on_fetched=on_fetched,
             on_unreadable=self._fail_unreadable,
             timeouts=self._timeouts,
-            hold_back=self._pauses.hold_back,
+            hold_back=Refetched(self.id, self._queue, lambda: self._slots, self._pauses.hold_back),
         )
         self._slots: Slots | None = None
         self._utils: WorkerUtils | None = None
