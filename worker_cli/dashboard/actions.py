@@ -31,7 +31,7 @@ from .security import Csrf, foreign_post
 if TYPE_CHECKING:
     from .site import Site
 
-__all__ = ["ACTIONS", "checked_form", "read_form", "redirect", "refused", "routes"]
+__all__ = ["ACTIONS", "READ_ONLY", "checked_form", "read_form", "redirect", "refused", "routes"]
 
 logger = logging.getLogger("graphile_worker.dashboard")
 
@@ -78,6 +78,10 @@ async def read_form(request: Request) -> dict[str, str] | None:
     return {name: values[-1] for name, values in fields.items()}
 
 
+#: Why an action is refused by a ``--read-only`` dashboard.
+READ_ONLY = "the dashboard is read-only: actions are turned off"
+
+
 def refused(dashboard: Site, request: Request, reason: str) -> Response:
     """The 403 of an action the dashboard will not take."""
     return dashboard.render(request, "error.html", status=403, title="Refused", reason=reason)
@@ -87,7 +91,7 @@ async def checked_form(dashboard: Site, request: Request) -> dict[str, str] | Re
     """An action's POSTed form, or the response refusing it (read-only, from
     another site, not a form, CSRF token missing or wrong)."""
     if dashboard.read_only:
-        return refused(dashboard, request, "the dashboard is read-only: actions are turned off")
+        return refused(dashboard, request, READ_ONLY)
     foreign = foreign_post(request.headers, dashboard.hosts)
     if foreign is not None:
         return refused(dashboard, request, foreign)
@@ -136,7 +140,7 @@ class _Actions:
         if job_id is None:
             return self.dashboard.no_such_job(request, job_text)
         if self.dashboard.read_only:
-            return self._refused(request, "the dashboard is read-only: actions are turned off")
+            return self._refused(request, READ_ONLY)
         async with self.dashboard.reading() as reader:
             job = await reader.job(job_id)
             now = await reader.now()
@@ -268,7 +272,7 @@ class _Actions:
     async def confirm_unlock(self, request: Request) -> Response:
         pool_id = request.query_params.get("pool", "")
         if self.dashboard.read_only:
-            return self._refused(request, "the dashboard is read-only: actions are turned off")
+            return self._refused(request, READ_ONLY)
         if not pool_id:
             return self.dashboard.render(
                 request, "error.html", status=400, title="No pool", reason="no pool named"

@@ -30,7 +30,7 @@ from starlette.routing import Route
 
 from ..jobs.admin_batches import BATCH, Filters, Outcome, Session
 from ..jobs.last_error import storable
-from .actions import checked_form, refused
+from .actions import READ_ONLY, checked_form, refused
 from .inputs import BIGINT, BadInput, checked_text, parse_int, shown
 from .queries import JOB_STATES
 
@@ -115,9 +115,7 @@ class _Bulk:
         if action not in BULK_ACTIONS:
             return self._error(request, 404, "Not found", "no such bulk action")
         if self.dashboard.read_only:
-            return refused(
-                self.dashboard, request, "the dashboard is read-only: actions are turned off"
-            )
+            return refused(self.dashboard, request, READ_ONLY)
         try:
             filters = filters_of(request.query_params)
         except BadInput as exc:

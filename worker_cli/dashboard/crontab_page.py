@@ -39,7 +39,7 @@ from ..errors import ConfigurationError
 from ..schema.statements import compose
 from ..tasks.cron_zones import fire_instants, local_timestamp
 from ..tasks.crontab import CrontabError, ParsedCronItem, parse_crontab
-from .actions import checked_form, redirect, refused
+from .actions import READ_ONLY, checked_form, redirect, refused
 
 if TYPE_CHECKING:
     from .site import Site
@@ -222,9 +222,7 @@ class _CrontabPage:
     def _line(self, request: Request, identifier: str) -> CronLine | Response:
         """The crontab line of ``identifier``, or the response refusing a run."""
         if self.dashboard.read_only:
-            return refused(
-                self.dashboard, request, "the dashboard is read-only: actions are turned off"
-            )
+            return refused(self.dashboard, request, READ_ONLY)
         line = self.crontab.find(identifier) if self.crontab is not None else None
         if line is None:
             return self.dashboard.render(
