@@ -17,7 +17,7 @@ import psycopg
 import pytest
 from dbhelpers import cli_path, rows, run_cli, value
 from test_worker_processes import start, stop, wait_for
-from workers import worker
+from workers import until, worker
 
 from worker_cli import (
     Helpers,
@@ -303,17 +303,21 @@ async def test_a_limit_set_while_the_worker_runs_applies_at_once(
         await release.wait()
         running -= 1
 
-    async with worker(db, {"lim": lim}, concurrency=10):
+    others: list[int] = []
+
+    async def other(payload: Any, helpers: Helpers) -> None:
+        others.append(helpers.job.id)
+
+    async with worker(db, {"lim": lim, "other": other}, concurrency=10):
         await utils.set_limit(Limit(max_running=2), task="lim")
         await utils.add_jobs([{"identifier": "lim", "payload": {}}] * 6)
-        await asyncio.sleep(0.5)
+        await until(lambda: running == 2, what="two limited jobs to start")
+        # A fetch after those two: it meets the four waiting ones, and must leave them.
+        nudge = await utils.add_job("other", {})
+        await until(lambda: others == [nudge.id], what="a later fetch to run its job")
         assert (running, peak) == (2, 2)
         await utils.remove_limit(task="lim")  # removed: the rest start
-        for _ in range(100):
-            if running == 6:
-                break
-            await asyncio.sleep(0.02)
-        assert running == 6
+        await until(lambda: running == 6, what="the rest to start once the limit is removed")
         release.set()
 
 
