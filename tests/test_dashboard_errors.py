@@ -146,7 +146,7 @@ def test_a_finished_job_shows_the_errors_it_kept(db: str, url: str) -> None:
     page = http(f"{url}/jobs/{job_id}")
     assert "finished: its record in the history" in page.body
     assert chain(page.body) == ["gave up", "TimeoutError: no answer"]
-    assert "which the history copied once, when the job finished" in page.body
+    assert "(the history copied it when the job finished)" in page.body
 
 
 @pytest.mark.slow

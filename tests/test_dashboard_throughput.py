@@ -91,6 +91,18 @@ def live_job(db: str, task: str, created_at: datetime, *, failed_at: datetime | 
     return job_id
 
 
+def attempt_error(db: str, job_id: int, task: str, failed_at: datetime, *, retried: bool) -> None:
+    """A failed attempt's error (migrations/py/000018.sql), as the failure
+    statement writes it: retried or the job's last."""
+    rows(
+        db,
+        "insert into graphile_worker._private_py_job_errors "
+        "(job_id, task_identifier, attempt, failed_at, error, retried) "
+        "values (%s, %s, 1, %s, 'boom', %s)",
+        (job_id, task, failed_at, retried),
+    )
+
+
 def buckets(body: str) -> dict[str, dict[str, Any]]:
     """The chart's buckets: start (ISO, UTC) -> its figures."""
     found = {}
@@ -140,9 +152,14 @@ def fill(db: str) -> tuple[datetime, list[tuple[datetime, str]]]:
     live_job(db, "hello", thirty, failed_at=thirty + timedelta(seconds=5))
     live_job(db, "hello", thirty)
     live_job(db, "other", now - timedelta(hours=5))  # added outside the last hour
+    attempt_error(db, 1_000_009, "hello", twenty, retried=True)
+    attempt_error(db, 1_000_009, "hello", ten, retried=True)
+    attempt_error(db, 1_000_009, "hello", ten, retried=False)  # its last: failed for good
+    attempt_error(db, 1_000_010, "other", ten, retried=True)
     events = [(ten, "completed")] * 3 + [(twenty, "failed")] * 2 + [(twenty, "cancelled")]
     events += [(forty, "added")] * 6 + [(thirty, "added")] * 2
     events += [(thirty + timedelta(seconds=5), "failed")]
+    events += [(twenty, "retried"), (ten, "retried")]
     return now, events
 
 
@@ -152,7 +169,8 @@ def assert_chart(body: str, events: list[tuple[datetime, str]], step: int, count
     wanted = expected(events, step)
     for start, figures in shown.items():
         want = wanted.get(start, Counter())
-        got = {kind: figures[kind] for kind in ("completed", "failed", "cancelled", "added")}
+        kinds = ("completed", "failed", "cancelled", "added", "retried")
+        got = {kind: figures[kind] for kind in kinds}
         assert got == {kind: want[kind] for kind in got}, (start, got, want)
     assert set(wanted) <= set(shown)
 
@@ -166,6 +184,7 @@ def test_the_chart_counts_the_history_and_the_live_jobs_per_minute(db: str, url:
     assert total(page.body, "failed") == "3"  # 2 archived in the history, 1 still a row
     assert total(page.body, "cancelled") == "1"
     assert total(page.body, "added") == "8"
+    assert total(page.body, "retried") == "2"  # the final attempt is a failure for good
     assert total(page.body, "wait") == "30s"
     [ten] = [b for start, b in buckets(page.body).items() if b["completed"]]
     assert ten["max-wait"] == 30.0
@@ -183,6 +202,7 @@ def test_every_task_and_one_task(db: str, url: str) -> None:
     assert total(other, "completed") == "1"
     assert total(other, "failed") == "0"
     assert total(other, "added") == "1"
+    assert total(other, "retried") == "1"
     assert '<option value="other" selected>other</option>' in other
 
 
@@ -259,6 +279,7 @@ def test_the_chart_reads_the_newest_rows_by_primary_key(db: str) -> None:
     text = json.dumps(plan[0])
     assert '"Index Name": "_private_py_job_history_pkey"' in text
     assert '"Index Name": "jobs_pkey1"' in text
+    assert '"Index Name": "_private_py_job_errors_pkey"' in text
     assert '"Scan Direction": "Backward"' in text
 
 
@@ -282,7 +303,13 @@ def test_the_chart_in_a_browser(db: str, url: str) -> None:
                 By.CSS_SELECTOR, "#throughput-chart g.bucket title"
             )
         ]
-        assert any("4 completed, 0 failed for good, 0 cancelled, 0 added" in t for t in titles)
+        assert any(
+            "4 completed, 0 failed for good, 0 cancelled, 2 attempts retried, 0 added" in t
+            for t in titles
+        )
+        retried = browser.find_element(By.CSS_SELECTOR, "#throughput-chart polyline.line-retried")
+        stroke = browser.execute_script("return getComputedStyle(arguments[0]).stroke;", retried)
+        assert stroke == "rgb(234, 88, 12)"
         assert browser.find_element(By.ID, "total-completed").text == "4"
         Select(browser.find_element(By.ID, "chart-task")).select_by_visible_text("other")
         click(browser, "#chart-submit")

@@ -198,6 +198,20 @@ def test_released_job_keeps_its_attempt_and_says_why(db: str, tmp_path: Path) ->
     assert job["run_at"] == added["run_at"]
     assert job["last_error"].startswith(f"the worker pool {dead_pool} (host ")
     assert "was declared dead: no heartbeat since" in job["last_error"]
+    # The attempt's error is kept with the others (its last: no attempt left).
+    [error] = rows(
+        db,
+        "select attempt, error, retried, pool_id, task_identifier "
+        "from graphile_worker._private_py_job_errors where job_id = %s",
+        (job_id,),
+    )
+    assert error == {
+        "attempt": 1,
+        "error": job["last_error"],
+        "retried": False,
+        "pool_id": dead_pool,
+        "task_identifier": "hang",
+    }
 
 
 @pytest.mark.node

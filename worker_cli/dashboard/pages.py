@@ -96,6 +96,7 @@ class _Pages:
         async with self.dashboard.reading() as reader:
             job = await reader.job(job_id)
             finished = None if job is not None else await reader.finished_job(job_id)
+            attempts = await reader.attempt_errors(job_id)
             now = await reader.now()
         if finished is not None:
             return self.dashboard.render(
@@ -105,6 +106,7 @@ class _Pages:
                 title=f"Job {job_id}",
                 page="finished",
                 job=finished,
+                attempts=attempts,
                 now=now,
             )
         if job is None:
@@ -116,6 +118,7 @@ class _Pages:
             title=f"Job {job_id}",
             page="jobs",
             job=job,
+            attempts=attempts,
             now=now,
         )
 

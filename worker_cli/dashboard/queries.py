@@ -450,6 +450,19 @@ finished_job = """
   where h.job_id = %(id)s::bigint
 """
 
+# A job's attempt errors (migrations/py/000018.sql: each failed attempt on a
+# Python pool, kept 7 days), newest first, through their job_id index: the
+# %(limit)s newest, each cut at %(cut)s characters, and how many there are.
+attempt_errors = """
+  select e.attempt, e.failed_at, left(e.error, %(cut)s) as error,
+    length(e.error) > %(cut)s as cut, e.pool_id,
+    count(*) over () as total
+  from {schema}._private_py_job_errors as e
+  where e.job_id = %(id)s::bigint
+  order by e.id desc
+  limit %(limit)s
+"""
+
 # --- Worker pools -----------------------------------------------------------------
 
 # The pools with a heartbeat row (migrations/py/000002.sql, 000004.sql): one

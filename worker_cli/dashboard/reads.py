@@ -57,6 +57,10 @@ NEWEST = 2**63 - 1
 #: RESULT_READ characters of a result.
 RESULT_PREVIEW_MAX = 16 * 1024
 RESULT_READ = 1_000_000
+#: A job's page shows its ATTEMPT_ERRORS_SHOWN newest attempt errors, each
+#: cut at ERROR_READ characters.
+ATTEMPT_ERRORS_SHOWN = 50
+ERROR_READ = 20_000
 
 
 @dataclass(frozen=True)
@@ -321,6 +325,13 @@ class Reader:
     async def finished_job(self, job_id: int) -> Row | None:
         """A finished job's history record, or None."""
         return await self.row(queries.finished_job, id=job_id, cut=RESULT_READ)
+
+    async def attempt_errors(self, job_id: int) -> list[Row]:
+        """The job's attempt errors, newest first (at most ATTEMPT_ERRORS_SHOWN;
+        each row says how many there are)."""
+        return await self.rows(
+            queries.attempt_errors, id=job_id, limit=ATTEMPT_ERRORS_SHOWN, cut=ERROR_READ
+        )
 
     async def task_identifiers(self) -> list[str]:
         return [

@@ -14,19 +14,22 @@ migrations/py/000011.sql, so none is added):
   ``succeeded``, by ``finished_at``; the wait: ``started_at - run_at``;
 - failed: history rows ``failed`` (archived by the cleanup, ``finished_at``
   being when the job failed) and live jobs failed for good (attempts used up,
-  not locked), by ``updated_at``; cancelled: history rows ``cancelled``.
-  A retriable failure (an attempt that failed with attempts left) is recorded
-  nowhere once the next attempt starts: it is not counted;
+  not locked), by ``updated_at``; cancelled: history rows ``cancelled``;
+- retried: the attempt errors (``_private_py_job_errors``,
+  migrations/py/000018.sql) of attempts after which the job was to run
+  again, by ``failed_at`` (a Python pool writes one per failed attempt; a
+  Node worker's are not recorded);
 - added: ``created_at`` of live jobs and of history rows. A job a Node worker
   completed, or an admin function removed, leaves no row: it is not counted.
 
 Bounds: one read-only statement reads the newest :data:`CHART_READ` history
-rows by their primary key (``_private_py_job_history_pkey``, backward) and the
-newest :data:`CHART_READ` live jobs by theirs (``jobs_pkey1``, backward), and
-buckets those; the task filter applies to the rows read (a rare task does not
-make the scan longer). When a read reached its cap, the jobs below the lowest
-id read are not seen: the chart says from when on its figures are complete
-(jobs added before then and finished since are still missed).
+rows by their primary key (``_private_py_job_history_pkey``, backward), the
+newest :data:`CHART_READ` live jobs by theirs (``jobs_pkey1``, backward) and
+the newest :data:`CHART_READ` attempt errors by theirs, and buckets those; the
+task filter applies to the rows read (a rare task does not make the scan
+longer). When a read reached its cap, the jobs below the lowest id read are
+not seen: the chart says from when on its figures are complete (jobs added
+before then and finished since are still missed).
 """
 
 from __future__ import annotations
@@ -95,6 +98,12 @@ chart_buckets: LiteralString = """
   ht as (
     select h.* from h where %(task)s::text is null or h.task_identifier = %(task)s::text
   ),
+  e as materialized (
+    select e.failed_at, e.retried, e.task_identifier
+    from {schema}._private_py_job_errors as e
+    order by e.id desc
+    limit %(read)s
+  ),
   events as (
     select h.finished_at as at,
       case h.state when 'succeeded' then 'completed' else h.state end as kind,
@@ -108,12 +117,16 @@ chart_buckets: LiteralString = """
     union all
     select j.updated_at, 'failed', null from jt as j
     where j.attempts >= j.max_attempts and j.locked_at is null
+    union all
+    select e.failed_at, 'retried', null from e
+    where e.retried and (%(task)s::text is null or e.task_identifier = %(task)s::text)
   )
   select floor(extract(epoch from e.at - %(start)s::timestamptz) / %(step)s)::int as bucket,
     count(*) filter (where e.kind = 'completed') as completed,
     count(*) filter (where e.kind = 'failed') as failed,
     count(*) filter (where e.kind = 'cancelled') as cancelled,
     count(*) filter (where e.kind = 'added') as added,
+    count(*) filter (where e.kind = 'retried') as retried,
     max(e.wait)::float8 as max_wait
   from events as e
   where e.at >= %(start)s::timestamptz and e.at < %(end)s::timestamptz
@@ -130,6 +143,9 @@ chart_coverage: LiteralString = """
   ),
   j as (
     select j.id from {schema}._private_jobs as j order by j.id desc limit %(read)s
+  ),
+  e as (
+    select e.id from {schema}._private_py_job_errors as e order by e.id desc limit %(read)s
   )
   select
     (select count(*) from h) as history_read,
@@ -137,7 +153,10 @@ chart_coverage: LiteralString = """
       where x.job_id = (select min(h.job_id) from h)) as history_from,
     (select count(*) from j) as live_read,
     (select x.created_at from {schema}._private_jobs as x
-      where x.id = (select min(j.id) from j)) as live_from
+      where x.id = (select min(j.id) from j)) as live_from,
+    (select count(*) from e) as errors_read,
+    (select x.failed_at from {schema}._private_py_job_errors as x
+      where x.id = (select min(e.id) from e)) as errors_from
 """
 
 
@@ -181,6 +200,7 @@ class Bucket:
     failed: int = 0
     cancelled: int = 0
     added: int = 0
+    retried: int = 0
     max_wait: float | None = None
 
     @property
@@ -228,7 +248,7 @@ class Chart:
     @property
     def scale(self) -> int:
         """The top of the count axis: a round number above every bar and point."""
-        return nice(max([1, *(max(b.finished, b.added) for b in self.buckets)]))
+        return nice(max([1, *(max(b.finished, b.added, b.retried) for b in self.buckets)]))
 
     @property
     def wait_scale(self) -> float:
@@ -255,6 +275,14 @@ class Chart:
         half = self.slot / 2
         return " ".join(
             f"{round(self.x(i) + half, 2)},{self.y(b.added)}" for i, b in enumerate(self.buckets)
+        )
+
+    @property
+    def retried_points(self) -> str:
+        """The polyline of the attempts retried, through each bucket's middle."""
+        half = self.slot / 2
+        return " ".join(
+            f"{round(self.x(i) + half, 2)},{self.y(b.retried)}" for i, b in enumerate(self.buckets)
         )
 
     @property
@@ -309,6 +337,7 @@ async def read_chart(reader: Reader, choice: ChartChoice, now: datetime) -> Char
             bucket = buckets[row["bucket"]]
             bucket.completed, bucket.failed = row["completed"], row["failed"]
             bucket.cancelled, bucket.added = row["cancelled"], row["added"]
+            bucket.retried = row["retried"]
             bucket.max_wait = row["max_wait"]
     cover = await reader.row(chart_coverage, read=CHART_READ)
     assert cover is not None
@@ -316,7 +345,7 @@ async def read_chart(reader: Reader, choice: ChartChoice, now: datetime) -> Char
     chart = Chart(choice, start, buckets, complete_from, history_empty=not cover["history_read"])
     chart.totals = {
         kind: sum(getattr(b, kind) for b in buckets)
-        for kind in ("completed", "failed", "cancelled", "added")
+        for kind in ("completed", "failed", "cancelled", "added", "retried")
     }
     return chart
 
@@ -325,7 +354,7 @@ def _complete_from(cover: dict[str, Any], start: datetime) -> datetime | None:
     """From when on both reads saw every row (None: from the chart's start)."""
     bounds = [
         cover[f"{table}_from"]
-        for table in ("history", "live")
+        for table in ("history", "live", "errors")
         if cover[f"{table}_read"] >= CHART_READ and cover[f"{table}_from"] is not None
     ]
     latest = max(bounds, default=None)

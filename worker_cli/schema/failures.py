@@ -80,19 +80,28 @@ def _cancelled(
 # is a failure. A job with a cancel request (py_cancel_jobs, a timeout whose
 # task says on_timeout="cancel", a task raising Cancel) is not retried: it is
 # deleted and recorded as cancelled (_cancelled), timed out or not
-# (timed_out). The waiters of the jobs (notify_on_finish) are told, in one
+# (timed_out). Each failed attempt (not a snooze) appends its error to
+# _private_py_job_errors (migrations/py/000018.sql): last_error keeps only the
+# newest. The waiters of the jobs (notify_on_finish) are told, in one
 # notification.
 fail_batch = (
     """
   with failure as (
     select f.*,
       f.snooze is not null and (f.max_snoozes is null or coalesce(o.snoozes, 0) < f.max_snoozes)
-        as snoozing
+        as snoozing,
+      case when f.snooze is not null
+        then 'Snooze: snoozed ' || f.max_snoozes || ' times already (max_snoozes)'
+        else f.message end as error,
+      cur.attempts as attempt,
+      (select t.identifier from {schema}._private_tasks as t where t.id = cur.task_id)
+        as task_identifier
     from unnest(
       %(job_ids)b::bigint[], %(messages)s::text[], %(items)s::text[], %(permanent)s::bool[],
       %(timed_out)s::bool[], %(delays)s::float8[], %(snoozes)s::float8[], %(max_snoozes)s::int[]
     ) as f(id, message, items, permanent, timed_out, delay, snooze, max_snoozes)
     left join {schema}._private_py_job_options as o on o.job_id = f.id
+    left join {schema}._private_jobs as cur on cur.id = f.id
   ),"""
     + _cancelled("failure", "failure.message", "failure.timed_out")
     + """
@@ -100,9 +109,7 @@ fail_batch = (
     update {schema}._private_jobs as j
     set last_error = case
           when failure.snoozing then j.last_error
-          when failure.snooze is not null
-            then 'Snooze: snoozed ' || failure.max_snoozes || ' times already (max_snoozes)'
-          else failure.message end,
+          else failure.error end,
         attempts = case
           when failure.snoozing then greatest(0, j.attempts - 1)
           when failure.permanent then greatest(j.attempts, j.max_attempts)
@@ -124,7 +131,18 @@ fail_batch = (
     from failure
     where j.id = failure.id and j.locked_by = %(pool_id)s
       and failure.id not in (select cancelled.id from cancelled)
-    returning j.id, j.job_queue_id, failure.snoozing
+    returning j.id, j.job_queue_id, failure.snoozing, j.attempts < j.max_attempts as retried
+  ),
+  attempt_errors as (
+    insert into {schema}._private_py_job_errors (
+      job_id, task_identifier, attempt, error, retried, pool_id
+    )
+    select failure.id, failure.task_identifier, failure.attempt, failure.error,
+      coalesce(failed.retried, false), %(pool_id)s
+    from failure
+    left join failed on failed.id = failure.id
+    where not failure.snoozing
+      and (failed.id is not null or failure.id in (select cancelled.id from cancelled))
   ),
   snoozes_counted as (
     insert into {schema}._private_py_job_options as o (job_id, snoozes)

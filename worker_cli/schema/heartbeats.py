@@ -44,7 +44,8 @@ heartbeat_beat = """
 # beat of this pool's current uninterrupted run of beats (after an outage for
 # everyone, every pool gets its whole timeout again). Deletes its row and
 # releases its jobs and queues. The attempt the dead pool had counted when it
-# fetched a job stays counted; last_error says what happened; run_at is kept, so
+# fetched a job stays counted; last_error says what happened (and is appended
+# to the job's attempt errors, _private_py_job_errors); run_at is kept, so
 # a job of a named queue stays ahead of the jobs behind it. Only locked_by
 # values that had a heartbeat row are touched, never Node's.
 heartbeat_reap = """
@@ -65,7 +66,15 @@ heartbeat_reap = """
         updated_at = now()
     from dead
     where j.locked_by = dead.pool_id
-    returning dead.pool_id
+    returning dead.pool_id, j.id, j.task_id, j.attempts, j.max_attempts, j.last_error
+  ),
+  attempt_errors as (
+    insert into {schema}._private_py_job_errors (
+      job_id, task_identifier, attempt, error, retried, pool_id
+    )
+    select jobs.id, t.identifier, jobs.attempts, jobs.last_error,
+      jobs.attempts < jobs.max_attempts, jobs.pool_id
+    from jobs join {schema}._private_tasks as t on t.id = jobs.task_id
   ),
   queues as (
     update {schema}._private_job_queues as q

@@ -98,6 +98,34 @@ prune_history = """
     (select coalesce(sum(cardinality(due.job_ids)), 0) from due) as listed
 """
 
+# Delete expired attempt errors (migrations/py/000018.sql: kept 7 days), if
+# this session wins the pruning lock: of the %(limit)s oldest rows by id (the
+# primary key: bounded whatever the table holds), those that failed more than
+# 7 days ago. Ids follow failed_at closely (assigned as each row is written),
+# so a batch that deletes fewer than it read has reached the kept rows.
+# Returns how many were deleted (null when another pool holds the lock) and
+# how many were read.
+prune_attempt_errors = """
+  with allowed as (
+    select pg_try_advisory_xact_lock(%(lock_namespace)s, hashtext(%(schema)s::text)) as won
+  ),
+  oldest as (
+    select e.id, e.failed_at
+    from {schema}._private_py_job_errors as e
+    where (select allowed.won from allowed)
+    order by e.id
+    limit %(limit)s
+  ),
+  pruned as (
+    delete from {schema}._private_py_job_errors as e
+    where e.id in (select o.id from oldest as o where o.failed_at < now() - interval '7 days')
+    returning 1
+  )
+  select
+    case when (select allowed.won from allowed) then (select count(*) from pruned) end as pruned,
+    (select count(*) from oldest) as read
+"""
+
 # The state (and result) of one job: migrations/py/000007.sql.
 job_status = "select * from {schema}.py_job_status(%(job_id)s)"
 

@@ -1,16 +1,18 @@
-"""The pruner: deletes expired job history, whichever pool wins the lock, and
-records as cancelled the jobs whose cancel request nobody can act on.
+"""The pruner: deletes expired job history and attempt errors, whichever pool
+wins the lock, and records as cancelled the jobs whose cancel request nobody
+can act on.
 
-Every 1 to 2 minutes (a random moment, so that pools started together do
-not prune together) each pool tries; the one that wins a transaction-level
+Every 1 to 2 minutes (a random moment, so that pools started together do not
+prune together) each pool tries; the one that wins a transaction-level
 advisory lock deletes expired rows of ``_private_py_job_history`` in batches
 of about :data:`BATCH`, found through the expiry ledger (one row per statement
 that recorded jobs, listing their ids: migrations/py/000011.sql), at most
 :data:`SCAN` ledger rows a batch through its ``expires_at`` index (bounded
 whatever the tables hold), at most :data:`MAX_BATCHES` batches a turn, so a
 backlog after a long stop is worked off over several turns without a long
-transaction. No task has to be scheduled for it, as procrastinate's and
-Celery's users must.
+transaction. The attempt errors (migrations/py/000018.sql) go the same way,
+oldest id first, :data:`BATCH` rows a statement. No task has to be scheduled
+for it, as procrastinate's and Celery's users must.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ class HistoryPruner:
         self._schema = schema
         self._statement = statements.compose(lifecycle.prune_history, schema)
         self._finalize = statements.compose(lifecycle.finalize_cancelled, schema)
+        self._prune_errors = statements.compose(lifecycle.prune_attempt_errors, schema)
         self._interval = interval
 
     async def run(self) -> None:
@@ -57,7 +60,32 @@ class HistoryPruner:
         while True:
             await asyncio.sleep(random.uniform(low, high))
             await self.prune()
+            await self.prune_attempt_errors()
             await self.finalize_cancelled()
+
+    async def prune_attempt_errors(
+        self, batch: int = BATCH, max_batches: int = MAX_BATCHES
+    ) -> int | None:
+        """One turn over the attempt errors (``_private_py_job_errors``, kept 7
+        days): how many rows were deleted (None: another pool was pruning, or
+        the database failed, which is logged)."""
+        total = 0
+        params = {"lock_namespace": _LOCK_NAMESPACE, "schema": self._schema, "limit": batch}
+        try:
+            for _ in range(max_batches):
+                async with self._utils.pool.connection() as conn:
+                    cur = await conn.execute(self._prune_errors, params)
+                    row = await cur.fetchone()
+                if row is None or row[0] is None:
+                    return None if total == 0 else total
+                deleted, read = row
+                total += deleted
+                if deleted < read or read < batch:
+                    break  # the oldest rows left are kept
+        except psycopg.Error as exc:
+            logger.warning("Pruning the attempt errors failed: %s", exc)
+            return None
+        return total
 
     async def finalize_cancelled(self) -> int | None:
         """Record as cancelled the jobs with a cancel request that nobody holds

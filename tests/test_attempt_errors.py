@@ -1,0 +1,172 @@
+"""Every attempt's error (migrations/py/000018.sql): graphile-worker's
+``last_error`` holds the newest only; a Python pool also appends each failed
+attempt's error to ``_private_py_job_errors`` in the statement that fails it,
+says whether the job was to run again, shows them on the job's page (live or
+finished), and the pruner deletes them after 7 days, in bounded batches."""
+
+from __future__ import annotations
+
+import asyncio
+import html
+import re
+from collections.abc import Iterator
+from typing import Any
+from urllib.parse import urlencode
+
+import psycopg
+import pytest
+from dashboard_helpers import http, serve_app
+from dbhelpers import rows, value
+
+from worker_cli import Cancel, Helpers, RetryPolicy, Snooze, WorkerUtils, run_once, task_options
+from worker_cli.dashboard import create_app
+from worker_cli.dashboard.security import Csrf
+from worker_cli.worker.pruner import HistoryPruner
+
+pytestmark = pytest.mark.db
+
+ERRORS = "graphile_worker._private_py_job_errors"
+SECRET, NONCE = b"a" * 32, "a-browser"
+
+
+async def drain(db: str, tasks: dict[str, Any]) -> None:
+    async with asyncio.timeout(30):
+        assert await run_once(db, task_list=tasks, no_handle_signals=True) == 0
+
+
+def due_now(db: str, job_id: int) -> None:
+    rows(db, "update graphile_worker._private_jobs set run_at = now() where id = %s", (job_id,))
+
+
+def attempt_errors(db: str, job_id: int) -> list[tuple[Any, ...]]:
+    return [
+        (r["attempt"], r["error"].splitlines()[0], r["retried"], r["task_identifier"])
+        for r in rows(
+            db,
+            f"select attempt, error, retried, task_identifier, pool_id from {ERRORS} "
+            "where job_id = %s order by id",
+            (job_id,),
+        )
+    ]
+
+
+@pytest.fixture
+def url(db: str) -> Iterator[str]:
+    with serve_app(create_app(db, csrf_secret=SECRET)) as base:
+        yield base
+
+
+def shown_attempts(body: str) -> list[tuple[str, str]]:
+    """The job page's attempt errors: (its heading, its error), in page order."""
+    found = re.search(r'<ol class="error-chain attempt-errors"[^>]*>(.*?)</ol>', body, re.S)
+    if found is None:
+        return []
+    return [
+        (" ".join(html.unescape(re.sub(r"<[^>]+>", "", kind)).split()), html.unescape(error))
+        for kind, error in re.findall(
+            r'<span class="muted error-kind">(.*?)</span>\s*<pre class="error-block">(.*?)</pre>',
+            found.group(1),
+            re.S,
+        )
+    ]
+
+
+async def test_each_failed_attempt_keeps_its_error(utils: WorkerUtils, db: str, url: str) -> None:
+    job = await utils.add_job("flaky", {}, max_attempts=3)
+    fine = await utils.add_job("fine", {})
+
+    async def flaky(payload: Any, helpers: Helpers) -> None:
+        raise RuntimeError(f"<b>boom</b> {helpers.job.attempts}")
+
+    async def ok(payload: Any, helpers: Helpers) -> None:
+        return None
+
+    tasks = {"flaky": flaky, "fine": ok}
+    for _ in range(3):
+        await drain(db, tasks)
+        due_now(db, job.id)
+    assert attempt_errors(db, job.id) == [
+        (1, "RuntimeError: <b>boom</b> 1", True, "flaky"),
+        (2, "RuntimeError: <b>boom</b> 2", True, "flaky"),
+        (3, "RuntimeError: <b>boom</b> 3", False, "flaky"),  # its last: failed for good
+    ]
+    assert value(db, f"select count(distinct pool_id) from {ERRORS} where pool_id is not null") >= 1
+    assert value(db, f"select count(*) from {ERRORS} where job_id = %s", (fine.id,)) == 0
+    last = value(db, "select last_error from graphile_worker.jobs where id = %s", (job.id,))
+    assert last.startswith("RuntimeError: <b>boom</b> 3")
+
+    # Its page lists them, newest first, as text.
+    body = http(f"{url}/jobs/{job.id}").body
+    shown = shown_attempts(body)
+    assert [kind.split(",")[0] for kind, _ in shown] == ["attempt 3", "attempt 2", "attempt 1"]
+    assert [error.splitlines()[0] for _, error in shown] == [
+        f"RuntimeError: <b>boom</b> {n}" for n in (3, 2, 1)
+    ]
+    assert "<b>boom</b>" not in body
+    assert "(3, newest first)" in body
+
+    # Cancelled: its finished page (from the history) still has them.
+    csrf = Csrf(SECRET)
+    cookie = f"{Csrf.COOKIE}={NONCE}"
+    form = urlencode({"csrf_token": csrf.token(NONCE), "reason": "not wanted"}).encode()
+    http(f"{url}/jobs/{job.id}/cancel", data=form, headers={"Cookie": cookie})
+    assert await utils.get_job_status(job.id) == "cancelled"
+    finished = http(f"{url}/jobs/{job.id}").body
+    assert "finished: its record in the history" in finished
+    assert len(shown_attempts(finished)) == 3
+
+    # A job that never failed says so.
+    never = await utils.add_job("fine", {}, run_at=None)
+    assert 'id="job-attempts-none"' in http(f"{url}/jobs/{never.id}").body
+
+
+async def test_a_snooze_is_no_error_and_a_cancel_is_not_retried(
+    utils: WorkerUtils, db: str
+) -> None:
+    snoozing = await utils.add_job("poll", {})
+    cancelling = await utils.add_job("stop", {})
+
+    @task_options(retry=RetryPolicy(max_snoozes=5))
+    async def poll(payload: Any, helpers: Helpers) -> None:
+        raise Snooze(60)
+
+    async def stop(payload: Any, helpers: Helpers) -> None:
+        raise Cancel("no longer wanted")
+
+    await drain(db, {"poll": poll, "stop": stop})
+    assert attempt_errors(db, snoozing.id) == []
+    [(attempt, error, retried, task)] = attempt_errors(db, cancelling.id)
+    assert (attempt, retried, task) == (1, False, "stop") and "no longer wanted" in error
+
+
+async def test_the_pruner_deletes_errors_older_than_7_days_in_batches(
+    utils: WorkerUtils, db: str
+) -> None:
+    rows(
+        db,
+        f"insert into {ERRORS} (job_id, task_identifier, attempt, failed_at, error, retried) "
+        "select n, 't', 1, now() - interval '8 days' + n * interval '1 second', 'old', true "
+        "from generate_series(1, 2500) as n",
+    )
+    rows(
+        db,
+        f"insert into {ERRORS} (job_id, task_identifier, attempt, failed_at, error, retried) "
+        "select n, 't', 1, now() - interval '6 days', 'kept', true "
+        "from generate_series(1, 100) as n",
+    )
+    pruner = HistoryPruner(utils, schema="graphile_worker", interval=(60, 120))
+    assert await pruner.prune_attempt_errors(batch=1000, max_batches=2) == 2000
+    assert await pruner.prune_attempt_errors(batch=1000, max_batches=2) == 500
+    assert await pruner.prune_attempt_errors(batch=1000, max_batches=2) == 0
+    assert rows(db, f"select error, count(*) from {ERRORS} group by error") == [
+        {"error": "kept", "count": 100}
+    ]
+
+    # Another pool pruning right now: this one leaves it alone.
+    rows(db, f"update {ERRORS} set failed_at = now() - interval '8 days'")
+    with psycopg.connect(db) as other:
+        other.execute(
+            "select pg_advisory_xact_lock(%s, hashtext('graphile_worker'))", (0x67775068,)
+        )
+        assert await pruner.prune_attempt_errors() is None
+    assert await pruner.prune_attempt_errors() == 100
