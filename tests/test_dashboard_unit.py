@@ -185,7 +185,9 @@ def test_the_command_without_its_extra_names_it() -> None:
     )
     assert result.returncode == 1
     assert result.stderr.strip().splitlines() == [
-        "Error: the dashboard needs its extra: pip install 'graphile-worker[dashboard]'"
+        "Error: the dashboard needs Starlette, uvicorn and Jinja2: install the dashboard extra: "
+        "pip install 'graphile-worker[dashboard]' "
+        "(or pip install '.[dashboard]' in a checkout of the repository)"
     ]
     import_worker = "import sys; sys.modules['starlette'] = None; import worker_cli, worker_cli.cli"
     assert subprocess.run([sys.executable, "-c", import_worker], timeout=60).returncode == 0

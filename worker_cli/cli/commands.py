@@ -21,6 +21,7 @@ from ..config.database import load_dotenv_file
 from ..config.file import config_file_option, set_by_config_file
 from ..config.options import WorkerOptions
 from ..errors import GraphileWorkerError
+from ..extras import install_hint
 from ..observe import logs
 from ..observe.logs import LOG_FORMATS, LogFormat
 from .common import (
@@ -453,7 +454,7 @@ def dashboard(ctx: click.Context, /, connection: str | None, schema: str, **opti
         if (exc.name or "").partition(".")[0] not in ("starlette", "uvicorn", "jinja2"):
             raise
         raise click.ClickException(
-            "the dashboard needs its extra: pip install 'graphile-worker[dashboard]'"
+            "the dashboard needs Starlette, uvicorn and Jinja2: " + install_hint("dashboard")
         ) from None
     connection, schema = shared(ctx, connection, schema)
     if options["crontab_file"] is None and Path("crontab").is_file():

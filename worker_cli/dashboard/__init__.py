@@ -1,6 +1,7 @@
 """The web dashboard: ``graphile-worker dashboard``, or an ASGI app to mount.
 
-Needs the ``dashboard`` extra (``pip install 'graphile-worker[dashboard]'``):
+Needs the ``dashboard`` extra (``pip install 'graphile-worker[dashboard]'``, or
+``pip install '.[dashboard]'`` in a checkout):
 Starlette, uvicorn and Jinja2. Nothing else in the package imports it.
 
 - :mod:`.app`: :class:`Dashboard` and :func:`create_app`, the ASGI application;

@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigurationError
+from ..extras import install_hint
 from .job_stats import DURATION_BUCKETS, OUTCOMES, JobStats
 from .queue_depth import EMPTY_GROUP, OTHER_TASKS, QUEUE_LABELS, STATES, Depth, QueueDepth
 from .status import STRANDED_CAP
@@ -62,10 +63,7 @@ try:
         Metric,
     )
 except ImportError:
-    raise ConfigurationError(
-        "metrics need prometheus-client: install the metrics extra: "
-        "pip install 'graphile-worker[metrics]'"
-    ) from None
+    raise ConfigurationError("metrics need prometheus-client: " + install_hint("metrics")) from None
 
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer

@@ -31,6 +31,7 @@ from typing import Any
 
 from .._version import __version__
 from ..errors import ConfigurationError
+from ..extras import install_hint
 from ..jobs.job import Job
 from ..jobs.last_error import describe
 from ..jobs.trace_context import JobContexts, set_injector
@@ -44,8 +45,7 @@ try:
     from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 except ImportError:
     raise ConfigurationError(
-        "tracing needs the OpenTelemetry API: install the otel extra: "
-        "pip install 'graphile-worker[otel]'"
+        "tracing needs the OpenTelemetry API: " + install_hint("otel")
     ) from None
 
 __all__ = ["JobTracer", "propagate_trace_context", "trace_tasks"]
