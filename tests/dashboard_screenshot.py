@@ -5,6 +5,7 @@
     python tests/dashboard_screenshot.py --page finished-job [OUTPUT.png]
     python tests/dashboard_screenshot.py --page crontab [OUTPUT.png]
     python tests/dashboard_screenshot.py --page bulk [OUTPUT.png]
+    python tests/dashboard_screenshot.py --page job-errors [OUTPUT.png]
     python tests/dashboard_screenshot.py --width 420 --page jobs OUTPUT.png
 
 Fills a throwaway database (TEST_DATABASE_URL's server, else a private one)
@@ -13,7 +14,8 @@ photographs a page with headless Chromium: the overview
 (tests/screenshots/dashboard-overview.png by default), the Finished view, or
 the page of a finished job with a result (dashboard-finished.png,
 dashboard-finished-job.png), the Jobs list, the confirmation of a bulk
-retry (dashboard-bulk.png); ``--width`` sets the window's
+retry (dashboard-bulk.png), a job's page with every attempt's error
+(dashboard-job-errors.png); ``--width`` sets the window's
 width (1280; 420 for a phone's).
 """
 
@@ -153,6 +155,36 @@ update graphile_worker._private_jobs
   set created_at = now() - ((id * 37) % 350) * interval '1 minute' - interval '5 minutes';
 """
 
+# Each failed attempt's error (migrations/py/000018.sql): the retried
+# attempts of six hours for the chart (a burst of card declines two hours
+# ago), and the four attempts of the billing/charge job now retrying (the
+# newest of that task: its page is JOB_WITH_ERRORS).
+ATTEMPT_ERRORS = """
+insert into graphile_worker._private_py_job_errors (
+  job_id, task_identifier, attempt, failed_at, error, retried, pool_id)
+select 300000 + n, (array['resize_image', 'billing/charge', 'send_email'])[1 + n % 3], 1,
+  now() - interval '6 hours' + (n / 3000.0) * interval '6 hours',
+  'TimeoutError: image service did not answer in 30s', true, 'pool-4f0c9d2e8a7b6c5d4e'
+from generate_series(1, 3000) as n
+where n % 3 = 0 or n between 1700 and 1900;
+insert into graphile_worker._private_py_job_errors (
+  job_id, task_identifier, attempt, failed_at, error, retried, pool_id)
+select j.id, 'billing/charge', a.attempt, now() - a.ago * interval '1 second', a.error, true,
+  'pool-4f0c9d2e8a7b6c5d4e'
+from (select max(id) as id from graphile_worker._private_jobs where task_id = (select id
+  from graphile_worker._private_tasks where identifier = 'billing/charge')) as j
+cross join (values
+  (1, 400, 'ConnectionError: api.payments.example: [Errno 111] Connection refused'),
+  (2, 390, 'RateLimited: 429 Too Many Requests (retry after 5s)'),
+  (3, 370, 'CardDeclined: insufficient funds (charge ch_3Pp)' || chr(10)
+    || '  File "tasks/billing/charge.py", line 31, in charge' || chr(10)
+    || '    raise CardDeclined(reply.message)'),
+  (4, 12, 'CardDeclined: insufficient funds (charge ch_3Pq)')
+) as a (attempt, ago, error);
+"""
+#: The billing/charge job with four failed attempts (ids follow DEMO's order).
+JOB_WITH_ERRORS = 2617
+
 # The crontab the dashboard is given, and what the workers know of it.
 DEMO_CRONTAB = """
 # m h dom mon dow  task  ?options  {payload}
@@ -179,6 +211,7 @@ PAGES = {
     "finished": ("/finished", "#finished-table", 1200),
     "finished-job": ("/jobs/100048", "#job-result", 1000),
     "jobs": ("/jobs", "#jobs-table", 1200),
+    "job-errors": (f"/jobs/{JOB_WITH_ERRORS}", "#job-attempt-errors", 1250),
 }
 
 
@@ -189,6 +222,7 @@ async def fill(url: str) -> None:
         await conn.execute(HISTORY)
         await conn.execute(KNOWN_CRONTABS)
         await conn.execute(CHART_HISTORY)
+        await conn.execute(ATTEMPT_ERRORS)
 
 
 def main() -> None:

@@ -15,8 +15,9 @@ from urllib.parse import urlencode
 
 import psycopg
 import pytest
-from dashboard_helpers import http, serve_app
+from dashboard_helpers import chromium, console_errors, http, serve_app, wait_for
 from dbhelpers import rows, value
+from selenium.webdriver.common.by import By
 
 from worker_cli import Cancel, Helpers, RetryPolicy, Snooze, WorkerUtils, run_once, task_options
 from worker_cli.dashboard import create_app
@@ -170,3 +171,26 @@ async def test_the_pruner_deletes_errors_older_than_7_days_in_batches(
         )
         assert await pruner.prune_attempt_errors() is None
     assert await pruner.prune_attempt_errors() == 100
+
+
+@pytest.mark.slow
+def test_the_attempt_errors_in_a_browser(db: str, url: str) -> None:
+    job_id = int(value(db, "select id from graphile_worker.add_job('hello')"))
+    evil = '<img src=x id=evil onerror="window.pwned = 1">'
+    rows(
+        db,
+        f"insert into {ERRORS} (job_id, task_identifier, attempt, error, retried) "
+        "values (%s, 'hello', 1, %s, true), (%s, 'hello', 2, 'ValueError: second', true)",
+        (job_id, f"KeyError: {evil}", job_id),
+    )
+    with chromium() as browser:
+        browser.get(f"{url}/jobs/{job_id}")
+        listed = wait_for(browser, "#job-attempt-errors")
+        errors = [e.text for e in listed.find_elements(By.CSS_SELECTOR, "pre.error-block")]
+        assert errors == ["ValueError: second", f"KeyError: {evil}"]
+        kinds = [e.text for e in listed.find_elements(By.CSS_SELECTOR, ".error-kind")]
+        assert kinds[0].startswith("attempt 2, ") and kinds[1].startswith("attempt 1, ")
+        assert listed.value_of_css_property("list-style-type") == "none"
+        assert browser.find_elements(By.ID, "evil") == []
+        assert browser.execute_script("return window.pwned") is None  # type: ignore[no-untyped-call]
+        assert console_errors(browser) == []
