@@ -12,6 +12,14 @@ the worker CPU per 1,000 jobs and the jobs/s of each row (min-max over rounds)
 and their ratios to graphile-worker in the same round and logging mode.
 
     python tests/shared_harness.py --rounds 3
+
+``--rows history`` measures the cost of the history instead (the README's
+"The cost of history"): graphile-worker with batching, this worker with
+``--history off`` and with history on (the default), ``async def`` tasks,
+success lines on, with PostgreSQL's CPU and WAL bytes per job too, and the
+ratio of history on to history off in the same round:
+
+    python tests/shared_harness.py --rows history --rounds 6 --n 200000
 """
 
 from __future__ import annotations
@@ -19,11 +27,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
@@ -45,6 +55,14 @@ ROWS = [
     ("this worker, async def, lines off", "graphile-py", "async", "", False),
     ("this worker, plain def, lines off", "graphile-py", "def", "", False),
 ]
+#: The cost of the history (``--rows history``), success lines on for all.
+HISTORY_ROWS = [
+    ("graphile-worker 0.18, batching", "graphile-node", None, "", True),
+    ("this worker, `--history off`", "graphile-py", "async", "--history off", True),
+    ("this worker, history on (default)", "graphile-py", "async", "", True),
+]
+ROW_SETS = {"tax": ROWS, "history": HISTORY_ROWS}
+
 #: The harness variant of each system.
 VARIANTS = {"graphile-node": "c10-batch", "graphile-py": "c10"}
 
@@ -58,7 +76,9 @@ def main() -> None:
         "--warmup", type=int, default=1, help="rounds run first and not counted (cold caches)"
     )
     parser.add_argument("--n", type=int, default=20000, help="jobs per drain")
+    parser.add_argument("--rows", choices=sorted(ROW_SETS), default="tax", help="what to compare")
     args = parser.parse_args()
+    rows = ROW_SETS[args.rows]
     python = args.anchors_dir / "py" / "venv" / "bin" / "python"
     if not python.exists():
         sys.exit(f"run {args.bench_dir / 'setup.sh'} first ({python} is missing)")
@@ -72,7 +92,7 @@ def main() -> None:
     results = scratch / "results"
     tag = time.strftime("py-tax-%Y%m%dT%H%M%S")
     for round_ in range(-args.warmup, args.rounds):
-        order = ROWS[round_ % len(ROWS) :] + ROWS[: round_ % len(ROWS)]
+        order = rows[round_ % len(rows) :] + rows[: round_ % len(rows)]
         for number, row in enumerate(order):
             label, system, kind, extra, lines = row
             counted = f"round {round_ + 1}/{args.rounds}" if round_ >= 0 else "warm-up"
@@ -93,7 +113,7 @@ def main() -> None:
                 env["GW_PY_TASKS_DIR"] = str(def_tasks)
             else:
                 env.pop("GW_PY_TASKS_DIR", None)
-            row_tag = f"{tag}-{ROWS.index(row)}-r{round_}"
+            row_tag = f"{tag}-{rows.index(row)}-r{round_}"
             command = [str(python), "bench.py", "run", system, "--variants", VARIANTS[system]]
             command += ["--tests", "throughput", "--reps", "1", "--n", str(args.n)]
             subprocess.run(
@@ -103,13 +123,16 @@ def main() -> None:
                 check=True,
                 stdout=subprocess.DEVNULL,
             )
-    print(table(results / "raw", tag, args.rounds))
+    if args.rows == "history":
+        print(history_table(results / "raw", tag, args.rounds))
+    else:
+        print(table(results / "raw", tag, args.rounds))
     print(f"(raw results: {results / 'raw'})")
 
 
-def table(raw: Path, tag: str, rounds: int) -> str:
-    """The Markdown table of every row, from the harness's raw results."""
-    figures: dict[tuple[int, int], tuple[float, float]] = {}
+def repetitions(raw: Path, tag: str) -> dict[tuple[int, int], tuple[dict[str, Any], int]]:
+    """Each counted drain of the run ``tag``: (row, round) -> (its figures, jobs)."""
+    found = {}
     for path in raw.glob("*.json"):
         doc = json.loads(path.read_text())
         if not doc["tag"].startswith(tag + "-"):
@@ -120,8 +143,16 @@ def table(raw: Path, tag: str, rounds: int) -> str:
         [rep] = doc["result"]["reps"]
         if not rep["ok"]:
             sys.exit(f"{path}: the drain failed")
-        cpu = rep["worker_cpu_s"] * 1000 / doc["result"]["n"]
-        figures[int(row), int(round_)] = (cpu, rep["jobs_per_s_net"])
+        found[int(row), int(round_)] = (rep, int(doc["result"]["n"]))
+    return found
+
+
+def table(raw: Path, tag: str, rounds: int) -> str:
+    """The Markdown table of every row, from the harness's raw results."""
+    figures = {
+        key: (rep["worker_cpu_s"] * 1000 / n, rep["jobs_per_s_net"])
+        for key, (rep, n) in repetitions(raw, tag).items()
+    }
     lines = [
         "| | worker CPU s / 1k jobs | vs graphile-worker | jobs/s | vs graphile-worker |",
         "|---|---|---|---|---|",
@@ -137,6 +168,41 @@ def table(raw: Path, tag: str, rounds: int) -> str:
             f"| {span(rate, ',.0f')} | {span(rate_ratio, '.2f', 'x')} |"
         )
     return "\n".join(lines)
+
+
+def history_table(raw: Path, tag: str, rounds: int) -> str:
+    """The cost of the history: jobs/s (median [min-max]) with its ratios per
+    round to graphile-worker and (history on) to history off, and per job the
+    worker's and PostgreSQL's CPU (medians) and WAL bytes."""
+    found = repetitions(raw, tag)
+    lines = [
+        "| | jobs/s | worker CPU µs/job | PostgreSQL CPU µs/job | WAL bytes/job |",
+        "|---|---|---|---|---|",
+    ]
+    for index, (label, *_rest) in enumerate(HISTORY_ROWS):
+        reps = [found[index, r] for r in range(rounds)]
+        rate = [rep["jobs_per_s_net"] for rep, _ in reps]
+        text = f"{statistics.median(rate):,.0f} [{min(rate):,.0f}-{max(rate):,.0f}]"
+        ratios = []
+        if index:
+            node = [found[0, r][0]["jobs_per_s_net"] for r in range(rounds)]
+            ratios.append(_ratio(rate, node, "Node"))
+        if index == 2:
+            off = [found[1, r][0]["jobs_per_s_net"] for r in range(rounds)]
+            ratios.append(_ratio(rate, off, "off"))
+        if ratios:
+            text += f" ({'; '.join(ratios)})"
+        worker = statistics.median(rep["worker_cpu_s"] * 1e6 / n for rep, n in reps)
+        pg = statistics.median(rep["pg_cpu_s"] * 1e6 / n for rep, n in reps)
+        wal = statistics.median(rep["db_stats_delta"]["wal_bytes"] / n for rep, n in reps)
+        lines.append(f"| {label} | {text} | {worker:.1f} | {pg:.1f} | {wal:,.0f} |")
+    return "\n".join(lines)
+
+
+def _ratio(values: list[float], base: list[float], name: str) -> str:
+    """``1.00x NAME, 0.90-1.10``: the median and range of the per-round ratios."""
+    ratios = [v / b for v, b in zip(values, base, strict=True)]
+    return f"{statistics.median(ratios):.2f}x {name}, {min(ratios):.2f}-{max(ratios):.2f}"
 
 
 def span(values: list[float], spec: str, unit: str = "") -> str:

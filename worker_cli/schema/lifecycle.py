@@ -6,20 +6,26 @@ Templates over the schema name, composed with :func:`.statements.compose`."""
 from __future__ import annotations
 
 import hashlib
+from typing import LiteralString
 
 from . import statements
 from .ledger import expiry_ledger
 
-# Success with history on: the same, and each deleted job recorded as
-# succeeded in _private_py_job_history, in the same statement (one commit
-# for both), with its result: the jobs of %(result_ids)s returned a value
-# (their JSON text in %(results)s) or one that was not kept (%(result_errors)s);
-# those of %(timed_out)s returned after their timeout. One row of the expiry
-# ledger lists them all (a batch holds at most WRITE_AT_MOST = 1,000 jobs). As
-# statements.complete_batch, it deletes the jobs' options and notifies
-# their waiters.
-complete_batch_recording = (
-    """
+
+def _complete_recording(results: bool) -> LiteralString:
+    """The success statement with history on; ``results``: some jobs of the
+    batch returned a value (without, the statement leaves out the join that
+    finds each job's result: about 0.3 µs of server CPU per job)."""
+    if results:
+        result_columns: LiteralString = "r.result::json, r.result_error"
+        result_join: LiteralString = """
+    left join unnest(
+      %(result_ids)b::bigint[], %(results)s::text[], %(result_errors)s::text[]
+    ) as r (id, result, result_error) on r.id = d.id"""
+    else:
+        result_columns, result_join = "null::json, null::text", ""
+    return (
+        """
   with done as (
     delete from {schema}._private_jobs as j
     where j.id = any(%(job_ids)b::bigint[])
@@ -33,15 +39,16 @@ complete_batch_recording = (
       pool_id, timed_out, expires_at
     )
     select d.id, 'succeeded', t.identifier, q.queue_name, d.key, d.priority, d.attempts,
-      d.max_attempts, d.revision, d.flags, r.result::json, r.result_error, d.created_at,
+      d.max_attempts, d.revision, d.flags, """
+        + result_columns
+        + """, d.created_at,
       d.run_at, d.locked_at, now(), %(pool_id)s, d.id = any(%(timed_out)s::bigint[]),
       now() + %(keep)s::interval
     from done as d
     join {schema}._private_tasks as t on t.id = d.task_id
-    left join {schema}._private_job_queues as q on q.id = d.job_queue_id
-    left join unnest(
-      %(result_ids)b::bigint[], %(results)s::text[], %(result_errors)s::text[]
-    ) as r (id, result, result_error) on r.id = d.id
+    left join {schema}._private_job_queues as q on q.id = d.job_queue_id"""
+        + result_join
+        + """
   ),
   expiry as (
     insert into {schema}._private_py_job_history_expiry (expires_at, job_ids)
@@ -53,9 +60,22 @@ complete_batch_recording = (
     where q.id in (select done.job_queue_id from done where done.locked_by = %(pool_id)s)
       and q.locked_by = %(pool_id)s
   ),"""
-    + statements.finished_options
-    + statements.notify_waiters
-)
+        + statements.finished_options
+        + statements.notify_waiters
+    )
+
+
+# Success with history on: the same, and each deleted job recorded as
+# succeeded in _private_py_job_history, in the same statement (one commit
+# for both), with its result: the jobs of %(result_ids)s returned a value
+# (their JSON text in %(results)s) or one that was not kept (%(result_errors)s);
+# those of %(timed_out)s returned after their timeout. One row of the expiry
+# ledger lists them all (a batch holds at most WRITE_AT_MOST = 1,000 jobs). As
+# statements.complete_batch, it deletes the jobs' options and notifies
+# their waiters.
+complete_batch_recording = _complete_recording(results=True)
+# The same for a batch in which no job returned a value (all results null).
+complete_batch_recording_no_results = _complete_recording(results=False)
 
 # Delete expired history rows, if this session wins the pruning lock (one
 # pool prunes at a time): the oldest expired rows of the expiry ledger (at

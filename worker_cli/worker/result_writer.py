@@ -78,6 +78,13 @@ class ResultWriter:
             statements.complete_batch if history is None else lifecycle.complete_batch_recording,
             schema,
         )
+        #: With history on, for a batch in which no job returned a value.
+        self._complete_no_results = statements.compose(
+            statements.complete_batch
+            if history is None
+            else lifecycle.complete_batch_recording_no_results,
+            schema,
+        )
         self._fail = statements.compose(failures.fail_batch, schema)
         #: Where the waiters of finished jobs are told (wait_for_job).
         self._channel = lifecycle.finished_channel(schema)
@@ -189,7 +196,11 @@ class ResultWriter:
     async def _write(self, succeeded: Succeeded, failed: list[Failure]) -> None:
         async with self._db.connection() as conn:
             if succeeded:
-                await conn.execute(self._complete, self._complete_params(succeeded))
+                params = self._complete_params(succeeded)
+                statement = (
+                    self._complete if params.get("result_ids") else self._complete_no_results
+                )
+                await conn.execute(statement, params)
             if failed:
                 params = {
                     "job_ids": [f.job.id for f in failed],
