@@ -34,6 +34,9 @@ from selenium.webdriver.remote.webelement import WebElement
 from selenium.webdriver.support import expected_conditions
 from selenium.webdriver.support.ui import WebDriverWait
 
+from worker_cli.dashboard import create_app
+from worker_cli.dashboard.security import Csrf
+
 CHROMIUM = os.environ.get("GRAPHILE_WORKER_CHROMIUM", "/usr/bin/chromium")
 CHROMEDRIVER = os.environ.get("GRAPHILE_WORKER_CHROMEDRIVER", "/usr/bin/chromedriver")
 #: Chromium's flags: headless, and nothing that reaches the network on its own
@@ -51,6 +54,12 @@ CHROMIUM_FLAGS = (
     "--window-size=1400,1000",
 )
 WAIT = 20.0
+
+#: The CSRF secret of the dashboards the tests serve (:func:`dashboard`), a
+#: browser's nonce, and the form token and cookie of that browser.
+SECRET, NONCE = b"s" * 32, "a-browser"
+TOKEN = Csrf(SECRET).token(NONCE)
+COOKIE = f"{Csrf.COOKIE}={NONCE}"
 
 
 def free_port() -> int:
@@ -170,6 +179,14 @@ def serve_app(app: Any) -> Iterator[str]:
     finally:
         server.should_exit = True
         thread.join(WAIT)
+
+
+@contextmanager
+def dashboard(db: str, **options: Any) -> Iterator[str]:
+    """The dashboard of ``db`` (``create_app`` with ``options``) served with
+    the tests' CSRF secret, for the block: its base URL."""
+    with serve_app(create_app(db, csrf_secret=SECRET, **options)) as base:
+        yield base
 
 
 def require_browser() -> None:

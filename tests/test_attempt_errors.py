@@ -15,19 +15,24 @@ from urllib.parse import urlencode
 
 import psycopg
 import pytest
-from dashboard_helpers import chromium, console_errors, http, serve_app, wait_for
+from dashboard_helpers import (
+    COOKIE,
+    TOKEN,
+    chromium,
+    console_errors,
+    dashboard,
+    http,
+    wait_for,
+)
 from dbhelpers import rows, value
 from selenium.webdriver.common.by import By
 
 from worker_cli import Cancel, Helpers, RetryPolicy, Snooze, WorkerUtils, run_once, task_options
-from worker_cli.dashboard import create_app
-from worker_cli.dashboard.security import Csrf
 from worker_cli.worker.pruner import HistoryPruner
 
 pytestmark = pytest.mark.db
 
 ERRORS = "graphile_worker._private_py_job_errors"
-SECRET, NONCE = b"a" * 32, "a-browser"
 
 
 async def drain(db: str, tasks: dict[str, Any]) -> None:
@@ -53,7 +58,7 @@ def attempt_errors(db: str, job_id: int) -> list[tuple[Any, ...]]:
 
 @pytest.fixture
 def url(db: str) -> Iterator[str]:
-    with serve_app(create_app(db, csrf_secret=SECRET)) as base:
+    with dashboard(db) as base:
         yield base
 
 
@@ -107,10 +112,8 @@ async def test_each_failed_attempt_keeps_its_error(utils: WorkerUtils, db: str, 
     assert "(3, newest first)" in body
 
     # Cancelled: its finished page (from the history) still has them.
-    csrf = Csrf(SECRET)
-    cookie = f"{Csrf.COOKIE}={NONCE}"
-    form = urlencode({"csrf_token": csrf.token(NONCE), "reason": "not wanted"}).encode()
-    http(f"{url}/jobs/{job.id}/cancel", data=form, headers={"Cookie": cookie})
+    form = urlencode({"csrf_token": TOKEN, "reason": "not wanted"}).encode()
+    http(f"{url}/jobs/{job.id}/cancel", data=form, headers={"Cookie": COOKIE})
     assert await utils.get_job_status(job.id) == "cancelled"
     finished = http(f"{url}/jobs/{job.id}").body
     assert "finished: its record in the history" in finished

@@ -13,10 +13,14 @@ from urllib.parse import urlencode
 
 import pytest
 from dashboard_helpers import (
+    COOKIE,
+    SECRET,
+    TOKEN,
     Reply,
     chromium,
     click,
     console_errors,
+    dashboard,
     follow,
     http,
     serve_app,
@@ -26,19 +30,15 @@ from dbhelpers import rows, value
 from selenium.webdriver.common.by import By
 
 from worker_cli.dashboard import create_app
-from worker_cli.dashboard.security import Csrf
 
 pytestmark = pytest.mark.db
 
-SECRET, NONCE = b"s" * 32, "a-browser"
-TOKEN = Csrf(SECRET).token(NONCE)
-COOKIE = f"{Csrf.COOKIE}={NONCE}"
 JOBS = "graphile_worker._private_jobs"
 
 
 @pytest.fixture
 def url(db: str) -> Iterator[str]:
-    with serve_app(create_app(db, csrf_secret=SECRET, refresh=0)) as base:
+    with dashboard(db, refresh=0) as base:
         yield base
 
 

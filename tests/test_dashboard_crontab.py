@@ -18,6 +18,9 @@ from zoneinfo import ZoneInfo
 
 import pytest
 from dashboard_helpers import (
+    COOKIE,
+    SECRET,
+    TOKEN,
     Reply,
     chromium,
     click,
@@ -36,9 +39,6 @@ from worker_cli.dashboard.security import Csrf
 
 pytestmark = pytest.mark.db
 
-SECRET, NONCE = b"c" * 32, "a-browser"
-TOKEN = Csrf(SECRET).token(NONCE)
-COOKIE = f"{Csrf.COOKIE}={NONCE}"
 
 CRONTAB = """\
 # m h dom mon dow task options payload

@@ -15,33 +15,30 @@ from urllib.parse import urlencode
 
 import pytest
 from dashboard_helpers import (
+    COOKIE,
+    TOKEN,
     Reply,
     chromium,
     click,
     console_errors,
+    dashboard,
     follow,
     http,
-    serve_app,
     wait_for,
 )
 from dbhelpers import rows, value
 from selenium.webdriver.common.by import By
 
-from worker_cli.dashboard import create_app
 from worker_cli.dashboard.error_chain import error_chain
-from worker_cli.dashboard.security import Csrf
 
 pytestmark = pytest.mark.db
 
-SECRET, NONCE = b"e" * 32, "a-browser"
-TOKEN = Csrf(SECRET).token(NONCE)
-COOKIE = f"{Csrf.COOKIE}={NONCE}"
 HTML_ERROR = '<img src=x id=evil onerror="window.pwned = 1"> boom'
 
 
 @pytest.fixture
 def url(db: str) -> Iterator[str]:
-    with serve_app(create_app(db, csrf_secret=SECRET)) as base:
+    with dashboard(db) as base:
         yield base
 
 

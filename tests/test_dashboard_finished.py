@@ -12,7 +12,7 @@ from typing import Any
 from urllib.parse import urlencode
 
 import pytest
-from dashboard_helpers import Reply, follow, http, serve_app
+from dashboard_helpers import COOKIE, SECRET, TOKEN, Reply, dashboard, follow, http, serve_app
 from dbhelpers import list_history_for_expiry, rows, value
 
 from worker_cli import Helpers, WorkerUtils, run_once
@@ -22,15 +22,12 @@ from worker_cli.dashboard.security import Csrf
 pytestmark = pytest.mark.db
 
 HISTORY = "graphile_worker._private_py_job_history"
-SECRET, NONCE = b"s" * 32, "a-browser"
-TOKEN = Csrf(SECRET).token(NONCE)
-COOKIE = f"{Csrf.COOKIE}={NONCE}"
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 
 
 @pytest.fixture
 def url(db: str) -> Iterator[str]:
-    with serve_app(create_app(db, csrf_secret=SECRET)) as base:
+    with dashboard(db) as base:
         yield base
 
 

@@ -9,24 +9,18 @@ from typing import Any
 from urllib.parse import quote, urlencode
 
 import pytest
-from dashboard_helpers import Reply, http, serve_app
+from dashboard_helpers import COOKIE, TOKEN, Reply, dashboard, http
 from dbhelpers import rows, value
-
-from worker_cli.dashboard import create_app
-from worker_cli.dashboard.security import Csrf
 
 pytestmark = pytest.mark.db
 
-SECRET, NONCE = b"s" * 32, "a-browser"
-TOKEN = Csrf(SECRET).token(NONCE)
-COOKIE = f"{Csrf.COOKIE}={NONCE}"
 HUGE = "9" * 5000  # int() refuses more than 4300 digits
 BEYOND_BIGINT = str(2**63)
 
 
 @pytest.fixture
 def url(db: str) -> Iterator[str]:
-    with serve_app(create_app(db, csrf_secret=SECRET)) as base:
+    with dashboard(db) as base:
         yield base
 
 

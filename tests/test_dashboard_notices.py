@@ -15,23 +15,29 @@ from typing import Any
 from urllib.parse import urlencode
 
 import pytest
-from dashboard_helpers import Reply, cookies_set, follow, http, serve_app, with_cookies
+from dashboard_helpers import (
+    COOKIE,
+    NONCE,
+    SECRET,
+    TOKEN,
+    Reply,
+    cookies_set,
+    dashboard,
+    follow,
+    http,
+    with_cookies,
+)
 from dbhelpers import rows, value
 
-from worker_cli.dashboard import create_app
 from worker_cli.dashboard.notices import Flash
 from worker_cli.dashboard.security import Csrf
 
 pytestmark = pytest.mark.db
 
-SECRET, NONCE = b"s" * 32, "a-browser"
-TOKEN = Csrf(SECRET).token(NONCE)
-COOKIE = f"{Csrf.COOKIE}={NONCE}"
-
 
 @pytest.fixture
 def url(db: str) -> Iterator[str]:
-    with serve_app(create_app(db, csrf_secret=SECRET)) as base:
+    with dashboard(db) as base:
         yield base
 
 

@@ -13,24 +13,20 @@ from typing import Any
 from urllib.parse import urlencode
 
 import pytest
-from dashboard_helpers import Reply, follow, http, serve_app
+from dashboard_helpers import COOKIE, SECRET, TOKEN, Reply, dashboard, follow, http, serve_app
 from dbhelpers import rows, value
 from test_dashboard_notices import assert_done, assert_refused, banner
 
 from worker_cli.dashboard import create_app
-from worker_cli.dashboard.security import Csrf
 
 pytestmark = pytest.mark.db
 
-SECRET, NONCE = b"s" * 32, "a-browser"
-TOKEN = Csrf(SECRET).token(NONCE)
-COOKIE = f"{Csrf.COOKIE}={NONCE}"
 PAUSES = "graphile_worker._private_py_pauses"
 
 
 @pytest.fixture
 def url(db: str) -> Iterator[str]:
-    with serve_app(create_app(db, csrf_secret=SECRET, refresh=0)) as base:
+    with dashboard(db, refresh=0) as base:
         yield base
 
 
