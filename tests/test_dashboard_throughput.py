@@ -317,3 +317,24 @@ def test_the_chart_in_a_browser(db: str, url: str) -> None:
         assert browser.find_element(By.ID, "total-completed").text == "1"
         assert browser.find_element(By.ID, "total-added").text == "1"
         assert console_errors(browser) == []
+
+
+def test_a_job_due_since_minus_infinity_has_no_wait(db: str, url: str) -> None:
+    """add_job accepts run_at => '-infinity': such a job, finished, counts as
+    completed, with no wait (PostgreSQL 15 refuses to subtract an infinite
+    timestamp; 17 and later make it an infinite interval)."""
+    now = db_now(db)
+    record(db, 3_000_001, now - timedelta(minutes=5), wait=12.0)
+    rows(
+        db,
+        f"insert into {HISTORY} (job_id, state, task_identifier, priority, attempts, "
+        "max_attempts, revision, created_at, run_at, started_at, finished_at, expires_at) "
+        "values (3000002, 'succeeded', 'hello', 0, 1, 25, 0, %(at)s, '-infinity', %(at)s, "
+        "%(at)s, %(at)s + interval '1 day')",
+        {"at": now - timedelta(minutes=5)},
+    )
+    list_history_for_expiry(db)
+    page = http(url + "/?hours=1")
+    assert page.status == 200, page.body[-800:]
+    assert total(page.body, "completed") == "2"
+    assert total(page.body, "wait") == "12s"

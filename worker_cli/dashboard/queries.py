@@ -180,7 +180,8 @@ oldest_waiting = """
     (select q.queue_name from {schema}._private_job_queues as q
      where q.id = first.job_queue_id) as queue_name,
     first.run_at,
-    extract(epoch from now() - first.run_at)::float8 as age
+    case when isfinite(first.run_at) then extract(epoch from now() - first.run_at)::float8
+      else 'Infinity'::float8 end as age
   from priorities as p
   cross join lateral (
     select j.id, j.task_id, j.job_queue_id, j.run_at

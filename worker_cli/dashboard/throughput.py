@@ -11,7 +11,8 @@ costs (each index on the history would be paid by every completed job,
 migrations/py/000011.sql, so none is added):
 
 - completed: history rows (``_private_py_job_history``) of state
-  ``succeeded``, by ``finished_at``; the wait: ``started_at - run_at``;
+  ``succeeded``, by ``finished_at``; the wait: ``started_at - run_at`` (none
+  for a job due since ``-infinity``, which ``add_job`` accepts);
 - failed: history rows ``failed`` (archived by the cleanup, ``finished_at``
   being when the job failed) and live jobs failed for good (attempts used up,
   not locked), by ``updated_at``; cancelled: history rows ``cancelled``;
@@ -107,7 +108,7 @@ chart_buckets: LiteralString = """
   events as (
     select h.finished_at as at,
       case h.state when 'succeeded' then 'completed' else h.state end as kind,
-      case when h.state = 'succeeded' and h.started_at is not null
+      case when h.state = 'succeeded' and h.started_at is not null and isfinite(h.run_at)
         then greatest(extract(epoch from h.started_at - h.run_at), 0) end as wait
     from ht as h
     union all
