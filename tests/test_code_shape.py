@@ -35,7 +35,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("worker", "dashboard"),
 )
 #: Top-level modules any layer may import.
-BASE = ("errors", "_version")
+BASE = ("errors", "extras", "_version")
 
 
 def _modules(package: Path = PACKAGE) -> dict[str, Path]:
