@@ -107,11 +107,13 @@ def big_queue(pg: Any, migrated_template: str) -> Iterator[str]:
             )
             # Limits: 300 (more than the panel reads), one with 3,000 partition
             # values (more than it reads of one), their running jobs by id
-            # (every 89th job is locked).
+            # (every 89th job is locked). task_1's starts are counted over a
+            # day: the module's other tests run between this fixture and the
+            # test reading them (over a second, its period was once over).
             conn.execute(
                 "insert into graphile_worker._private_py_limits "
                 "(kind, name, max_running, max_starts, period, partition_by) "
-                "values ('task', 'task_1', 3, 50, interval '1 second', null), "
+                "values ('task', 'task_1', 3, 50, interval '1 day', null), "
                 "('task', 'task_2', 2, null, null, 'account_id')"
             )
             conn.execute(
