@@ -20,8 +20,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+from collections.abc import Callable
+from typing import Any
 
 import psycopg
+from psycopg import sql
 
 from ..jobs.worker_utils import WorkerUtils
 from ..schema import lifecycle, statements
@@ -63,30 +66,6 @@ class HistoryPruner:
             await self.prune_attempt_errors()
             await self.finalize_cancelled()
 
-    async def prune_attempt_errors(
-        self, batch: int = BATCH, max_batches: int = MAX_BATCHES
-    ) -> int | None:
-        """One turn over the attempt errors (``_private_py_job_errors``, kept 7
-        days): how many rows were deleted (None: another pool was pruning, or
-        the database failed, which is logged)."""
-        total = 0
-        params = {"lock_namespace": _LOCK_NAMESPACE, "schema": self._schema, "limit": batch}
-        try:
-            for _ in range(max_batches):
-                async with self._utils.pool.connection() as conn:
-                    cur = await conn.execute(self._prune_errors, params)
-                    row = await cur.fetchone()
-                if row is None or row[0] is None:
-                    return None if total == 0 else total
-                deleted, read = row
-                total += deleted
-                if deleted < read or read < batch:
-                    break  # the oldest rows left are kept
-        except psycopg.Error as exc:
-            logger.warning("Pruning the attempt errors failed: %s", exc)
-            return None
-        return total
-
     async def finalize_cancelled(self) -> int | None:
         """Record as cancelled the jobs with a cancel request that nobody holds
         any more (a Node worker failed one; a crashed pool's were released),
@@ -104,27 +83,56 @@ class HistoryPruner:
     async def prune(self, batch: int = BATCH, max_batches: int = MAX_BATCHES) -> int | None:
         """One turn: how many rows were deleted (None: another pool was pruning,
         or the database failed, which is logged; the next turn tries again)."""
+        params = {"limit": batch, "scan": SCAN}
+
+        def taken_all(row: tuple[Any, ...]) -> bool:
+            _, ledger_rows, listed = row
+            return bool(listed < batch and ledger_rows < SCAN)  # every expired ledger row
+
+        total = await self._turn(self._statement, params, max_batches, taken_all, "job history")
+        if total:
+            logger.debug("Pruned %d expired job history row(s)", total)
+        return total
+
+    async def prune_attempt_errors(
+        self, batch: int = BATCH, max_batches: int = MAX_BATCHES
+    ) -> int | None:
+        """One turn over the attempt errors (``_private_py_job_errors``, kept 7
+        days): how many rows were deleted (None: another pool was pruning, or
+        the database failed, which is logged)."""
+
+        def kept_next(row: tuple[Any, ...]) -> bool:
+            deleted, read = row
+            return bool(deleted < read or read < batch)  # the oldest rows left are kept
+
+        return await self._turn(
+            self._prune_errors, {"limit": batch}, max_batches, kept_next, "attempt errors"
+        )
+
+    async def _turn(
+        self,
+        statement: sql.Composed,
+        params: dict[str, Any],
+        max_batches: int,
+        last: Callable[[tuple[Any, ...]], bool],
+        what: str,
+    ) -> int | None:
+        """Run a pruning ``statement`` (its first column: rows deleted, null
+        when another pool holds the lock) up to ``max_batches`` times, each in
+        its own transaction, until ``last(row)``; the rows deleted in all."""
         total = 0
-        params = {
-            "lock_namespace": _LOCK_NAMESPACE,
-            "schema": self._schema,
-            "limit": batch,
-            "scan": SCAN,
-        }
+        params = {"lock_namespace": _LOCK_NAMESPACE, "schema": self._schema, **params}
         try:
             for _ in range(max_batches):
                 async with self._utils.pool.connection() as conn:
-                    cur = await conn.execute(self._statement, params)
+                    cur = await conn.execute(statement, params)
                     row = await cur.fetchone()
                 if row is None or row[0] is None:
                     return None if total == 0 else total
-                deleted, ledger_rows, listed = row
-                total += deleted
-                if listed < batch and ledger_rows < SCAN:
-                    break  # every expired ledger row was taken
+                total += row[0]
+                if last(row):
+                    break
         except psycopg.Error as exc:
-            logger.warning("Pruning the job history failed: %s", exc)
+            logger.warning("Pruning the %s failed: %s", what, exc)
             return None
-        if total:
-            logger.debug("Pruned %d expired job history row(s)", total)
         return total
