@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import html
+import json
 import re
 from collections.abc import Iterator
 from typing import Any
@@ -24,10 +25,20 @@ from dashboard_helpers import (
     http,
     wait_for,
 )
-from dbhelpers import rows, value
+from dbhelpers import rows, run_cli, value
 from selenium.webdriver.common.by import By
 
-from worker_cli import Cancel, Helpers, RetryPolicy, Snooze, WorkerUtils, run_once, task_options
+from worker_cli import (
+    Cancel,
+    Helpers,
+    JobSpecError,
+    RetryPolicy,
+    Snooze,
+    WorkerUtils,
+    make_sync_worker_utils,
+    run_once,
+    task_options,
+)
 from worker_cli.worker.pruner import HistoryPruner
 
 pytestmark = pytest.mark.db
@@ -122,6 +133,44 @@ async def test_each_failed_attempt_keeps_its_error(utils: WorkerUtils, db: str, 
     # A job that never failed says so.
     never = await utils.add_job("fine", {}, run_at=None)
     assert 'id="job-attempts-none"' in http(f"{url}/jobs/{never.id}").body
+
+
+async def test_get_job_errors_and_the_job_command(utils: WorkerUtils, db: str) -> None:
+    """The utilities (async and sync, name for name) and ``graphile-worker
+    job`` give the same attempts, oldest first."""
+    job = await utils.add_job("flaky", {}, max_attempts=2)
+
+    async def flaky(payload: Any, helpers: Helpers) -> None:
+        raise ValueError(f"try {helpers.job.attempts}\nsecond line")
+
+    await drain(db, {"flaky": flaky})
+    due_now(db, job.id)
+    await drain(db, {"flaky": flaky})
+    errors = await utils.get_job_errors(job.id)
+    assert [(e.attempt, e.retried, e.task_identifier) for e in errors] == [
+        (1, True, "flaky"),
+        (2, False, "flaky"),
+    ]
+    assert errors[0].error is not None and errors[0].error.startswith("ValueError: try 1\n")
+    assert errors[0].failed_at <= errors[1].failed_at and errors[0].pool_id
+    assert await utils.get_job_errors(123456789) == []
+    with make_sync_worker_utils(connection_string=db) as sync_utils:
+        assert sync_utils.get_job_errors(job.id) == errors
+    with pytest.raises(JobSpecError, match="job_id"):
+        await utils.get_job_errors(0)
+
+    shown = await asyncio.to_thread(run_cli, "job", "-c", db, str(job.id))
+    assert shown.returncode == 0, shown.stderr
+    lines = shown.stdout.splitlines()
+    tail = lines[lines.index("  attempt errors (oldest first):") + 1 :]
+    assert [re.sub(r" at \S+ ", " at T ", line) for line in tail] == [
+        "    attempt 1 at T (retried): ValueError: try 1",
+        "    attempt 2 at T (not retried): ValueError: try 2",
+    ]
+    as_json = await asyncio.to_thread(run_cli, "job", "-c", db, str(job.id), "--json")
+    document = json.loads(as_json.stdout)
+    assert document["attempt_errors"] == [e.as_dict() for e in errors]
+    assert document["attempt_errors"][1]["error"].startswith("ValueError: try 2\nsecond line")
 
 
 async def test_a_snooze_is_no_error_and_a_cancel_is_not_retried(

@@ -567,7 +567,8 @@ async def test_the_job_command_prints_the_record(utils: WorkerUtils, db: str) ->
     ]  # fmt: skip
     as_json = await cli("job", "-c", db, str(job.id), "--json")
     assert as_json.returncode == 0, as_json.stderr
-    assert json.loads(as_json.stdout) == (await utils.get_job_result(job.id)).as_dict()
+    record = (await utils.get_job_result(job.id)).as_dict()
+    assert json.loads(as_json.stdout) == {**record, "attempt_errors": []}
     unknown = await cli("job", "-c", db, "999999", "--json")
     assert unknown.returncode == 0 and json.loads(unknown.stdout)["state"] == "unknown"
 

@@ -27,7 +27,7 @@ from .jobs.job_spec import JobKeyMode, JobSpec, TaskSpec
 from .jobs.limits import Limit, LimitInfo
 from .jobs.pauses import Pause
 from .jobs.payloads import NamedPayload
-from .jobs.results import JobResult, JobState, ResultUnavailable
+from .jobs.results import AttemptError, JobResult, JobState, ResultUnavailable
 from .jobs.unique import UniqueJobResult, UniqueRule, UniqueRuleError
 from .jobs.waiting import WaitTimeout
 from .jobs.worker_utils import CleanupTask, WorkerUtils, make_worker_utils, quick_add_job
@@ -42,6 +42,7 @@ from .tasks.typed_tasks import TypedTaskFunction, typed_task_list
 
 __all__ = [
     "LATEST_REVISION",
+    "AttemptError",
     "Cancel",
     "CleanupTask",
     "ConfigurationError",

@@ -1,5 +1,5 @@
-"""The commands about single jobs: ``add-job``, and ``job`` (its record;
-``--wait`` waits for it to finish)."""
+"""The commands about single jobs: ``add-job``, and ``job`` (its record and
+attempt errors; ``--wait`` waits for it to finish)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,9 @@ from .params import job_id as job_id_param
 from .params import job_ids as job_ids_param
 
 if TYPE_CHECKING:
-    from ..jobs.results import JobResult
+    from collections.abc import Sequence
+
+    from ..jobs.results import AttemptError, JobResult
 
 __all__ = ["WAIT_TIMEOUT_EXIT", "add_job", "cancel", "format_record", "job"]
 
@@ -120,24 +122,34 @@ def job(
     wait: float | None,
 ) -> None:
     """Print what is known of job ID: its state, task, queue, attempts, times,
-    last error and result (from any process; see get_job_result)."""
+    last error and result (from any process; see get_job_result), and every
+    failed attempt's error a Python worker kept (get_job_errors)."""
     from ..jobs.waiting import WaitTimeout
     from ..jobs.worker_utils import make_worker_utils
 
     connection, schema = shared(ctx, connection, schema)
 
-    async def read() -> tuple[JobResult | None, WaitTimeout | None]:
+    async def read() -> tuple[JobResult | None, list[AttemptError], WaitTimeout | None]:
         async with make_worker_utils(connection, schema=schema) as utils:
+            record: JobResult | None
+            timed_out = None
             if wait is None:
-                return await utils.get_job_result(job_id), None
-            try:
-                return await utils.wait_for_job(job_id, wait), None
-            except WaitTimeout as exc:
-                return exc.last, exc
+                record = await utils.get_job_result(job_id)
+            else:
+                try:
+                    record = await utils.wait_for_job(job_id, wait)
+                except WaitTimeout as exc:
+                    record, timed_out = exc.last, exc
+            return record, await utils.get_job_errors(job_id), timed_out
 
-    record, timed_out = run_async(read())
+    record, errors, timed_out = run_async(read())
     if record is not None:
-        click.echo(json.dumps(record.as_dict()) if as_json else format_record(record))
+        if as_json:
+            document = record.as_dict()
+            document["attempt_errors"] = [error.as_dict() for error in errors]
+            click.echo(json.dumps(document))
+        else:
+            click.echo(format_record(record, errors))
     if timed_out is not None:
         click.echo(f"Error: {timed_out}", err=True)
         ctx.exit(WAIT_TIMEOUT_EXIT)
@@ -159,9 +171,10 @@ _SHOWN = (
 )
 
 
-def format_record(record: JobResult) -> str:
+def format_record(record: JobResult, errors: Sequence[AttemptError] = ()) -> str:
     """A job's record as ``graphile-worker job`` prints it: one field a line,
-    only those it has."""
+    only those it has; then its attempt errors, oldest first, each by the
+    first line of its error."""
     lines = [f"Job {record.id}: {record.state}"]
     if record.state == "unknown":
         lines.append(
@@ -182,6 +195,14 @@ def format_record(record: JobResult) -> str:
             lines.append(f"  result: not kept ({record.result_error})")
         else:
             lines.append(f"  result: {json.dumps(record.result)}")
+    if errors:
+        lines.append("  attempt errors (oldest first):")
+    for error in errors:
+        first = (error.error or "").strip().partition("\n")[0]
+        then = "retried" if error.retried else "not retried"
+        lines.append(
+            f"    attempt {error.attempt} at {error.failed_at.isoformat()} ({then}): {first}"
+        )
     return "\n".join(lines)
 
 

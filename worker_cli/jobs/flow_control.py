@@ -5,31 +5,22 @@
 :class:`SyncFlowControl` (of
 :class:`~worker_cli.jobs.sync_worker_utils.SyncWorkerUtils`) hold them, name
 for name; each builds its plan with :class:`~.utils_plans.UtilsPlans` and
-runs it with the host's ``_run`` (the one interface they need of it).
+runs it with the host's ``_run`` (:mod:`.plan_host`).
 """
 
 from __future__ import annotations
 
 from datetime import datetime, timedelta
-from typing import TypeVar
 
-from ..db.plan import Plan
 from .limits import Limit, LimitInfo
 from .pauses import Pause
-from .utils_plans import UtilsPlans
+from .plan_host import AsyncPlanHost, SyncPlanHost
 
 __all__ = ["AsyncFlowControl", "SyncFlowControl"]
 
-T = TypeVar("T")
 
-
-class AsyncFlowControl:
+class AsyncFlowControl(AsyncPlanHost):
     """Pauses and limits, for :class:`~worker_cli.jobs.worker_utils.WorkerUtils`."""
-
-    _plans: UtilsPlans
-
-    async def _run(self, plan: Plan[T], *, autocommit: bool = False) -> T:
-        raise NotImplementedError  # the host's
 
     async def pause(
         self,
@@ -83,13 +74,8 @@ class AsyncFlowControl:
         return await self._run(self._plans.list_limits())
 
 
-class SyncFlowControl:
+class SyncFlowControl(SyncPlanHost):
     """Pauses and limits, for :class:`~worker_cli.jobs.sync_worker_utils.SyncWorkerUtils`."""
-
-    _plans: UtilsPlans
-
-    def _run(self, plan: Plan[T], *, autocommit: bool = False) -> T:
-        raise NotImplementedError  # the host's
 
     def pause(
         self,

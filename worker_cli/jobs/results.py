@@ -5,7 +5,8 @@ it; see migrations/py/000007.sql): ``scheduled``, ``available``, ``running``,
 ``retrying``, ``failed`` (no attempts left), ``succeeded``, ``cancelled``, and
 ``unknown`` (no row anywhere: finished by a Node worker, removed by an admin
 function, pruned from the history, or never added). :class:`JobResult` is
-the record the utilities return (``get_job_result``, ``wait_for_job``);
+the record the utilities return (``get_job_result``, ``wait_for_job``), and
+:class:`AttemptError` each failed attempt a Python worker kept (``get_job_errors``);
 :func:`encode_result` is how a task's return value becomes its stored result.
 """
 
@@ -22,6 +23,7 @@ from ..errors import GraphileWorkerError, JobSpecError
 __all__ = [
     "FINAL_STATES",
     "JOB_RESULT_COLUMNS",
+    "AttemptError",
     "JobResult",
     "JobState",
     "ResultUnavailable",
@@ -137,6 +139,34 @@ class JobResult:
             value = getattr(self, name)
             out[name] = value.isoformat() if isinstance(value, datetime) else value
         return out
+
+
+@dataclass(frozen=True)
+class AttemptError:
+    """One failed attempt of a job, as the Python worker that ran it recorded
+    it (``get_job_errors``; migrations/py/000018.sql, kept 7 days)."""
+
+    #: The attempt's number (the job's ``attempts`` when it failed).
+    attempt: int | None
+    failed_at: datetime
+    error: str | None
+    #: The job was to run again (attempts left); false for its last attempt,
+    #: a failure its retry policy does not retry, or a cancel.
+    retried: bool
+    task_identifier: str | None
+    #: The worker pool that ran the attempt.
+    pool_id: str | None
+
+    def as_dict(self) -> dict[str, Any]:
+        """The attempt as a JSON-ready dict (``failed_at`` in ISO 8601)."""
+        return {
+            "attempt": self.attempt,
+            "failed_at": self.failed_at.isoformat(),
+            "error": self.error,
+            "retried": self.retried,
+            "task_identifier": self.task_identifier,
+            "pool_id": self.pool_id,
+        }
 
 
 def encode_result(value: Any, limit: int) -> tuple[str | None, str | None]:

@@ -41,6 +41,7 @@ from ..schema.lifecycle import finished_channel
 from ..schema.migrate import MigrationReport
 from .flow_control import SyncFlowControl
 from .job import Job
+from .job_records import SyncJobRecords
 from .job_spec import AddJobOptions, JobKeyMode, JobSpec, TaskSpec
 from .payloads import NamedPayload, job_identity
 from .results import JobResult, JobState
@@ -54,7 +55,7 @@ __all__ = ["SyncWorkerUtils", "make_sync_worker_utils", "quick_add_job_sync"]
 T = TypeVar("T")
 
 
-class SyncWorkerUtils(SyncFlowControl):
+class SyncWorkerUtils(SyncFlowControl, SyncJobRecords):
     """:class:`~worker_cli.jobs.worker_utils.WorkerUtils`, blocking: job administration
     over a ``psycopg_pool.ConnectionPool``, or over the caller's connection
     (``connection``); see :func:`make_sync_worker_utils`. Safe to share
@@ -243,15 +244,6 @@ class SyncWorkerUtils(SyncFlowControl):
     def remove_job(self, job_key: str) -> Job | None:
         """Delete the pending job with this key; a running one is kept from retrying."""
         return self._run(self._plans.remove_job(job_key))
-
-    def get_job_status(self, job_id: int) -> JobState:
-        """The state of a job (see :data:`~worker_cli.jobs.results.JobState`)."""
-        return (self._run(self._plans.job_result(job_id))).state
-
-    def get_job_result(self, job_id: int) -> JobResult:
-        """What is known of a job: its state, times, last error and, once it has
-        succeeded, its result (``.result``; see :class:`JobResult`)."""
-        return self._run(self._plans.job_result(job_id))
 
     def cancel_job(self, job_id: int, reason: str | None = None) -> JobState:
         """Cancel a job (README, "Cancel"); its state after the call:

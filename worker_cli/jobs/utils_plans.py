@@ -46,7 +46,7 @@ from .job_spec import (
 from .limits import Limit, LimitInfo, limit_params, limit_target
 from .pauses import Pause, pause_params, target
 from .payloads import NamedPayload, job_identity
-from .results import JobResult, check_job_id
+from .results import AttemptError, JobResult, check_job_id
 from .trace_context import carry
 from .unique import UniqueJobResult, UniqueRule, UniqueSpec, check_keys_payload, rules_for_specs
 
@@ -203,6 +203,17 @@ class UtilsPlans:
             statement = statements.compose(lifecycle.job_status, self.schema)
             rows = yield from query(statement, {"job_id": job_id}, lenient_times=True)
         return JobResult.from_row(rows[0])
+
+    def job_errors(self, job_id: int) -> Plan[list[AttemptError]]:
+        """``get_job_errors``: a job's attempt errors, oldest first."""
+        check_job_id(job_id)
+        return self._job_errors(job_id)
+
+    def _job_errors(self, job_id: int) -> Plan[list[AttemptError]]:
+        with schema_required(self.schema):
+            statement = statements.compose(lifecycle.job_errors, self.schema)
+            rows = yield from query(statement, {"job_id": job_id})
+        return [AttemptError(*row) for row in rows]
 
     def cancel_jobs(self, job_ids: Sequence[int], reason: str | None) -> Plan[dict[int, Any]]:
         """``cancel_job`` and ``cancel_jobs``: each job's state after the call."""

@@ -39,6 +39,7 @@ from ..schema.lifecycle import finished_channel
 from ..schema.migrate import MigrationReport
 from .flow_control import AsyncFlowControl
 from .job import Job
+from .job_records import AsyncJobRecords
 from .job_spec import AddJobOptions, JobKeyMode, JobSpec, TaskSpec
 from .payloads import NamedPayload, job_identity
 from .results import JobResult, JobState
@@ -59,7 +60,7 @@ logger = logging.getLogger("graphile_worker")
 T = TypeVar("T")
 
 
-class WorkerUtils(AsyncFlowControl):
+class WorkerUtils(AsyncFlowControl, AsyncJobRecords):
     """Job administration over a connection pool, or over the caller's
     connection (``connection``); see :func:`make_worker_utils`."""
 
@@ -244,15 +245,6 @@ class WorkerUtils(AsyncFlowControl):
     async def remove_job(self, job_key: str) -> Job | None:
         """Delete the pending job with this key; a running one is kept from retrying."""
         return await self._run(self._plans.remove_job(job_key))
-
-    async def get_job_status(self, job_id: int) -> JobState:
-        """The state of a job (see :data:`~worker_cli.jobs.results.JobState`)."""
-        return (await self._run(self._plans.job_result(job_id))).state
-
-    async def get_job_result(self, job_id: int) -> JobResult:
-        """What is known of a job: its state, times, last error and, once it has
-        succeeded, its result (``.result``; see :class:`JobResult`)."""
-        return await self._run(self._plans.job_result(job_id))
 
     async def cancel_job(self, job_id: int, reason: str | None = None) -> JobState:
         """Cancel a job (README, "Cancel"); its state after the call:

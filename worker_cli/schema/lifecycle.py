@@ -146,6 +146,15 @@ prune_attempt_errors = """
     (select count(*) from oldest) as read
 """
 
+# A job's attempt errors (migrations/py/000018.sql), oldest first, through
+# their job_id index (AttemptError's fields, in order).
+job_errors = """
+  select e.attempt, e.failed_at, e.error, e.retried, e.task_identifier, e.pool_id
+  from {schema}._private_py_job_errors as e
+  where e.job_id = %(job_id)s::bigint
+  order by e.id
+"""
+
 # The state (and result) of one job: migrations/py/000007.sql.
 job_status = "select * from {schema}.py_job_status(%(job_id)s)"
 
