@@ -39,6 +39,8 @@ from worker_cli import (
     run_once,
     task_options,
 )
+from worker_cli.dashboard import queries
+from worker_cli.schema import lifecycle, statements
 from worker_cli.worker.pruner import HistoryPruner
 
 pytestmark = pytest.mark.db
@@ -246,3 +248,48 @@ def test_the_attempt_errors_in_a_browser(db: str, url: str) -> None:
         assert browser.find_elements(By.ID, "evil") == []
         assert browser.execute_script("return window.pwned") is None  # type: ignore[no-untyped-call]
         assert console_errors(browser) == []
+
+
+@pytest.mark.slow
+async def test_pruning_a_million_errors_reads_only_the_oldest(utils: WorkerUtils, db: str) -> None:
+    """1,000,000 attempt errors, the 20,000 oldest expired: a turn deletes
+    those, each statement reading at most its batch by primary key (no table
+    read whole), and a job's errors are read through their job_id index."""
+    rows(
+        db,
+        f"insert into {ERRORS} (job_id, task_identifier, attempt, failed_at, error, retried) "
+        "select n, 't', 1, case when n <= 20000 then now() - interval '8 days' else now() end, "
+        "'boom', true from generate_series(1, 1000000) as n",
+    )
+    rows(db, f"analyze {ERRORS}")
+    prune = statements.compose(lifecycle.prune_attempt_errors, "graphile_worker")
+    params = {"lock_namespace": 1, "schema": "graphile_worker", "limit": 10_000}
+    with psycopg.connect(db) as conn:
+        [(plan,)] = conn.execute(
+            psycopg.sql.SQL("explain (analyze, format json) ") + prune, params
+        ).fetchall()
+        conn.rollback()  # the explained statement deleted: undo it
+        [(page_plan,)] = conn.execute(
+            psycopg.sql.SQL("explain (format json) ")
+            + statements.compose(queries.attempt_errors, "graphile_worker"),
+            {"id": 500_000, "limit": 50, "cut": 20_000},
+        ).fetchall()
+    nodes = list(plan_nodes(plan[0]["Plan"]))
+    assert not [n for n in nodes if n["Node Type"] == "Seq Scan"], nodes
+    scans = [n for n in nodes if n.get("Index Name") == "_private_py_job_errors_pkey"]
+    assert scans and all(n["Actual Rows"] <= 10_000 for n in scans), scans
+    page_nodes = list(plan_nodes(page_plan[0]["Plan"]))
+    assert not [n for n in page_nodes if n["Node Type"] == "Seq Scan"], page_nodes
+    assert any(n.get("Index Name") == "_private_py_job_errors_job_id" for n in page_nodes)
+
+    pruner = HistoryPruner(utils, schema="graphile_worker", interval=(60, 120))
+    assert await pruner.prune_attempt_errors() == 20_000
+    assert value(db, f"select count(*) from {ERRORS}") == 980_000
+    assert value(db, f"select min(job_id) from {ERRORS}") == 20_001
+
+
+def plan_nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """Every node of an EXPLAIN (FORMAT JSON) plan."""
+    yield plan
+    for child in plan.get("Plans", []):
+        yield from plan_nodes(child)
