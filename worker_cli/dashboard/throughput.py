@@ -272,19 +272,18 @@ class Chart:
 
     @property
     def added_points(self) -> str:
-        """The polyline of the jobs added, through each bucket's middle."""
-        half = self.slot / 2
-        return " ".join(
-            f"{round(self.x(i) + half, 2)},{self.y(b.added)}" for i, b in enumerate(self.buckets)
-        )
+        """The polyline of the jobs added."""
+        return self._points([b.added for b in self.buckets])
 
     @property
     def retried_points(self) -> str:
-        """The polyline of the attempts retried, through each bucket's middle."""
+        """The polyline of the attempts retried."""
+        return self._points([b.retried for b in self.buckets])
+
+    def _points(self, counts: list[int]) -> str:
+        """A polyline through each bucket's middle at its count."""
         half = self.slot / 2
-        return " ".join(
-            f"{round(self.x(i) + half, 2)},{self.y(b.retried)}" for i, b in enumerate(self.buckets)
-        )
+        return " ".join(f"{round(self.x(i) + half, 2)},{self.y(n)}" for i, n in enumerate(counts))
 
     @property
     def ticks(self) -> list[tuple[int, str]]:

@@ -74,17 +74,15 @@ class ResultWriter:
         self._db = db
         self._pool_id = pool_id
         self._history = history
-        self._complete = statements.compose(
-            statements.complete_batch if history is None else lifecycle.complete_batch_recording,
-            schema,
-        )
-        #: With history on, for a batch in which no job returned a value.
-        self._complete_no_results = statements.compose(
-            statements.complete_batch
+        # The success statement, and (history on) its form for a batch in
+        # which no job returned a value.
+        complete, no_results = (
+            (statements.complete_batch, statements.complete_batch)
             if history is None
-            else lifecycle.complete_batch_recording_no_results,
-            schema,
+            else (lifecycle.complete_batch_recording, lifecycle.complete_batch_recording_no_results)
         )
+        self._complete = statements.compose(complete, schema)
+        self._complete_no_results = statements.compose(no_results, schema)
         self._fail = statements.compose(failures.fail_batch, schema)
         #: Where the waiters of finished jobs are told (wait_for_job).
         self._channel = lifecycle.finished_channel(schema)
