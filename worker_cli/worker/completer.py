@@ -147,9 +147,18 @@ class Completer:
             await self._write_batch()
 
     async def _write_batch(self) -> None:
-        succeeded, self._succeeded = self._succeeded, []
-        failed, self._failed = self._failed, []
-        self._named_queue_results = 0
+        # At most WRITE_AT_MOST results a statement (the expiry ledger takes
+        # 1,000 ids a row): what came in while the last batch was being
+        # written can be more; the rest is the next batch.
+        succeeded, failed = self._succeeded, self._failed
+        self._succeeded, self._failed = [], []
+        if len(succeeded) + len(failed) > WRITE_AT_MOST:
+            succeeded, self._succeeded = succeeded[:WRITE_AT_MOST], succeeded[WRITE_AT_MOST:]
+            room = WRITE_AT_MOST - len(succeeded)
+            failed, self._failed = failed[:room], failed[room:]
+        self._named_queue_results = sum(
+            1 for job, _ in self._succeeded if job.job_queue_id is not None
+        ) + sum(1 for failure in self._failed if failure.job.job_queue_id is not None)
         self._writing = True
         try:
             await retry_until_done(
