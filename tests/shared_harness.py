@@ -61,7 +61,20 @@ HISTORY_ROWS = [
     ("this worker, `--history off`", "graphile-py", "async", "--history off", True),
     ("this worker, history on (default)", "graphile-py", "async", "", True),
 ]
-ROW_SETS = {"tax": ROWS, "history": HISTORY_ROWS}
+#: The local queue's size (``--rows queue-size``), success lines on for all;
+#: with ``--bloat queues`` the README's "Many named queues".
+QUEUE_SIZE_ROWS = [
+    ("graphile-worker 0.18, batching", "graphile-node", None, "", True),
+    ("this worker, default local queue", "graphile-py", "async", "", True),
+    (
+        "this worker, `--local-queue-size 1000`",
+        "graphile-py",
+        "async",
+        "--local-queue-size 1000",
+        True,
+    ),
+]
+ROW_SETS = {"tax": ROWS, "history": HISTORY_ROWS, "queue-size": QUEUE_SIZE_ROWS}
 
 #: The harness variant of each system.
 VARIANTS = {"graphile-node": "c10-batch", "graphile-py": "c10"}
@@ -77,6 +90,11 @@ def main() -> None:
     )
     parser.add_argument("--n", type=int, default=20000, help="jobs per drain")
     parser.add_argument("--rows", choices=sorted(ROW_SETS), default="tax", help="what to compare")
+    parser.add_argument(
+        "--bloat",
+        choices=["permafail", "future", "queues"],
+        help="the harness's BENCH_BLOAT: rows inserted before the drained jobs",
+    )
     args = parser.parse_args()
     rows = ROW_SETS[args.rows]
     python = args.anchors_dir / "py" / "venv" / "bin" / "python"
@@ -105,6 +123,10 @@ def main() -> None:
                 "GW_PY_VERSION": "this worker",
                 "GW_PY_EXTRA": extra,
             }
+            if args.bloat:
+                env["BENCH_BLOAT"] = args.bloat
+            else:
+                env.pop("BENCH_BLOAT", None)
             if lines:
                 env["BENCH_LOG_SUCCESS"] = "1"
             else:
@@ -123,8 +145,8 @@ def main() -> None:
                 check=True,
                 stdout=subprocess.DEVNULL,
             )
-    if args.rows == "history":
-        print(history_table(results / "raw", tag, args.rounds))
+    if args.rows != "tax":
+        print(ratio_table(rows, results / "raw", tag, args.rounds))
     else:
         print(table(results / "raw", tag, args.rounds))
     print(f"(raw results: {results / 'raw'})")
@@ -170,16 +192,17 @@ def table(raw: Path, tag: str, rounds: int) -> str:
     return "\n".join(lines)
 
 
-def history_table(raw: Path, tag: str, rounds: int) -> str:
-    """The cost of the history: jobs/s (median [min-max]) with its ratios per
-    round to graphile-worker and (history on) to history off, and per job the
-    worker's and PostgreSQL's CPU (medians) and WAL bytes."""
+def ratio_table(rows: list[Any], raw: Path, tag: str, rounds: int) -> str:
+    """Jobs/s (median [min-max]) of each row with its ratios per round to the
+    first row (graphile-worker) and, for the third, to the second (history
+    off, or the default local queue), and per job the worker's and
+    PostgreSQL's CPU (medians) and WAL bytes."""
     found = repetitions(raw, tag)
     lines = [
         "| | jobs/s | worker CPU µs/job | PostgreSQL CPU µs/job | WAL bytes/job |",
         "|---|---|---|---|---|",
     ]
-    for index, (label, *_rest) in enumerate(HISTORY_ROWS):
+    for index, (label, *_rest) in enumerate(rows):
         reps = [found[index, r] for r in range(rounds)]
         rate = [rep["jobs_per_s_net"] for rep, _ in reps]
         text = f"{statistics.median(rate):,.0f} [{min(rate):,.0f}-{max(rate):,.0f}]"
@@ -189,7 +212,7 @@ def history_table(raw: Path, tag: str, rounds: int) -> str:
             ratios.append(_ratio(rate, node, "Node"))
         if index == 2:
             off = [found[1, r][0]["jobs_per_s_net"] for r in range(rounds)]
-            ratios.append(_ratio(rate, off, "off"))
+            ratios.append(_ratio(rate, off, "row 2"))
         if ratios:
             text += f" ({'; '.join(ratios)})"
         worker = statistics.median(rep["worker_cpu_s"] * 1e6 / n for rep, n in reps)
