@@ -442,7 +442,7 @@ def main() -> None:
         "--batching",
         action="store_true",
         help="also Node with batching on (local queue 500 and batched completion; "
-        "this worker's default local queue is 500 too)",
+        "this worker's default local queue is 1,000)",
     )
     parser.add_argument(
         "--compare-with",

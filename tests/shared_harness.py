@@ -4,8 +4,8 @@ Runs the harness (``../shared/bench`` beside this repository, set up with its
 ``setup.sh``) in alternating rounds: graphile-worker (Node) with batching, and
 this worker with ``async def`` and plain ``def`` tasks, each with success lines on
 (``BENCH_LOG_SUCCESS=1``, what users run by default) and off. This worker
-runs at its defaults: its local queue of 500 is the size of graphile-worker's
-batching variant. Each round runs
+runs at its defaults (a local queue of 1,000; graphile-worker's batching
+variant, as its perfTest, holds 500). Each round runs
 every row once, in an order rotated from round to round, after a warm-up
 round that is not counted; the table gives
 the worker CPU per 1,000 jobs and the jobs/s of each row (min-max over rounds)
@@ -20,6 +20,13 @@ success lines on, with PostgreSQL's CPU and WAL bytes per job too, and the
 ratio of history on to history off in the same round:
 
     python tests/shared_harness.py --rows history --rounds 6 --n 200000
+
+``--rows queue-size`` compares the default local queue (1,000) with 500, on
+an empty table or (``--bloat queues``) behind 10,000 named queues locked by
+another worker (the README's "Many named queues"); ``--lines off`` turns the
+success lines off for every row of these two sets:
+
+    python tests/shared_harness.py --rows queue-size --bloat queues --rounds 5 --n 200000
 """
 
 from __future__ import annotations
@@ -61,20 +68,37 @@ HISTORY_ROWS = [
     ("this worker, `--history off`", "graphile-py", "async", "--history off", True),
     ("this worker, history on (default)", "graphile-py", "async", "", True),
 ]
-#: The local queue's size (``--rows queue-size``), success lines on for all;
-#: with ``--bloat queues`` the README's "Many named queues".
+#: The local queue's size (``--rows queue-size``): the default against 500
+#: (graphile-worker's perfTest's, and ours before); with ``--bloat queues``
+#: the README's "Many named queues".
 QUEUE_SIZE_ROWS = [
     ("graphile-worker 0.18, batching", "graphile-node", None, "", True),
-    ("this worker, default local queue", "graphile-py", "async", "", True),
     (
-        "this worker, `--local-queue-size 1000`",
+        "this worker, `--local-queue-size 500`",
         "graphile-py",
         "async",
-        "--local-queue-size 1000",
+        "--local-queue-size 500",
         True,
     ),
+    ("this worker, default local queue (1,000)", "graphile-py", "async", "", True),
 ]
-ROW_SETS = {"tax": ROWS, "history": HISTORY_ROWS, "queue-size": QUEUE_SIZE_ROWS}
+#: Behind 10,000 named queues locked by another worker against the empty
+#: table, both systems at their defaults (``--rows queues``): the bloat is
+#: the row's, so each system's ratio to its own empty-table rate is per round.
+QUEUES_ROWS = [
+    ("graphile-worker 0.18, batching, empty table", "graphile-node", None, "", True),
+    ("this worker, empty table", "graphile-py", "async", "", True),
+    ("graphile-worker 0.18, batching, 10,000 locked queues", "graphile-node", None, "", True),
+    ("this worker, 10,000 locked queues", "graphile-py", "async", "", True),
+]
+#: The harness's BENCH_BLOAT of a row (by label), whatever ``--bloat`` says.
+ROW_BLOAT = {label: "queues" for label, *_rest in QUEUES_ROWS if "locked queues" in label}
+ROW_SETS = {
+    "tax": ROWS,
+    "history": HISTORY_ROWS,
+    "queue-size": QUEUE_SIZE_ROWS,
+    "queues": QUEUES_ROWS,
+}
 
 #: The harness variant of each system.
 VARIANTS = {"graphile-node": "c10-batch", "graphile-py": "c10"}
@@ -95,6 +119,12 @@ def main() -> None:
         choices=["permafail", "future", "queues"],
         help="the harness's BENCH_BLOAT: rows inserted before the drained jobs",
     )
+    parser.add_argument(
+        "--lines",
+        choices=["on", "off"],
+        default="on",
+        help="success lines of every row of --rows history and queue-size",
+    )
     args = parser.parse_args()
     rows = ROW_SETS[args.rows]
     python = args.anchors_dir / "py" / "venv" / "bin" / "python"
@@ -113,6 +143,8 @@ def main() -> None:
         order = rows[round_ % len(rows) :] + rows[: round_ % len(rows)]
         for number, row in enumerate(order):
             label, system, kind, extra, lines = row
+            if args.rows != "tax":
+                lines = args.lines == "on"
             counted = f"round {round_ + 1}/{args.rounds}" if round_ >= 0 else "warm-up"
             print(f"{counted}, {number + 1}/{len(order)}: {label}")
             env = {
@@ -123,8 +155,9 @@ def main() -> None:
                 "GW_PY_VERSION": "this worker",
                 "GW_PY_EXTRA": extra,
             }
-            if args.bloat:
-                env["BENCH_BLOAT"] = args.bloat
+            bloat = ROW_BLOAT.get(label, "" if args.rows == "queues" else args.bloat)
+            if bloat:
+                env["BENCH_BLOAT"] = bloat
             else:
                 env.pop("BENCH_BLOAT", None)
             if lines:
@@ -146,7 +179,7 @@ def main() -> None:
                 stdout=subprocess.DEVNULL,
             )
     if args.rows != "tax":
-        print(ratio_table(rows, results / "raw", tag, args.rounds))
+        print(ratio_table(rows, results / "raw", tag, args.rounds, args.rows))
     else:
         print(table(results / "raw", tag, args.rounds))
     print(f"(raw results: {results / 'raw'})")
@@ -192,11 +225,19 @@ def table(raw: Path, tag: str, rounds: int) -> str:
     return "\n".join(lines)
 
 
-def ratio_table(rows: list[Any], raw: Path, tag: str, rounds: int) -> str:
-    """Jobs/s (median [min-max]) of each row with its ratios per round to the
-    first row (graphile-worker) and, for the third, to the second (history
-    off, or the default local queue), and per job the worker's and
-    PostgreSQL's CPU (medians) and WAL bytes."""
+#: The ratios of ``ratio_table``: row -> (the row it is divided by, its name).
+COMPARISONS: dict[str, dict[int, list[tuple[int, str]]]] = {
+    "history": {1: [(0, "Node")], 2: [(0, "Node"), (1, "off")]},
+    "queue-size": {1: [(0, "Node")], 2: [(0, "Node"), (1, "500")]},
+    "queues": {1: [(0, "Node")], 2: [(0, "its empty")], 3: [(2, "Node"), (1, "its empty")]},
+}
+
+
+def ratio_table(rows: list[Any], raw: Path, tag: str, rounds: int, row_set: str) -> str:
+    """Jobs/s (median [min-max]) of each row with its ratios per round to
+    other rows (``COMPARISONS``), and per job the worker's and PostgreSQL's
+    CPU (medians) and WAL bytes."""
+    comparisons = COMPARISONS[row_set]
     found = repetitions(raw, tag)
     lines = [
         "| | jobs/s | worker CPU µs/job | PostgreSQL CPU µs/job | WAL bytes/job |",
@@ -207,12 +248,9 @@ def ratio_table(rows: list[Any], raw: Path, tag: str, rounds: int) -> str:
         rate = [rep["jobs_per_s_net"] for rep, _ in reps]
         text = f"{statistics.median(rate):,.0f} [{min(rate):,.0f}-{max(rate):,.0f}]"
         ratios = []
-        if index:
-            node = [found[0, r][0]["jobs_per_s_net"] for r in range(rounds)]
-            ratios.append(_ratio(rate, node, "Node"))
-        if index == 2:
-            off = [found[1, r][0]["jobs_per_s_net"] for r in range(rounds)]
-            ratios.append(_ratio(rate, off, "row 2"))
+        for base, name in comparisons.get(index, []):
+            other = [found[base, r][0]["jobs_per_s_net"] for r in range(rounds)]
+            ratios.append(_ratio(rate, other, name))
         if ratios:
             text += f" ({'; '.join(ratios)})"
         worker = statistics.median(rep["worker_cpu_s"] * 1e6 / n for rep, n in reps)

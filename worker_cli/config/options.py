@@ -89,7 +89,7 @@ class WorkerOptions:
     #: pool holds about ``local_queue_horizon`` seconds of work at its current
     #: completion rate, up to this many; 0 fetches only for idle slots. A
     #: crashed worker holds at most this many jobs plus the running ones.
-    local_queue_size: int = 500
+    local_queue_size: int = 1000
     #: Seconds of work (at the measured rate) the local queue aims to hold;
     #: ``math.inf`` keeps it always full.
     local_queue_horizon: float = 0.05
