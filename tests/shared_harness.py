@@ -27,6 +27,14 @@ another worker (the README's "Many named queues"); ``--lines off`` turns the
 success lines off for every row of these two sets:
 
     python tests/shared_harness.py --rows queue-size --bloat queues --rounds 5 --n 200000
+
+``--rows queues`` runs each system (both at their defaults) on the empty table
+and behind those queues in the same round, for each one's ratio to its own
+empty-table rate; ``--rows peers`` runs pgqueuer, procrastinate, Celery and
+Dramatiq (on Redis) beside graphile-worker and this worker (20,000 jobs: the
+slowest of them takes half a minute):
+
+    python tests/shared_harness.py --rows peers --rounds 3
 """
 
 from __future__ import annotations
@@ -91,6 +99,17 @@ QUEUES_ROWS = [
     ("graphile-worker 0.18, batching, 10,000 locked queues", "graphile-node", None, "", True),
     ("this worker, 10,000 locked queues", "graphile-py", "async", "", True),
 ]
+#: The other job queues a Python team would pick (``--rows peers``), each at
+#: concurrency 10 with its own bulk enqueue and worker CLI; Celery and Dramatiq
+#: on Redis. Their ratios are to this worker in the same round.
+PEER_ROWS = [
+    ("graphile-worker 0.18, batching", "graphile-node", None, "", True),
+    ("this worker (defaults)", "graphile-py", "async", "", True),
+    ("pgqueuer", "pgqueuer", None, "", True),
+    ("procrastinate", "procrastinate", None, "", True),
+    ("Celery, Redis broker, threads", "celery", None, "", True),
+    ("Dramatiq, Redis broker", "dramatiq", None, "", True),
+]
 #: The harness's BENCH_BLOAT of a row (by label), whatever ``--bloat`` says.
 ROW_BLOAT = {label: "queues" for label, *_rest in QUEUES_ROWS if "locked queues" in label}
 ROW_SETS = {
@@ -98,10 +117,18 @@ ROW_SETS = {
     "history": HISTORY_ROWS,
     "queue-size": QUEUE_SIZE_ROWS,
     "queues": QUEUES_ROWS,
+    "peers": PEER_ROWS,
 }
 
 #: The harness variant of each system.
-VARIANTS = {"graphile-node": "c10-batch", "graphile-py": "c10"}
+VARIANTS = {
+    "graphile-node": "c10-batch",
+    "graphile-py": "c10",
+    "pgqueuer": "c10",
+    "procrastinate": "c10",
+    "celery": "c10-threads",
+    "dramatiq": "c10",
+}
 
 
 def main() -> None:
@@ -230,17 +257,19 @@ COMPARISONS: dict[str, dict[int, list[tuple[int, str]]]] = {
     "history": {1: [(0, "Node")], 2: [(0, "Node"), (1, "off")]},
     "queue-size": {1: [(0, "Node")], 2: [(0, "Node"), (1, "500")]},
     "queues": {1: [(0, "Node")], 2: [(0, "its empty")], 3: [(2, "Node"), (1, "its empty")]},
+    "peers": {0: [(1, "this worker")], **{row: [(1, "this worker")] for row in range(2, 6)}},
 }
 
 
 def ratio_table(rows: list[Any], raw: Path, tag: str, rounds: int, row_set: str) -> str:
     """Jobs/s (median [min-max]) of each row with its ratios per round to
     other rows (``COMPARISONS``), and per job the worker's and PostgreSQL's
-    CPU (medians) and WAL bytes."""
+    CPU (medians) and WAL bytes. The database's CPU is PostgreSQL's, and
+    Redis's for the systems using it (Celery, Dramatiq)."""
     comparisons = COMPARISONS[row_set]
     found = repetitions(raw, tag)
     lines = [
-        "| | jobs/s | worker CPU µs/job | PostgreSQL CPU µs/job | WAL bytes/job |",
+        "| | jobs/s | worker CPU µs/job | database CPU µs/job | WAL bytes/job |",
         "|---|---|---|---|---|",
     ]
     for index, (label, *_rest) in enumerate(rows):
@@ -254,7 +283,9 @@ def ratio_table(rows: list[Any], raw: Path, tag: str, rounds: int, row_set: str)
         if ratios:
             text += f" ({'; '.join(ratios)})"
         worker = statistics.median(rep["worker_cpu_s"] * 1e6 / n for rep, n in reps)
-        pg = statistics.median(rep["pg_cpu_s"] * 1e6 / n for rep, n in reps)
+        pg = statistics.median(
+            (rep["pg_cpu_s"] + rep.get("redis_cpu_s", 0.0)) * 1e6 / n for rep, n in reps
+        )
         wal = statistics.median(rep["db_stats_delta"]["wal_bytes"] / n for rep, n in reps)
         lines.append(f"| {label} | {text} | {worker:.1f} | {pg:.1f} | {wal:,.0f} |")
     return "\n".join(lines)
