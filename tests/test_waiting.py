@@ -87,7 +87,7 @@ def locked_jobs(db: str, count: int) -> list[int]:
 def write_batch(db: str, statement: str, job_ids: list[int]) -> None:
     """Write a batch's outcome with the worker's statement, as its completer does."""
     params: dict[str, Any] = {"job_ids": job_ids, "pool_id": "p", "channel": CHANNEL}
-    if statement == "complete_batch_recording":
+    if statement.startswith("complete_batch_recording"):
         params.update(
             result_ids=[], results=[], result_errors=[], timed_out=[], keep=timedelta(days=1)
         )
@@ -122,7 +122,16 @@ def waited_for(db: str, job_ids: list[int], notify: bool = True) -> None:
 # --- what the worker sends ---------------------------------------------------------
 
 
-@pytest.mark.parametrize("statement", ["complete_batch", "complete_batch_recording", "fail_batch"])
+@pytest.mark.parametrize(
+    "statement",
+    [
+        "complete_batch",
+        "complete_batch_without_queues",
+        "complete_batch_recording",
+        "complete_batch_recording_no_results_without_queues",
+        "fail_batch",
+    ],
+)
 def test_one_notification_per_batch_lists_the_jobs_waited_for(db: str, statement: str) -> None:
     jobs = locked_jobs(db, 10)
     waited_for(db, jobs[2:6])

@@ -248,23 +248,41 @@ finished_options = """
   )"""
 
 
-# Success: delete the jobs and unlock their queues (where this pool holds them).
-# A queue is unlocked only for a job whose row this pool still held: after a
-# failover to a standby that had not received a fetch, a job's row may be
-# unlocked (or the queue held for another of this pool's jobs), and unlocking
-# its queue would let a second job of the queue start beside that one.
+# The queues of the jobs a success deleted (the "done" CTE) are unlocked,
+# where this pool holds them. A queue is unlocked only for a job whose row
+# this pool still held: after a failover to a standby that had not received
+# a fetch, a job's row may be unlocked (or the queue held for another of this
+# pool's jobs), and unlocking its queue would let a second job of the queue
+# start beside that one.
+unlock_queues = """
+  unlocked as (
+    update {schema}._private_job_queues as q
+    set locked_at = null, locked_by = null
+    where q.id in (select done.job_queue_id from done where done.locked_by = %(pool_id)s)
+      and q.locked_by = %(pool_id)s
+  ),"""
+
+# Success: delete the jobs and unlock their queues (unlock_queues).
 complete_batch = (
     """
   with done as (
     delete from {schema}._private_jobs as j
     where j.id = any(%(job_ids)b::bigint[])
     returning j.id, j.job_queue_id, j.locked_by
-  ),
-  unlocked as (
-    update {schema}._private_job_queues as q
-    set locked_at = null, locked_by = null
-    where q.id in (select done.job_queue_id from done where done.locked_by = %(pool_id)s)
-      and q.locked_by = %(pool_id)s
+  ),"""
+    + unlock_queues
+    + finished_options
+    + notify_waiters
+)
+
+# The same for a batch in which no job is in a named queue (as fetched: a
+# locked job's queue never changes), the common case: without the queues'
+# update, about 0.3 µs of server CPU less per job.
+complete_batch_without_queues = (
+    """
+  with done as (
+    delete from {schema}._private_jobs as j
+    where j.id = any(%(job_ids)b::bigint[])
   ),"""
     + finished_options
     + notify_waiters

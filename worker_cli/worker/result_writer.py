@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, LiteralString
 
 import psycopg
 from psycopg_pool import AsyncConnectionPool
@@ -74,15 +74,29 @@ class ResultWriter:
         self._db = db
         self._pool_id = pool_id
         self._history = history
-        # The success statement, and (history on) its form for a batch in
-        # which no job returned a value.
-        complete, no_results = (
-            (statements.complete_batch, statements.complete_batch)
-            if history is None
-            else (lifecycle.complete_batch_recording, lifecycle.complete_batch_recording_no_results)
-        )
-        self._complete = statements.compose(complete, schema)
-        self._complete_no_results = statements.compose(no_results, schema)
+        # The success statement by (some job returned a value, some job is in
+        # a named queue): the forms without leave out what finds those.
+        forms: dict[tuple[bool, bool], LiteralString]
+        if history is None:
+            with_queues, without = (
+                statements.complete_batch,
+                statements.complete_batch_without_queues,
+            )
+            forms = {
+                (results, queues): with_queues if queues else without
+                for results in (True, False)
+                for queues in (True, False)
+            }
+        else:
+            forms = {
+                (True, True): lifecycle.complete_batch_recording,
+                (False, True): lifecycle.complete_batch_recording_no_results,
+                (True, False): lifecycle.complete_batch_recording_without_queues,
+                (False, False): lifecycle.complete_batch_recording_no_results_without_queues,
+            }
+        self._complete = {
+            form: statements.compose(statement, schema) for form, statement in forms.items()
+        }
         self._fail = statements.compose(failures.fail_batch, schema)
         #: Where the waiters of finished jobs are told (wait_for_job).
         self._channel = lifecycle.finished_channel(schema)
@@ -195,9 +209,8 @@ class ResultWriter:
         async with self._db.connection() as conn:
             if succeeded:
                 params = self._complete_params(succeeded)
-                statement = (
-                    self._complete if params.get("result_ids") else self._complete_no_results
-                )
+                queues = any(job.job_queue_id is not None for job, _ in succeeded)
+                statement = self._complete[bool(params.get("result_ids")), queues]
                 await conn.execute(statement, params)
             if failed:
                 params = {
