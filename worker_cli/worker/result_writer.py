@@ -77,15 +77,12 @@ class ResultWriter:
         # The success statement by (some job returned a value, some job is in
         # a named queue): the forms without leave out what finds those.
         forms: dict[tuple[bool, bool], LiteralString]
-        if history is None:
-            with_queues, without = (
-                statements.complete_batch,
-                statements.complete_batch_without_queues,
-            )
+        if history is None:  # no results written: the first part does not matter
             forms = {
-                (results, queues): with_queues if queues else without
-                for results in (True, False)
-                for queues in (True, False)
+                (True, True): statements.complete_batch,
+                (False, True): statements.complete_batch,
+                (True, False): statements.complete_batch_without_queues,
+                (False, False): statements.complete_batch_without_queues,
             }
         else:
             forms = {
