@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
 from collections import Counter
 from typing import Any
@@ -19,7 +20,8 @@ import pytest
 from dbhelpers import rows, value
 from workers import worker
 
-from worker_cli import Helpers, WorkerUtils, run_once
+from worker_cli import Cancel, Helpers, RetryPolicy, Snooze, WorkerUtils, run_once, task_options
+from worker_cli.jobs.last_error import describe
 
 pytestmark = pytest.mark.db
 
@@ -421,3 +423,139 @@ def test_a_thread_left_running_by_a_task_neither_keeps_the_worker_nor_goes_unnam
     assert done.returncode == 0, done.stderr
     assert "Thread(s) 'left-behind', left running by a task, did not end" in done.stderr
     assert left(db) == []
+
+
+# --- 5. what runs on a job's behalf after its task ---------------------------------------
+# (issue 41: its outcome's classification, its result's encoding, its cancel
+# reason, its retry policy's backoff; tests/test_job_boundary.py runs every
+# such seam with every kind of exception, in a worker process.)
+
+HISTORY = "graphile_worker._private_py_job_history"
+
+
+def style(function: Any, plain: bool) -> Any:
+    """``function`` (an ``async def`` task) as a plain ``def`` task if ``plain``."""
+    if not plain:
+        return function
+
+    def plain_task(payload: Any, helpers: Helpers) -> Any:
+        return asyncio.run(function(payload, helpers))
+
+    return plain_task
+
+
+class SnoozeWithoutInit(Snooze):
+    def __init__(self) -> None:  # never calls Snooze.__init__: no .seconds
+        pass
+
+
+class CancelWithoutInit(Cancel):
+    def __init__(self) -> None:  # no .reason
+        pass
+
+
+@pytest.mark.parametrize("plain", [False, True], ids=["async", "plain"])
+@pytest.mark.parametrize("signal", [SnoozeWithoutInit, CancelWithoutInit])
+async def test_a_task_signal_without_its_init_fails_its_job_alone(
+    db: str, signal: type[BaseException], plain: bool
+) -> None:
+    bad = add(db, "'bad', '{}'::json, max_attempts := 3")
+    ran: Counter[int] = Counter()
+    good = [add(db, f"'good', '{{\"n\": {n}}}'") for n in range(4)]
+
+    async def bad_task(payload: Any, helpers: Helpers) -> None:
+        raise signal()
+
+    assert await drain(db, {"bad": style(bad_task, plain), "good": innocent(ran)}) == 0
+    assert ran == Counter(good)
+    [row] = left(db)
+    assert row["id"] == bad and row["locked_by"] is None and row["attempts"] == 1
+    name = signal.__name__
+    assert row["last_error"].startswith(f"{name}; then the worker could not act on the {name}")
+    assert "AttributeError" in row["last_error"]
+
+
+class ItemsRaise(dict[str, Any]):
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(a=1)
+        self.error = error
+
+    def items(self) -> Any:
+        raise self.error
+
+
+@pytest.mark.parametrize("plain", [False, True], ids=["async", "plain"])
+@pytest.mark.parametrize("error", [KeyError("boom"), SystemExit(3)], ids=["KeyError", "SystemExit"])
+async def test_a_result_whose_encoding_raises_leaves_the_success_without_it(
+    db: str, error: BaseException, plain: bool
+) -> None:
+    job = add(db, "'odd', '{}'::json")
+    ran: Counter[int] = Counter()
+    good = [add(db, f"'good', '{{\"n\": {n}}}'") for n in range(4)]
+
+    async def odd(payload: Any, helpers: Helpers) -> Any:
+        return ItemsRaise(error)
+
+    assert await drain(db, {"odd": style(odd, plain), "good": innocent(ran)}) == 0
+    assert ran == Counter(good)
+    assert left(db) == []
+    [kept] = rows(
+        db, f"select state, result, result_error from {HISTORY} where job_id = %s", (job,)
+    )
+    assert kept["state"] == "succeeded" and kept["result"] is None
+    assert kept["result_error"] == f"not JSON: {describe(error)}"
+
+
+@pytest.mark.parametrize(
+    ("reason", "stored"),
+    [
+        (ValueError("card declined"), "ValueError: card declined"),
+        ({"code": 7}, "{'code': 7}"),
+        ("nul\x00here", "nul\\x00here"),
+        ("lone \ud800 surrogate", "lone \\ud800 surrogate"),
+    ],
+    ids=["exception", "dict", "nul", "surrogate"],
+)
+async def test_a_cancel_reason_psycopg_cannot_send_is_stored_as_text(
+    db: str, reason: Any, stored: str
+) -> None:
+    job = add(db, "'cancels', '{}'::json")
+    ran: Counter[int] = Counter()
+    good = [add(db, f"'good', '{{\"n\": {n}}}'") for n in range(4)]
+
+    async def cancels(payload: Any, helpers: Helpers) -> None:
+        raise Cancel(reason)
+
+    assert await drain(db, {"cancels": cancels, "good": innocent(ran)}) == 0
+    assert ran == Counter(good)
+    assert left(db) == []
+    [record] = rows(db, f"select state, cancel_reason from {HISTORY} where job_id = %s", (job,))
+    assert record == {"state": "cancelled", "cancel_reason": stored}
+
+
+@pytest.mark.parametrize(
+    "error",
+    [SystemExit(2), asyncio.CancelledError(), KeyError("k")],
+    ids=["SystemExit", "CancelledError", "KeyError"],
+)
+async def test_a_backoff_raising_anything_falls_back_to_graphile_workers(
+    db: str, error: BaseException
+) -> None:
+    def backoff(job: Any, exc: BaseException) -> float:
+        raise error
+
+    @task_options(retry=RetryPolicy(backoff=backoff))
+    async def flaky(payload: Any, helpers: Helpers) -> None:
+        raise ValueError("flaky")
+
+    job = add(db, "'flaky', '{}'::json, max_attempts := 3")
+    ran: Counter[int] = Counter()
+    good = [add(db, f"'good', '{{\"n\": {n}}}'") for n in range(4)]
+    assert await drain(db, {"flaky": flaky, "good": innocent(ran)}) == 0
+    assert ran == Counter(good)
+    [row] = left(db)
+    assert row["id"] == job and row["locked_by"] is None and row["attempts"] == 1
+    assert row["last_error"] == "ValueError: flaky"
+    # graphile-worker's own backoff: exp(1) s after the attempt.
+    delay = value(db, "select extract(epoch from run_at - now()) from graphile_worker.jobs")
+    assert 0 < delay <= math.exp(1)

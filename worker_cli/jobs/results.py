@@ -19,6 +19,7 @@ from datetime import datetime
 from typing import Any, Literal, get_args
 
 from ..errors import GraphileWorkerError, JobSpecError
+from .last_error import describe
 
 __all__ = [
     "FINAL_STATES",
@@ -175,7 +176,9 @@ def encode_result(value: Any, limit: int) -> tuple[str | None, str | None]:
 
     ``None`` stores nothing. A value that is not JSON (a set, NaN, an object)
     or larger than ``limit`` bytes is not stored, and the reason is: the job
-    still succeeds (its work is done; retrying would do it again). The text
+    still succeeds (its work is done; retrying would do it again); so does
+    one whose encoding raises anything at all (a ``dict`` subclass whose
+    ``items()`` raises, ``SystemExit`` included). Never raises. The text
     is ASCII (``\\uXXXX`` escapes), so nothing in it can be refused for its
     encoding.
     """
@@ -183,9 +186,9 @@ def encode_result(value: Any, limit: int) -> tuple[str | None, str | None]:
         return None, None
     try:
         text = json.dumps(value, allow_nan=False)
-    except (TypeError, ValueError, RecursionError, OverflowError) as exc:
-        detail = " ".join(str(exc).split())[:200]
-        return None, f"not JSON: {type(exc).__name__}: {detail}"
+    except BaseException as exc:  # a value's own code (a dict subclass's items()) too
+        detail = " ".join(describe(exc).split())[:200]
+        return None, f"not JSON: {detail}"
     if len(text) > limit:
         return None, f"too large: {len(text)} bytes, more than the limit of {limit}"
     return text, None

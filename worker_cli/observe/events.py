@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import logging
 from collections import defaultdict
@@ -43,7 +44,9 @@ class Events:
         return bool(self._handlers.get(name))
 
     def emit(self, name: str, **data: Any) -> None:
-        """Call the handlers of ``name``; never raises."""
+        """Call the handlers of ``name``; never raises. Whatever a handler
+        raises is logged, a ``CancelledError`` too: nothing is awaited here, so
+        it is never a cancellation of the caller's own."""
         handlers = self._handlers.get(name)
         if not handlers:
             return
@@ -54,10 +57,9 @@ class Events:
                     task = asyncio.ensure_future(_contained(name, result))
                     self._tasks.add(task)
                     task.add_done_callback(self._tasks.discard)
-            except asyncio.CancelledError:
-                raise
             except BaseException:
-                logger.exception("A handler of the event %r raised; ignored", name)
+                with contextlib.suppress(BaseException):  # a user's logging filter may raise
+                    logger.exception("A handler of the event %r raised; ignored", name)
 
     async def aclose(self, within: float | None = None) -> None:
         """Wait for the async handlers still running (those started meanwhile too);

@@ -108,6 +108,10 @@ class Slot:
         task.uncancel()
         self.cancel_sent = False
 
+    def cancelling(self) -> bool:
+        """The slot's own asyncio task is being cancelled (the pool ends it)."""
+        return self.task is not None and self.task.cancelling() > 0
+
     def settle(self) -> float | None:
         """After a job that had a timeout or was cancelled: take back a
         cancellation it swallowed; the timeout it went past, if any."""
@@ -130,6 +134,24 @@ class SlotGroup:
         #: ``async def`` jobs cancelled by the graceful stop (:meth:`return_running`),
         #: to be given back: they run again.
         self.returned: list[Job] = []
+        #: Cancel requests this pool knows of: job id -> reason. A job in it
+        #: that has not started never does.
+        self.cancelling: dict[int, str | None] = {}
+
+    def cancel(self, job_id: int, reason: str | None) -> bool:
+        """A cancel request: an ``async def`` task gets ``CancelledError``, a plain
+        one sees ``helpers.cancelled``, a job not started never starts. Whether
+        the job runs now (each request is acted on once)."""
+        if job_id in self.cancelling:
+            return False
+        self.cancelling[job_id] = reason
+        for slot in self._slots:
+            if slot.job is not None and slot.job.id == job_id:
+                slot.tell(reason)
+                return True
+            if slot.thread is not None and slot.thread.cancel(job_id, reason):
+                return True
+        return False
 
     def running_job_ids(self) -> set[int]:
         """Ids of the jobs running now."""

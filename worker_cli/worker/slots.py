@@ -35,7 +35,6 @@ from typing import Any
 from ..errors import JobCancelled
 from ..jobs.in_task import SLOT_TASK_PREFIX
 from ..jobs.job import Job
-from ..jobs.results import encode_result
 from ..jobs.worker_utils import WorkerUtils
 from ..observe.events import Events
 from ..tasks.helpers import Helpers
@@ -44,7 +43,7 @@ from .completer import Completer
 from .deadlines import Deadlines, job_timeout, task_timeouts
 from .local_queue import LocalQueue, Refill
 from .loop_watch import LoopWatch
-from .outcome import batch_failures
+from .outcome import Failure, Ran, Settler
 from .reporter import Reporter
 from .slot import Returned, Slot, SlotGroup, stopped
 from .stuck import StuckJobs
@@ -52,7 +51,6 @@ from .task_threads import (
     TASK_THREAD_PREFIX,
     Back,
     Outbox,
-    Ran,
     TaskThread,
     ThreadSettings,
     Timed,
@@ -94,16 +92,12 @@ class Slots(SlotGroup):
         admit: Callable[[Job], bool] = lambda job: True,
     ) -> None:
         self._tasks = tasks
-        #: The largest result kept, in bytes (None: results are not kept).
-        self._result_limit = result_limit
         self._queue = queue
         self._refill = refill
         self._utils = utils
         self._pool_id = pool_id
         self._events = events
-        #: Cancel requests this pool knows of: job id -> reason. A job in it
-        #: that has not started never does.
-        self.cancelling: dict[int, str | None] = {}
+        super().__init__([Slot(f"worker-{secrets.token_hex(9)}") for _ in range(concurrency)])
         self._reporter = Reporter(
             completer,
             pool_id=pool_id,
@@ -111,10 +105,10 @@ class Slots(SlotGroup):
             events=events,
             cancelling=self.cancelling,
             stuck=stuck,
-            tasks=tasks,
         )
         self._report = self._reporter.report
-        super().__init__([Slot(f"worker-{secrets.token_hex(9)}") for _ in range(concurrency)])
+        #: Everything done on a job's behalf after its task call (outcome.py).
+        self._settler = Settler(tasks, result_limit=result_limit, cancelling=self.cancelling)
         self._loop = asyncio.get_running_loop()
         #: The fetched jobs' own timeouts (seconds) by job id, taken at their start, and
         #: the tasks' (those that have one). While both are empty a job costs one test.
@@ -141,7 +135,7 @@ class Slots(SlotGroup):
             utils=utils,
             loop=self._loop,
             abort=self.abort,
-            result_limit=result_limit,
+            settler=self._settler,
             cancelling=self.cancelling,
             timeouts=self._timeouts,
             task_timeouts=self._task_timeouts,
@@ -158,21 +152,6 @@ class Slots(SlotGroup):
     def done(self) -> int:
         """Jobs run to an outcome (success or failure)."""
         return self._reporter.done
-
-    def cancel(self, job_id: int, reason: str | None) -> bool:
-        """A cancel request: an ``async def`` task gets ``CancelledError``, a plain
-        one sees ``helpers.cancelled``, a job not started never starts. Whether
-        the job runs now (each request is acted on once)."""
-        if job_id in self.cancelling:
-            return False
-        self.cancelling[job_id] = reason
-        for slot in self._slots:
-            if slot.job is not None and slot.job.id == job_id:
-                slot.tell(reason)
-                return True
-            if slot.thread is not None and slot.thread.cancel(job_id, reason):
-                return True
-        return False
 
     def start(self, group: asyncio.TaskGroup) -> list[asyncio.Task[None]]:
         """Start every slot in ``group``, and the watch that names a job
@@ -218,7 +197,17 @@ class Slots(SlotGroup):
                 if await self._run_plain(slot, job):
                     break  # its stuck job was let go: the slot ends
             else:
-                await self._run_job(slot, job)
+                try:
+                    ran = await self._run_job(slot, job)
+                except BaseException as exc:
+                    # Only the worker's own code around the task's call gets
+                    # here (the call contains the job's): still that job's
+                    # failure, unless the slot itself is being ended.
+                    if isinstance(exc, asyncio.CancelledError) and slot.cancelling():
+                        raise
+                    ran = Ran(job, slot.worker_id, exc, 0.0)
+                if ran is not None:
+                    self._finish(ran)
             streak += 1
             # Wake the fetcher only when it has something to do (it re-checks),
             # and yield at once only if it must start a fetch: while one is in
@@ -233,15 +222,15 @@ class Slots(SlotGroup):
                 await asyncio.sleep(0)
         self._events.emit("worker:stop", worker_id=slot.worker_id)
 
-    async def _run_job(self, slot: Slot, job: Job) -> None:
-        """Run one ``async def`` job and hand its outcome to the completer."""
+    async def _run_job(self, slot: Slot, job: Job) -> Ran | None:
+        """Run one ``async def`` job: what its task call gave, for
+        :meth:`_finish` (None: the graceful stop gives it back)."""
         task = self._tasks[job.task_identifier]
         timeout = None
         if self._timeouts or self._task_timeouts:
             timeout = job_timeout(job, self._timeouts, self._task_timeouts)
         if self.cancelling and job.id in self.cancelling:  # cancelled before it started
-            self._report(Ran(job, slot.worker_id, JobCancelled(self.cancelling[job.id]), None, 0))
-            return
+            return Ran(job, slot.worker_id, JobCancelled(self.cancelling[job.id]), 0.0)
         helpers = Helpers(
             job,
             worker_id=slot.worker_id,
@@ -257,7 +246,6 @@ class Slots(SlotGroup):
         if events.wants("job:start"):
             events.emit("job:start", worker_id=slot.worker_id, job=job)
         error: BaseException | None = None
-        failed_items: list[int] | None = None
         result: Any = None
         before = forks()
         if timeout is not None:  # counted from the task call
@@ -273,8 +261,6 @@ class Slots(SlotGroup):
             result = await task.function(job.payload, helpers)
             while result is not None and inspect.isawaitable(result):
                 result = await result  # a returned coroutine, as Node awaits a returned promise
-            if isinstance(result, list) and isinstance(job.payload, list):
-                error, failed_items = batch_failures(job, result)
         except asyncio.CancelledError as exc:
             error = slot.error_of(
                 exc, job.id, self.cancelling, returning=self._returning, failing=self._failing
@@ -293,18 +279,21 @@ class Slots(SlotGroup):
             self.running -= 1
         if isinstance(error, Returned):
             self.returned.append(job)
-            return
+            return None
         duration = (time.perf_counter() - started) * 1000
-        ran = Ran(job, slot.worker_id, error, failed_items, duration)
+        ran = Ran(job, slot.worker_id, error, duration, None if error is not None else result)
         if timed_out is not None:
             ran.timed_out = task.options.on_timeout
             if error is not None and not (self.cancelling and job.id in self.cancelling):
-                ran.error = error = timed_out_error(timed_out, error)
-        if result is not None and error is None and self._result_limit is not None:
-            ran.result, ran.result_error = encode_result(result, self._result_limit)
-        self._report(ran)
+                ran.error = timed_out_error(timed_out, error)
+        return ran
+
+    def _finish(self, ran: Ran) -> None:
+        """Settle a run of a job on the loop (everything done on the job's
+        behalf after its task returned or raised) and hand it on. Never raises."""
+        self._report(self._settler.settle(ran))
         if self.cancelling:
-            self.cancelling.pop(job.id, None)
+            self.cancelling.pop(ran.job.id, None)
 
     async def _run_plain(self, slot: Slot, job: Job) -> bool:
         """Hand a plain job to the slot's thread, which runs it and the plain
@@ -337,16 +326,16 @@ class Slots(SlotGroup):
             if abandoned is not None:
                 running, started = abandoned
                 duration = (time.perf_counter() - started) * 1000
-                self._report(Ran(running, slot.worker_id, stopped(), None, duration))
+                self._finish(Ran(running, slot.worker_id, stopped(), duration))
         return False
 
     def fail_unreadable(self, unreadable: Sequence[Unreadable]) -> None:
         """Fail fetched jobs whose rows cannot be read (never run: their task
         is not called), in the pool's name."""
         for job, error in unreadable:
-            self._report(Ran(job, self._pool_id, error, None, 0.0))
+            self._finish(Ran(job, self._pool_id, error, 0.0))
 
-    def _delivered(self, items: list[Ran | Back | Timed], refill: bool) -> None:
+    def _delivered(self, items: list[Ran | Failure | Back | Timed], refill: bool) -> None:
         """On the loop: what the task threads reported since the last call."""
         for item in items:  # first, so that the completer sees an idle pool as idle
             if isinstance(item, Back) and not item.done.done():
@@ -354,7 +343,7 @@ class Slots(SlotGroup):
                 self.running -= 1
         deadlines = self._deadlines
         for item in items:  # in order: a job's deadline is armed before it ends
-            if isinstance(item, Ran):
+            if isinstance(item, Ran | Failure):  # settled in the thread
                 if deadlines.armed:
                     deadlines.disarm(item.job.id)
                 self._report(item)

@@ -44,18 +44,16 @@ from typing import Any
 from ..errors import JobCancelled, JobTimeout
 from ..jobs.in_task import TASK_THREAD_PREFIX
 from ..jobs.job import Job
-from ..jobs.results import encode_result
 from ..jobs.worker_utils import WorkerUtils
 from ..tasks.helpers import Helpers
 from ..tasks.loader import Task
 from .local_queue import LocalQueue, Refill
-from .outcome import batch_failures
+from .outcome import Failure, Ran, Settler
 
 __all__ = [
     "TASK_THREAD_PREFIX",
     "Back",
     "Outbox",
-    "Ran",
     "TaskThread",
     "ThreadSettings",
     "Timed",
@@ -65,26 +63,6 @@ __all__ = [
     "forks",
     "timed_out_error",
 ]
-
-
-@dataclass(slots=True)
-class Ran:
-    """A job a task thread ran to an outcome."""
-
-    job: Job
-    worker_id: str
-    #: None: success.
-    error: BaseException | None
-    #: A batch job's failed items, by position (None: its payload is unchanged).
-    failed_items: list[int] | None
-    #: How long it ran, in milliseconds.
-    duration_ms: float
-    #: What it returned, as JSON text to keep (None: nothing, or not kept).
-    result: str | None = None
-    #: Why what it returned was not kept (see ``encode_result``).
-    result_error: str | None = None
-    #: It went past its timeout: what its task says follows (``on_timeout``).
-    timed_out: str | None = None
 
 
 @dataclass(slots=True)
@@ -117,15 +95,15 @@ class Outbox:
     def __init__(
         self,
         loop: asyncio.AbstractEventLoop,
-        deliver: Callable[[list[Ran | Back | Timed], bool], None],
+        deliver: Callable[[list[Ran | Failure | Back | Timed], bool], None],
     ) -> None:
         self._loop = loop
         self._deliver = deliver
-        self._items: deque[Ran | Back | Timed] = deque()
+        self._items: deque[Ran | Failure | Back | Timed] = deque()
         self._scheduled = False
         self._refill = False
 
-    def put(self, item: Ran | Back | Timed) -> None:
+    def put(self, item: Ran | Failure | Back | Timed) -> None:
         """Report ``item`` (any thread)."""
         self._items.append(item)
         self._schedule()
@@ -173,8 +151,8 @@ class ThreadSettings:
     loop: asyncio.AbstractEventLoop
     #: Every running job's ``helpers.abort_signal``.
     abort: asyncio.Event
-    #: The largest result kept, in bytes (None: results are not kept).
-    result_limit: int | None = None
+    #: Settles each run in the thread (its result encoded, its retry policy applied).
+    settler: Settler
     #: The pool's cancel requests (job id -> reason): such a job never starts.
     cancelling: Mapping[int, str | None] = field(default_factory=dict)
     #: The fetched jobs' own timeouts (seconds), by job id; taken at their start.
@@ -283,7 +261,7 @@ class TaskThread:
             job: Job | None
             job, more, done = handed
             while job is not None:
-                ran = self._run(job) if settings.admit(job) else None
+                ran = self._contained_run(job) if settings.admit(job) else None
                 with self._lock:
                     if self._abandoned:
                         return  # already failed by the loop
@@ -294,7 +272,15 @@ class TaskThread:
                     outbox.ask_refill()
             outbox.put(Back(done))
 
-    def _run(self, job: Job) -> Ran:
+    def _contained_run(self, job: Job) -> Ran | Failure:
+        """:meth:`_run`, which never raises: the thread must outlive any job
+        (else its slot would wait for it for ever)."""
+        try:
+            return self._run(job)
+        except BaseException as exc:  # the worker's own code around the job: still its failure
+            return self._settings.settler.settle(Ran(job, self._worker_id, exc, 0.0))
+
+    def _run(self, job: Job) -> Ran | Failure:
         settings = self._settings
         cancelling = settings.cancelling
         task = settings.tasks[job.task_identifier]
@@ -304,7 +290,8 @@ class TaskThread:
             if timeout is None:
                 timeout = settings.task_timeouts.get(job.task_identifier)
         if cancelling and job.id in cancelling:  # cancelled before it started
-            return Ran(job, self._worker_id, JobCancelled(cancelling.get(job.id)), None, 0)
+            cancelled = JobCancelled(cancelling.get(job.id))
+            return settings.settler.settle(Ran(job, self._worker_id, cancelled, 0.0))
         helpers = Helpers(
             job,
             worker_id=self._worker_id,
@@ -323,9 +310,9 @@ class TaskThread:
         if timeout is not None:  # counted from the task call
             settings.outbox.put(Timed(self, job, helpers, timeout, time.monotonic()))
         started = self._started = time.perf_counter()
-        error, failed_items, result = contained_call(task.function, job, helpers, settings.loop)
+        error, returned = contained_call(task.function, job, helpers, settings.loop)
         duration = (time.perf_counter() - started) * 1000
-        ran = Ran(job, self._worker_id, error, failed_items, duration)
+        ran = Ran(job, self._worker_id, error, duration, returned)
         if timeout is not None:
             with self._lock:
                 self._timed = None
@@ -333,9 +320,7 @@ class TaskThread:
                 ran.timed_out = task.options.on_timeout
                 if error is not None and not (cancelling and job.id in cancelling):
                     ran.error = timed_out_error(timeout, error)
-        if result is not None and error is None and settings.result_limit is not None:
-            ran.result, ran.result_error = encode_result(result, settings.result_limit)
-        return ran
+        return settings.settler.settle(ran)
 
 
 def timed_out_error(timeout: float, error: BaseException) -> JobTimeout:
@@ -360,10 +345,9 @@ def contained_call(
     job: Job,
     helpers: Helpers,
     loop: asyncio.AbstractEventLoop,
-) -> tuple[BaseException | None, list[int] | None, Any]:
-    """Call a plain task in a fresh context; its error (None: success), for a
-    batch job the positions of its failed items, and what it returned (on
-    success). Never raises.
+) -> tuple[BaseException | None, Any]:
+    """Call a plain task in a fresh context; its error (None: success) and
+    what it returned (on success). Never raises.
 
     A returned awaitable (a plain ``def`` returning a coroutine) is awaited
     on the event loop, as Node awaits a returned promise. A process forked by
@@ -378,13 +362,10 @@ def contained_call(
         result = contextvars.Context().run(function, job.payload, helpers)
         if result is not None and inspect.isawaitable(result):
             result = asyncio.run_coroutine_threadsafe(_awaited(result), loop).result()
-        if isinstance(result, list) and isinstance(job.payload, list):
-            error, failed_items = batch_failures(job, result)
-            return error, failed_items, result
-        return None, None, result
+        return None, result
     except BaseException as exc:  # SystemExit, GeneratorExit, ... too: the job failed
         exit_forked_child(before, exc)
-        return exc, None, None
+        return exc, None
     finally:
         exit_forked_child(before, None)
         _busy_task_threads.discard(thread)
