@@ -9,7 +9,9 @@ none when nobody waits). Writing is idempotent: a batch retried after a lost
 connection rewrites nothing (it may notify again, which a waiter shrugs off).
 
 A result the server refuses for what it holds (a user's trigger raising, a
-value out of range) is never retried for ever, and never holds up the others:
+value out of range), or that the client library cannot send (a value it
+cannot adapt or encode: :func:`refused`), is never retried for ever, and
+never holds up the others:
 the batch is written in halves down to the refused job alone
 (:meth:`ResultWriter.write`). A refused success is written again without its
 result; if that is refused too, or for a refused failure, the job is failed
@@ -28,7 +30,7 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from ..jobs.job import Job
-from ..jobs.last_error import storable
+from ..jobs.last_error import describe, storable
 from ..schema import failures, lifecycle, statements
 from .outcome import Failure
 
@@ -47,10 +49,23 @@ _REFUSALS = frozenset({"22", "23", "27", "2F", "38", "39", "44", "54", "P0"})
 Succeeded = list[tuple[Job, str]]
 
 
+#: What psycopg raises for a value it cannot send, before the server sees the
+#: statement: a type it cannot adapt (ProgrammingError), a NUL in text
+#: (DataError), a lone surrogate (UnicodeEncodeError, a ValueError), an int
+#: out of range (DataError, OverflowError).
+_UNSENDABLE = (psycopg.DataError, psycopg.ProgrammingError, ValueError, TypeError, OverflowError)
+
+
 def refused(error: BaseException) -> bool:
-    """The server refused a statement for the values it holds (see ``_REFUSALS``)."""
-    state = getattr(error, "sqlstate", None)
-    return isinstance(error, psycopg.Error) and state is not None and state[:2] in _REFUSALS
+    """A statement was refused for the values it holds: by the server (see
+    ``_REFUSALS``), or by the client library before sending it (see
+    ``_UNSENDABLE``). Sending it again would meet the same refusal."""
+    if isinstance(error, psycopg.Error):
+        state = error.sqlstate
+        if state is None:
+            return isinstance(error, _UNSENDABLE)
+        return state[:2] in _REFUSALS
+    return isinstance(error, _UNSENDABLE)
 
 
 @dataclass(frozen=True)
@@ -133,7 +148,7 @@ class ResultWriter:
         try:
             await self._write(succeeded, failed)
             return
-        except psycopg.Error as exc:
+        except Exception as exc:
             if not refused(exc):
                 raise
             if len(succeeded) + len(failed) == 1:
@@ -146,60 +161,58 @@ class ResultWriter:
         await self.write(succeeded[half_s:], failed[half_f:])
 
     async def _record_refused(
-        self, succeeded: Succeeded, failed: list[Failure], error: psycopg.Error
+        self, succeeded: Succeeded, failed: list[Failure], error: Exception
     ) -> None:
-        """The server refused one job's outcome. A success is written again
-        without its result; otherwise the job is failed for good, with a
-        message of ours (``reschedule_jobs`` runs it again). If even that is
-        refused, the job is left locked (the stale-lock sweep frees it)."""
-        reason = f"{error.sqlstate}: {' '.join(str(error).split())}"
+        """One job's outcome was refused. A success is written again without
+        its result; otherwise the job is failed for good, with a message of
+        ours (``reschedule_jobs`` runs it again). If even that is refused, the
+        job is left locked (the stale-lock sweep frees it)."""
+        refusal = _refusal(error)
         if succeeded:
             job, worker_id = succeeded[0]
             what, cause = "success", None
             if job.id in self._results:
-                self._results[job.id] = (None, storable(f"PostgreSQL refused it ({reason})"))
+                self._results[job.id] = (None, refusal)
                 try:
                     await self._write(succeeded, [])
                     logger.warning(
-                        "Job %d (%s): PostgreSQL refused its result (%s); recorded the "
+                        "Job %d (%s): its result could not be recorded (%s); recorded the "
                         "success without it",
                         job.id,
                         job.task_identifier,
-                        reason,
+                        refusal,
                     )
                     return
-                except psycopg.Error as exc:
+                except Exception as exc:
                     if not refused(exc):
                         raise
         else:
             job, worker_id, cause = failed[0].job, failed[0].worker_id, failed[0].error
             what = "failure"
-        message = storable(
-            f"the worker could not record this job's {what}: PostgreSQL refused it ({reason})"
-        )
+        message = storable(f"the worker could not record this job's {what}: {refusal}")
         fallback = Failure(job, worker_id, cause or RuntimeError(message), message)
         fallback.permanent = True
         try:
             await self._write([], [fallback])
-        except psycopg.Error as exc:
+        except Exception as exc:
             if not refused(exc):
                 raise
             logger.error(
-                "Job %d: PostgreSQL refused to record its %s (%s), and to fail it (%s): "
+                "Job %d: its %s could not be recorded (%s), nor its failure (%s): "
                 "it stays locked until the stale-lock sweep frees it",
                 job.id,
                 what,
-                reason,
-                " ".join(str(exc).split()),
+                refusal,
+                _refusal(exc),
             )
             return
         logger.warning(
-            "Job %d (%s): the worker could not record its %s, PostgreSQL refused it (%s); "
+            "Job %d (%s): the worker could not record its %s (%s); "
             "failed it for good instead (reschedule_jobs runs it again)",
             job.id,
             job.task_identifier,
             what,
-            reason,
+            refusal,
         )
 
     async def _write(self, succeeded: Succeeded, failed: list[Failure]) -> None:
@@ -260,6 +273,15 @@ class ResultWriter:
             [job.id for job, _ in succeeded if job.id in timed_out] if timed_out else []
         )
         return params
+
+
+def _refusal(error: Exception) -> str:
+    """Who refused a statement and why, on one line (storable): ``PostgreSQL
+    refused it (SQLSTATE: message)``, or the client library's refusal to send
+    a value."""
+    if isinstance(error, psycopg.Error) and error.sqlstate is not None:
+        return storable(f"PostgreSQL refused it ({error.sqlstate}: {' '.join(str(error).split())})")
+    return storable(f"it could not be sent to PostgreSQL ({' '.join(describe(error).split())})")
 
 
 def _int_array(items: list[int] | None) -> str | None:
