@@ -18,10 +18,13 @@ from typing import Any
 
 import pytest
 from dbhelpers import rows, value
+from psycopg_pool import AsyncConnectionPool
 from workers import worker
 
 from worker_cli import Cancel, Helpers, RetryPolicy, Snooze, WorkerUtils, run_once, task_options
 from worker_cli.jobs.last_error import describe
+from worker_cli.worker.outcome import Failure
+from worker_cli.worker.result_writer import ResultWriter
 
 pytestmark = pytest.mark.db
 
@@ -559,3 +562,48 @@ async def test_a_backoff_raising_anything_falls_back_to_graphile_workers(
     # graphile-worker's own backoff: exp(1) s after the attempt.
     delay = value(db, "select extract(epoch from run_at - now()) from graphile_worker.jobs")
     assert 0 < delay <= math.exp(1)
+
+
+@pytest.mark.parametrize(
+    "reason", ["nul\x00", "lone \ud800", ValueError("not text")], ids=["nul", "surrogate", "object"]
+)
+async def test_a_value_the_client_library_refuses_fails_its_job_alone(
+    utils: WorkerUtils, db: str, reason: Any
+) -> None:
+    """The result writer's own isolation, below the Settler's checks: a cancel
+    reason psycopg refuses to send (it never reaches the server, so it has no
+    SQLSTATE) fails its job for good; the rest of the batch is written."""
+    jobs = await utils.add_jobs([{"identifier": "t", "payload": {"n": n}} for n in range(5)])
+    rows(
+        db,
+        "update graphile_worker._private_jobs set locked_by = 'pool-w', locked_at = now(),"
+        " attempts = 1 returning 1",
+    )
+    bad = Failure(jobs[2], "worker-1", Cancel("x"), "Cancel: x")
+    bad.permanent = bad.cancel = True
+    bad.cancel_reason = reason  # as if unchecked
+    others = [Failure(job, "worker-1", ValueError("boom"), "ValueError: boom") for job in jobs]
+    del others[2]
+    async with AsyncConnectionPool(db, min_size=1, max_size=2) as pool:
+        writer = ResultWriter(pool, schema="graphile_worker", pool_id="pool-w", history=None)
+        async with asyncio.timeout(WITHIN):
+            await writer.write([], [*others[:2], bad, *others[2:]])
+    states = {
+        row["id"]: row
+        for row in rows(
+            db,
+            "select id, attempts, max_attempts, last_error, locked_by "
+            "from graphile_worker._private_jobs",
+        )
+    }
+    assert {job_id: row["locked_by"] for job_id, row in states.items()} == dict.fromkeys(
+        [job.id for job in jobs], None
+    )
+    for failure in others:
+        assert states[failure.job.id]["last_error"] == "ValueError: boom"
+        assert states[failure.job.id]["attempts"] == 1
+    refused = states[jobs[2].id]
+    assert refused["attempts"] == refused["max_attempts"]
+    assert refused["last_error"].startswith(
+        "the worker could not record this job's failure: it could not be sent to PostgreSQL ("
+    )
