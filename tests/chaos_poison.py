@@ -82,6 +82,73 @@ import time
 async def task(payload, helpers):
     time.sleep(1.2)
 """,
+    # What runs on a job's behalf after its task (issue 41): a Snooze that
+    # skipped its __init__, results whose encoding raises SystemExit (async and
+    # plain), a cancel reason psycopg cannot send, a retry policy whose
+    # retry_on raises KeyboardInterrupt, an error whose str() raises MemoryError.
+    "poison_snooze": """\
+from worker_cli import Snooze
+
+
+class NoInit(Snooze):
+    def __init__(self):
+        pass
+
+
+async def task(payload, helpers):
+    raise NoInit()
+""",
+    "poison_result": """\
+class ItemsRaise(dict):
+    def items(self):
+        raise SystemExit(3)
+
+
+async def task(payload, helpers):
+    return ItemsRaise(a=1)
+""",
+    "poison_plain_result": """\
+class ItemsRaise(dict):
+    def items(self):
+        raise SystemExit(3)
+
+
+def task(payload, helpers):
+    return ItemsRaise(a=1)
+""",
+    "poison_reason": """\
+from worker_cli import Cancel
+
+
+async def task(payload, helpers):
+    raise Cancel(ValueError("nul \\x00 and lone \\ud800"))
+""",
+    "poison_retry_on": """\
+from worker_cli import RetryPolicy, task_options
+
+
+class Meta(type):
+    def __instancecheck__(cls, instance):
+        raise KeyboardInterrupt
+
+
+class Never(Exception, metaclass=Meta):
+    pass
+
+
+@task_options(retry=RetryPolicy(retry_on=(Never,)))
+async def task(payload, helpers):
+    raise ValueError("flaky")
+""",
+    "poison_str": """\
+class Unprintable(Exception):
+    def __str__(self):
+        raise MemoryError
+
+
+def task(payload, helpers):
+    raise Unprintable()
+""",
 }
 
 REFUSE_TRIGGER = """
@@ -124,6 +191,14 @@ POISONS = (
     Poison("coroutine", "'poison_coroutine', '{}'::json", error="ValueError: raised by the"),
     Poison("thread", "'poison_thread', '{}'::json", gone=True),
     Poison("blocker", "'poison_blocker', '{}'::json", gone=True),
+    Poison("snooze", "'poison_snooze', '{}'::json", error="NoInit; then the worker could not"),
+    Poison("result", "'poison_result', '{}'::json", gone=True),
+    Poison("plain_result", "'poison_plain_result', '{}'::json", gone=True),
+    Poison("reason", "'poison_reason', '{}'::json", gone=True),  # cancelled
+    Poison("retry_on", "'poison_retry_on', '{}'::json", error="ValueError: flaky; then"),
+    Poison(
+        "str", "'poison_str', '{}'::json", error="Unprintable: <unprintable Unprintable object>"
+    ),
 )
 
 
