@@ -25,7 +25,9 @@ from django.tasks import Task
 from django.tasks.base import TaskError, TaskResult, TaskResultStatus
 from django.utils import timezone
 
-__all__ = ["StoredResult", "django_time", "error_record", "load_task", "lost_attempt"]
+from .storable import error_record
+
+__all__ = ["StoredResult", "django_time", "load_task", "lost_attempt"]
 
 #: The exception class of an attempt that ended without an outcome.
 LOST = "worker_cli.errors.JobLost"
@@ -33,11 +35,6 @@ CANCELLED = "worker_cli.errors.JobCancelled"
 
 #: The job states (py_job_status) in which it will run (again).
 _WAITING = frozenset({"available", "scheduled", "retrying"})
-
-
-def error_record(exception_class_path: str, traceback: str) -> dict[str, str]:
-    """One element of a row's ``errors`` (Django's TaskError's fields)."""
-    return {"exception_class_path": exception_class_path, "traceback": traceback}
 
 
 def lost_attempt(detail: str | None = None) -> dict[str, str]:

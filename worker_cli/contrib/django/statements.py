@@ -34,6 +34,15 @@ from {schema}.add_job(
 ) as j
 returning r.enqueued_at"""
 
+#: ``errors || u.error`` keeping at most ``u.keep`` errors: the first and the
+#: latest (the statement's ``from`` names the appended errors ``u.error``).
+_APPENDED_ERRORS: LiteralString = """(
+    select jsonb_agg(e.value order by e.n)
+    from jsonb_array_elements(r.errors || u.error) with ordinality as e (value, n)
+    where e.n = 1
+      or e.n > jsonb_array_length(r.errors) + jsonb_array_length(u.error) - (u.keep - 1)
+  )"""
+
 #: A result row with the state of its job (``py_job_status``: 'running',
 #: 'failed', 'cancelled', 'unknown', ...), the job's last error and, for a
 #: cancelled job, its reason. Parameter: the result id.
@@ -49,15 +58,19 @@ where r.id = %s::uuid"""
 
 #: An attempt starts: RUNNING, this pool appended to worker_ids; an attempt
 #: still marked RUNNING (its worker was lost) is recorded as a failed one.
-#: Parameters: the lost attempt's error (JSON), the worker id, the result id.
+#: Parameters: the lost attempt's error (a JSON list), the errors kept, the
+#: worker id, the result id.
 mark_running: LiteralString = (
     """
 update {schema}._private_py_django_results as r
 set status = 'RUNNING',
-  errors = case when r.status = 'RUNNING' then r.errors || %s::jsonb else r.errors end,
+  errors = case when r.status = 'RUNNING' then """
+    + _APPENDED_ERRORS
+    + """ else r.errors end,
   started_at = coalesce(r.started_at, now()),
   last_attempted_at = now(),
-  worker_ids = r.worker_ids || %s::text
+  worker_ids = r.worker_ids || u.worker_id
+from (select %s::jsonb as error, %s::int as keep, %s::text as worker_id) as u
 where r.id = %s::uuid and r.status in ('READY', 'RUNNING')
 returning """
     + RESULT_COLUMNS
@@ -74,15 +87,20 @@ set status = 'SUCCESSFUL', return_value = %s::json, finished_at = now()
 where r.id = %s::uuid
 returning r.finished_at"""
 
-#: An attempt failed: READY when the job will run again, else FAILED.
-#: Parameters: the status, the error (JSON), the result id.
-mark_failed: LiteralString = """
+#: An attempt failed: READY when the job will run again, else FAILED; its
+#: error appended (at most ``keep`` kept: the first and the latest).
+#: Parameters: the status, the error (a JSON list), the errors kept, the result id.
+mark_failed: LiteralString = (
+    """
 update {schema}._private_py_django_results as r
-set status = u.status, errors = r.errors || u.error,
+set status = u.status, errors = """
+    + _APPENDED_ERRORS
+    + """,
   finished_at = case when u.status = 'FAILED' then now() end
-from (select %s::text as status, %s::jsonb as error) as u
+from (select %s::text as status, %s::jsonb as error, %s::int as keep) as u
 where r.id = %s::uuid
 returning r.finished_at"""
+)
 
 #: Delete finished results older than a number of seconds, at most 1,000 rows.
 prune: LiteralString = """
