@@ -1,15 +1,19 @@
 """What a task raises becomes its TaskResult's error, whatever it is (any
-text, any size, any exception type)."""
+text, any size, any exception type), and a failed task retried with
+``graphile-worker retry`` runs again, its TaskResult and its job agreeing."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import uuid
+from pathlib import Path
 from typing import Any
 
 import pytest
 from conftest import log_lines, manage
-from dbhelpers import value
+from dbhelpers import cli_path, rows, value
 
 from worker_cli.contrib.django.storable import MAX_ERRORS, MAX_TRACEBACK
 
@@ -136,3 +140,94 @@ def test_the_errors_kept_are_bounded(site: str) -> None:
     assert len(tracebacks) == MAX_ERRORS
     assert tracebacks[0] == "ValueError: 0" and tracebacks[1] == "ValueError: 2"
     assert tracebacks[-2:] == [f"ValueError: {MAX_ERRORS - 1}", "ValueError: the last one"]
+
+
+def cli(*args: str) -> str:
+    """``graphile-worker ARGS`` on the test database, as a user runs it."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
+    env["DATABASE_URL"] = os.environ["DJANGO_DATABASE_URL"]
+    done = subprocess.run(
+        [cli_path(), *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
+def job_id_of(site: str, result_id: str) -> int:
+    return int(value(site, f"select job_id from {RESULTS} where id = %s", [result_id]))
+
+
+def test_retrying_a_failed_task_runs_it_again(site: str, tmp_path: Path) -> None:
+    """``graphile-worker retry`` of a FAILED task: READY, then it runs again
+    (RUNNING, then SUCCESSFUL or FAILED), its errors kept; the job's state
+    always agrees with the TaskResult."""
+    from django.tasks import TaskResultStatus
+    from jobsapp.tasks import fails_while
+
+    marker = tmp_path / "failing"
+    marker.touch()
+    enqueued = fails_while.enqueue(str(marker))
+    job_id = job_id_of(site, enqueued.id)
+    run_once()
+    assert result(enqueued.id).status == TaskResultStatus.FAILED
+
+    assert "Retried 1 job" in cli("retry", str(job_id), "--yes")
+    waiting = result(enqueued.id)
+    assert waiting.status == TaskResultStatus.READY and waiting.finished_at is None
+    assert len(waiting.errors) == 1
+    run_once()  # fails again
+    failed = result(enqueued.id)
+    assert failed.status == TaskResultStatus.FAILED and failed.attempts == 2
+    assert [e.traceback.splitlines()[-1] for e in failed.errors] == [
+        "RuntimeError: attempt 1 fails",
+        "RuntimeError: attempt 2 fails",
+    ]
+    assert cli("job", str(job_id)).splitlines()[0] == f"Job {job_id}: failed"
+    # More attempts for its job: it will run again too.
+    cli("reschedule", str(job_id), "--max-attempts", "3", "--yes")
+    assert result(enqueued.id).status == TaskResultStatus.READY
+
+    marker.unlink()
+    cli("retry", str(job_id), "--yes")
+    run_once()  # succeeds
+    done = result(enqueued.id)
+    assert done.status == TaskResultStatus.SUCCESSFUL and done.return_value == 3
+    assert done.attempts == 3 and len(done.errors) == 2
+    assert [line for line in log_lines() if line.startswith("fails_while")] == [
+        "fails_while 1",
+        "fails_while 2",
+        "fails_while 3",
+    ]
+    assert finished_signals(enqueued.id) == ["FAILED", "FAILED", "SUCCESSFUL"]
+    started = [line for line in log_lines() if line.startswith(f"signal started {enqueued.id}")]
+    assert [line.split()[-1] for line in started] == ["RUNNING"] * 3
+    assert value(site, f"select count(*) from {JOBS}") == 0
+    assert cli("job", str(job_id)).splitlines()[0] == f"Job {job_id}: succeeded"
+
+
+def test_a_failed_task_whose_job_runs_on_is_not_run_again(site: str) -> None:
+    """The worker wrote FAILED (a Discard), then stopped before failing its
+    job for good: the job runs again (attempts left, none given back), the
+    task does not, and the job fails for good (never "succeeded")."""
+    from django.tasks import TaskResultStatus
+    from jobsapp.tasks import gives_up
+
+    enqueued = gives_up.enqueue("enough")
+    job_id = job_id_of(site, enqueued.id)
+    run_once()
+    assert result(enqueued.id).status == TaskResultStatus.FAILED
+    # As the worker's death left it: its first attempt counted, of 3.
+    value(site, f"update {JOBS} set attempts = 1, last_error = null, run_at = now() returning 1")
+    out = run_once()
+    assert "FAILED already" in out
+    done = result(enqueued.id)
+    assert done.status == TaskResultStatus.FAILED and done.attempts == 1
+    assert len(done.errors) == 1
+    [job] = rows(site, f"select attempts, max_attempts, last_error from {JOBS}")
+    assert job["attempts"] == job["max_attempts"] and "FAILED already" in job["last_error"]
+    assert cli("job", str(job_id)).splitlines()[0] == f"Job {job_id}: failed"

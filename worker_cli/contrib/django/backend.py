@@ -180,7 +180,7 @@ class GraphileWorkerBackend(BaseTaskBackend):  # type: ignore[misc]
             row = cursor.fetchone()
         if row is None:
             raise TaskResultDoesNotExist(result_id)
-        stored = StoredResult.from_row(row).reconciled(*row[17:21])
+        stored = StoredResult.from_row(row).reconciled(*row[17:22])
         return stored.task_result(stored.task())
 
     def check(self, **kwargs: Any) -> list[Any]:

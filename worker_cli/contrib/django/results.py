@@ -95,9 +95,13 @@ class StoredResult:
         last_error: str | None,
         cancel_reason: str | None,
         job_finished_at: dt.datetime | None,
+        runs_again: bool | None = False,
     ) -> StoredResult:
         """This result as the job's state (``py_job_status``) makes it: an
-        unfinished result whose job will not run again is FAILED."""
+        unfinished result whose job will not run again is FAILED; a FAILED
+        one whose task will run again (its job was retried) is READY."""
+        if runs_again:
+            return dataclasses.replace(self, status="READY", finished_at=None)
         if self.status in ("SUCCESSFUL", "FAILED") or job_state == "running":
             return self
         if job_state in _WAITING:

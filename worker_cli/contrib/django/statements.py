@@ -44,22 +44,30 @@ _APPENDED_ERRORS: LiteralString = """(
   )"""
 
 #: A result row with the state of its job (``py_job_status``: 'running',
-#: 'failed', 'cancelled', 'unknown', ...), the job's last error and, for a
-#: cancelled job, its reason. Parameter: the result id.
+#: 'failed', 'cancelled', 'unknown', ...), the job's last error, for a
+#: cancelled job its reason, when it finished, and whether a FAILED result's
+#: task will run again (its job was given attempts again: ``mark_running``).
+#: Parameter: the result id.
 read_result: LiteralString = (
     "select "
     + RESULT_COLUMNS
     + """,
-  s.state, s.last_error, s.cancel_reason, s.finished_at
+  s.state, s.last_error, s.cancel_reason, s.finished_at,
+  r.status = 'FAILED' and s.state in ('available', 'scheduled', 'retrying')
+    and (r.job_attempts_left is null
+      or s.max_attempts - s.attempts - 1 >= r.job_attempts_left) as runs_again
 from {schema}._private_py_django_results as r
 left join lateral {schema}.py_job_status(r.job_id) as s on true
 where r.id = %s::uuid"""
 )
 
-#: An attempt starts: RUNNING, this pool appended to worker_ids; an attempt
-#: still marked RUNNING (its worker was lost) is recorded as a failed one.
-#: Parameters: the lost attempt's error (a JSON list), the errors kept, the
-#: worker id, the result id.
+#: An attempt starts: RUNNING, this pool appended to worker_ids, the job's
+#: attempts left kept; an attempt still marked RUNNING (its worker was lost)
+#: is recorded as a failed one. A FAILED result starts again if its job has
+#: as many attempts left as when its last attempt started, or more (it was
+#: retried: given attempts again); its errors are kept. Parameters: the lost
+#: attempt's error (a JSON list), the errors kept, the worker id, the job's
+#: attempts left (max_attempts - attempts, this attempt counted), the result id.
 mark_running: LiteralString = (
     """
 update {schema}._private_py_django_results as r
@@ -69,9 +77,19 @@ set status = 'RUNNING',
     + """ else r.errors end,
   started_at = coalesce(r.started_at, now()),
   last_attempted_at = now(),
-  worker_ids = r.worker_ids || u.worker_id
-from (select %s::jsonb as error, %s::int as keep, %s::text as worker_id) as u
-where r.id = %s::uuid and r.status in ('READY', 'RUNNING')
+  finished_at = null,
+  return_value = null,
+  worker_ids = r.worker_ids || u.worker_id,
+  job_attempts_left = u.attempts_left
+from (
+  select %s::jsonb as error, %s::int as keep, %s::text as worker_id, %s::int as attempts_left
+) as u
+where r.id = %s::uuid
+  and (
+    r.status in ('READY', 'RUNNING')
+    or r.status = 'FAILED'
+      and (r.job_attempts_left is null or u.attempts_left >= r.job_attempts_left)
+  )
 returning """
     + RESULT_COLUMNS
 )

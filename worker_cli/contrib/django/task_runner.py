@@ -52,15 +52,11 @@ def make_task_runner(schema: str, sender: type) -> Callable[[Any, Helpers], None
             errors_json([lost_attempt()]),
             MAX_ERRORS,
             storable_text(helpers.worker_id),
+            job.max_attempts - job.attempts,
             result_id,
         )
         if row is None:
-            found = one_row(statements.read_status, result_id)
-            if found is None:
-                raise Discard(f"no Django task result {result_id} for this job")
-            # Its outcome was written, but not the job's completion (the worker
-            # stopped in between): the task is not run again.
-            helpers.logger.info("Django task %s is %s already: not run again", result_id, found[0])
+            _not_run_again(helpers, one_row(statements.read_status, result_id), result_id)
             return
         try:
             stored = StoredResult.from_row(row)
@@ -117,6 +113,23 @@ def make_task_runner(schema: str, sender: type) -> Callable[[Any, Helpers], None
             close_old_connections()
 
     return run_django_task
+
+
+def _not_run_again(helpers: Helpers, found: tuple[Any, ...] | None, result_id: str) -> None:
+    """A job whose result is finished runs again: the task does not. Its
+    outcome was written, but not the job's (the worker stopped in between).
+    SUCCESSFUL: the job completes. FAILED (and it was not retried: it has
+    fewer attempts left than when the task last ran, see ``mark_running``):
+    the job fails for good, as its result says."""
+    if found is None:
+        raise Discard(f"no Django task result {result_id} for this job")
+    if found[0] == "SUCCESSFUL":
+        helpers.logger.info("Django task %s is SUCCESSFUL already: not run again", result_id)
+        return
+    raise Discard(
+        f"Django task {result_id} is {found[0]} already (an earlier attempt of this job "
+        "wrote it): not run again"
+    )
 
 
 def _last_line(error: dict[str, str]) -> str:

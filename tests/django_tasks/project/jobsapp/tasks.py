@@ -139,6 +139,15 @@ async def async_fail(message: str) -> None:
     raise ValueError(message)
 
 
+@task(takes_context=True)
+def fails_while(context, path: str) -> int:  # type: ignore[no-untyped-def]
+    """Fails while the file ``path`` exists; returns the attempt that succeeded."""
+    log("fails_while", context.attempt)
+    if os.path.exists(path):
+        raise RuntimeError(f"attempt {context.attempt} fails")
+    return context.attempt
+
+
 @task
 def echo(value: object) -> object:
     """Returns its argument (nothing logged: it may be any text)."""
