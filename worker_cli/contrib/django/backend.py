@@ -24,12 +24,12 @@ from django.tasks.base import TaskResult, TaskResultStatus
 from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
 from django.tasks.signals import task_enqueued
 from django.utils import timezone
-from django.utils.json import normalize_json
 
 from ...config.database import schema_name_problem
 from . import statements
 from .names import MAX_QUEUE_NAME, identifier_of
 from .results import StoredResult, django_time
+from .storable import json_text
 
 __all__ = ["GraphileWorkerBackend", "GraphileWorkerTask"]
 
@@ -119,10 +119,8 @@ class GraphileWorkerBackend(BaseTaskBackend):  # type: ignore[misc]
 
     def enqueue(self, task: Task, args: Any, kwargs: Any) -> TaskResult:
         self.validate_task(task)
-        args = normalize_json(args)
-        kwargs = normalize_json(kwargs)
-        args_json = _json("argument", args)
-        kwargs_json = _json("argument", kwargs)
+        args, args_json = json_text(args, "argument")
+        kwargs, kwargs_json = json_text(kwargs, "argument")
         result_id = str(uuid.uuid4())
         run_after = task.run_after
         if run_after is not None and timezone.is_naive(run_after):  # USE_TZ = False
@@ -182,7 +180,7 @@ class GraphileWorkerBackend(BaseTaskBackend):  # type: ignore[misc]
             row = cursor.fetchone()
         if row is None:
             raise TaskResultDoesNotExist(result_id)
-        stored = StoredResult.from_row(row).reconciled(*row[17:21])
+        stored = StoredResult.from_row(row).reconciled(*row[17:22])
         return stored.task_result(stored.task())
 
     def check(self, **kwargs: Any) -> list[Any]:
@@ -226,13 +224,3 @@ def _sqlstate(error: BaseException) -> str | None:
 
 def _is_attempts(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= MAX_ATTEMPTS
-
-
-def _json(what: str, value: Any) -> str:
-    """JSON text of a value ``normalize_json`` passed; NaN and infinities,
-    which it lets through and PostgreSQL refuses, are a TypeError here, before
-    any SQL."""
-    try:
-        return json.dumps(value, allow_nan=False)
-    except ValueError as exc:
-        raise TypeError(f"Unsupported {what} value: {exc}") from None

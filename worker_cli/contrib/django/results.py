@@ -25,7 +25,9 @@ from django.tasks import Task
 from django.tasks.base import TaskError, TaskResult, TaskResultStatus
 from django.utils import timezone
 
-__all__ = ["StoredResult", "django_time", "error_record", "load_task", "lost_attempt"]
+from .storable import error_record
+
+__all__ = ["StoredResult", "django_time", "load_task", "lost_attempt"]
 
 #: The exception class of an attempt that ended without an outcome.
 LOST = "worker_cli.errors.JobLost"
@@ -33,11 +35,6 @@ CANCELLED = "worker_cli.errors.JobCancelled"
 
 #: The job states (py_job_status) in which it will run (again).
 _WAITING = frozenset({"available", "scheduled", "retrying"})
-
-
-def error_record(exception_class_path: str, traceback: str) -> dict[str, str]:
-    """One element of a row's ``errors`` (Django's TaskError's fields)."""
-    return {"exception_class_path": exception_class_path, "traceback": traceback}
 
 
 def lost_attempt(detail: str | None = None) -> dict[str, str]:
@@ -98,9 +95,13 @@ class StoredResult:
         last_error: str | None,
         cancel_reason: str | None,
         job_finished_at: dt.datetime | None,
+        runs_again: bool | None = False,
     ) -> StoredResult:
         """This result as the job's state (``py_job_status``) makes it: an
-        unfinished result whose job will not run again is FAILED."""
+        unfinished result whose job will not run again is FAILED; a FAILED
+        one whose task will run again (its job was retried) is READY."""
+        if runs_again:
+            return dataclasses.replace(self, status="READY", finished_at=None)
         if self.status in ("SUCCESSFUL", "FAILED") or job_state == "running":
             return self
         if job_state in _WAITING:

@@ -34,31 +34,62 @@ from {schema}.add_job(
 ) as j
 returning r.enqueued_at"""
 
+#: ``errors || u.error`` keeping at most ``u.keep`` errors: the first and the
+#: latest (the statement's ``from`` names the appended errors ``u.error``).
+_APPENDED_ERRORS: LiteralString = """(
+    select jsonb_agg(e.value order by e.n)
+    from jsonb_array_elements(r.errors || u.error) with ordinality as e (value, n)
+    where e.n = 1
+      or e.n > jsonb_array_length(r.errors) + jsonb_array_length(u.error) - (u.keep - 1)
+  )"""
+
 #: A result row with the state of its job (``py_job_status``: 'running',
-#: 'failed', 'cancelled', 'unknown', ...), the job's last error and, for a
-#: cancelled job, its reason. Parameter: the result id.
+#: 'failed', 'cancelled', 'unknown', ...), the job's last error, for a
+#: cancelled job its reason, when it finished, and whether a FAILED result's
+#: task will run again (its job was given attempts again: ``mark_running``).
+#: Parameter: the result id.
 read_result: LiteralString = (
     "select "
     + RESULT_COLUMNS
     + """,
-  s.state, s.last_error, s.cancel_reason, s.finished_at
+  s.state, s.last_error, s.cancel_reason, s.finished_at,
+  r.status = 'FAILED' and s.state in ('available', 'scheduled', 'retrying')
+    and (r.job_attempts_left is null
+      or s.max_attempts - s.attempts - 1 >= r.job_attempts_left) as runs_again
 from {schema}._private_py_django_results as r
 left join lateral {schema}.py_job_status(r.job_id) as s on true
 where r.id = %s::uuid"""
 )
 
-#: An attempt starts: RUNNING, this pool appended to worker_ids; an attempt
-#: still marked RUNNING (its worker was lost) is recorded as a failed one.
-#: Parameters: the lost attempt's error (JSON), the worker id, the result id.
+#: An attempt starts: RUNNING, this pool appended to worker_ids, the job's
+#: attempts left kept; an attempt still marked RUNNING (its worker was lost)
+#: is recorded as a failed one. A FAILED result starts again if its job has
+#: as many attempts left as when its last attempt started, or more (it was
+#: retried: given attempts again); its errors are kept. Parameters: the lost
+#: attempt's error (a JSON list), the errors kept, the worker id, the job's
+#: attempts left (max_attempts - attempts, this attempt counted), the result id.
 mark_running: LiteralString = (
     """
 update {schema}._private_py_django_results as r
 set status = 'RUNNING',
-  errors = case when r.status = 'RUNNING' then r.errors || %s::jsonb else r.errors end,
+  errors = case when r.status = 'RUNNING' then """
+    + _APPENDED_ERRORS
+    + """ else r.errors end,
   started_at = coalesce(r.started_at, now()),
   last_attempted_at = now(),
-  worker_ids = r.worker_ids || %s::text
-where r.id = %s::uuid and r.status in ('READY', 'RUNNING')
+  finished_at = null,
+  return_value = null,
+  worker_ids = r.worker_ids || u.worker_id,
+  job_attempts_left = u.attempts_left
+from (
+  select %s::jsonb as error, %s::int as keep, %s::text as worker_id, %s::int as attempts_left
+) as u
+where r.id = %s::uuid
+  and (
+    r.status in ('READY', 'RUNNING')
+    or r.status = 'FAILED'
+      and (r.job_attempts_left is null or u.attempts_left >= r.job_attempts_left)
+  )
 returning """
     + RESULT_COLUMNS
 )
@@ -74,15 +105,20 @@ set status = 'SUCCESSFUL', return_value = %s::json, finished_at = now()
 where r.id = %s::uuid
 returning r.finished_at"""
 
-#: An attempt failed: READY when the job will run again, else FAILED.
-#: Parameters: the status, the error (JSON), the result id.
-mark_failed: LiteralString = """
+#: An attempt failed: READY when the job will run again, else FAILED; its
+#: error appended (at most ``keep`` kept: the first and the latest).
+#: Parameters: the status, the error (a JSON list), the errors kept, the result id.
+mark_failed: LiteralString = (
+    """
 update {schema}._private_py_django_results as r
-set status = u.status, errors = r.errors || u.error,
+set status = u.status, errors = """
+    + _APPENDED_ERRORS
+    + """,
   finished_at = case when u.status = 'FAILED' then now() end
-from (select %s::text as status, %s::jsonb as error) as u
+from (select %s::text as status, %s::jsonb as error, %s::int as keep) as u
 where r.id = %s::uuid
 returning r.finished_at"""
+)
 
 #: Delete finished results older than a number of seconds, at most 1,000 rows.
 prune: LiteralString = """

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import json
-import traceback
 import uuid
 from collections.abc import Callable, Sequence
 from typing import Any, LiteralString
@@ -23,12 +21,12 @@ from typing import Any, LiteralString
 from django.db import close_old_connections
 from django.tasks.base import TaskContext, TaskResult
 from django.tasks.signals import task_finished, task_started
-from django.utils.json import normalize_json
 
 from ...tasks.helpers import Helpers
 from ...tasks.retry import Cancel, Discard
 from . import statements
-from .results import StoredResult, django_time, error_record, lost_attempt
+from .results import StoredResult, django_time, lost_attempt
+from .storable import MAX_ERRORS, error_of, errors_json, json_text, kept_errors, storable_text
 
 __all__ = ["make_task_runner"]
 
@@ -42,26 +40,33 @@ def make_task_runner(schema: str, sender: type) -> Callable[[Any, Helpers], None
             return helpers.run(_one_row(helpers, statement, schema, params))
 
         def mark_failed(status: str, error: dict[str, str]) -> Any:
-            row = one_row(statements.mark_failed, status, json.dumps([error]), result_id)
+            row = one_row(
+                statements.mark_failed, status, errors_json([error]), MAX_ERRORS, result_id
+            )
             return None if row is None else row[0]
 
         result_id = _result_id(payload)
-        lost = json.dumps([lost_attempt()])
-        row = one_row(statements.mark_running, lost, helpers.worker_id, result_id)
+        job = helpers.job
+        row = one_row(
+            statements.mark_running,
+            errors_json([lost_attempt()]),
+            MAX_ERRORS,
+            storable_text(helpers.worker_id),
+            job.max_attempts - job.attempts,
+            result_id,
+        )
         if row is None:
-            found = one_row(statements.read_status, result_id)
-            if found is None:
-                raise Discard(f"no Django task result {result_id} for this job")
-            # Its outcome was written, but not the job's completion (the worker
-            # stopped in between): the task is not run again.
-            helpers.logger.info("Django task %s is %s already: not run again", result_id, found[0])
+            _not_run_again(helpers, one_row(statements.read_status, result_id), result_id)
             return
         try:
             stored = StoredResult.from_row(row)
             task = stored.task()
-        except Exception as exc:  # cannot start (unreadable row, not a Task): for good
-            mark_failed("FAILED", _error(exc))
-            raise Discard(f"cannot run Django task result {result_id}: {exc}") from exc
+        except BaseException as exc:  # cannot start (unreadable row, not a Task): for good
+            error = error_of(exc)
+            mark_failed("FAILED", error)
+            raise Discard(
+                f"cannot run Django task result {result_id}: {_last_line(error)}"
+            ) from exc
         running = stored.task_result(task)
         close_old_connections()
         try:
@@ -75,10 +80,10 @@ def make_task_runner(schema: str, sender: type) -> Callable[[Any, Helpers], None
                 value = helpers.run(task.acall(*args, **stored.kwargs))
             else:
                 value = task.call(*args, **stored.kwargs)
-            value = normalize_json(value)
-            value_json = json.dumps(value, allow_nan=False)
-        except BaseException as exc:
-            job = helpers.job
+            value, value_json = json_text(value, "return")
+            # A return value the server refuses is this attempt's failure.
+            done_row = one_row(statements.mark_successful, value_json, result_id)
+        except BaseException as exc:  # whatever the task raised (SystemExit too)
             # No attempt follows the last one, a cancel, or a task's Discard or Cancel.
             final = (
                 job.attempts >= job.max_attempts
@@ -86,14 +91,21 @@ def make_task_runner(schema: str, sender: type) -> Callable[[Any, Helpers], None
                 or isinstance(exc, Discard | Cancel)
             )
             status = "FAILED" if final else "READY"
-            error = _error(exc)
-            finished_at = mark_failed(status, error)
+            error = error_of(exc)
+            try:
+                finished_at = mark_failed(status, error)
+            except Exception as unwritten:  # the job's own failure still says what happened
+                helpers.logger.error(
+                    "Django task %s: its error could not be written: %s",
+                    result_id,
+                    _last_line(error_of(unwritten)),
+                )
+                finished_at = None
             if final:
                 failed = _after(stored, running, status, finished_at, error=error)
                 task_finished.send(sender=sender, task_result=failed.task_result(task))
             raise
         else:
-            done_row = one_row(statements.mark_successful, value_json, result_id)
             finished_at = None if done_row is None else done_row[0]
             done = _after(stored, running, "SUCCESSFUL", finished_at, value=value)
             task_finished.send(sender=sender, task_result=done.task_result(task))
@@ -103,19 +115,35 @@ def make_task_runner(schema: str, sender: type) -> Callable[[Any, Helpers], None
     return run_django_task
 
 
+def _not_run_again(helpers: Helpers, found: tuple[Any, ...] | None, result_id: str) -> None:
+    """A job whose result is finished runs again: the task does not. Its
+    outcome was written, but not the job's (the worker stopped in between).
+    SUCCESSFUL: the job completes. FAILED (and it was not retried: it has
+    fewer attempts left than when the task last ran, see ``mark_running``):
+    the job fails for good, as its result says."""
+    if found is None:
+        raise Discard(f"no Django task result {result_id} for this job")
+    if found[0] == "SUCCESSFUL":
+        helpers.logger.info("Django task %s is SUCCESSFUL already: not run again", result_id)
+        return
+    raise Discard(
+        f"Django task {result_id} is {found[0]} already (an earlier attempt of this job "
+        "wrote it): not run again"
+    )
+
+
+def _last_line(error: dict[str, str]) -> str:
+    """The last line of an error record's traceback (its exception's, bounded)."""
+    lines = error["traceback"].splitlines()
+    return lines[-1] if lines else error["exception_class_path"]
+
+
 def _result_id(payload: Any) -> str:
     raw = payload.get("result_id") if isinstance(payload, dict) else None
     try:
         return str(uuid.UUID(raw))
     except (TypeError, ValueError, AttributeError):
         raise Discard("not a Django task job: its payload has no valid result_id") from None
-
-
-def _error(exc: BaseException) -> dict[str, str]:
-    kind = type(exc)
-    return error_record(
-        f"{kind.__module__}.{kind.__qualname__}", "".join(traceback.format_exception(exc))
-    )
 
 
 def _after(
@@ -135,7 +163,7 @@ def _after(
         last_attempted_at=running.last_attempted_at,
         finished_at=django_time(finished_at),
         return_value=value,
-        errors=[*stored.errors, error] if error else stored.errors,
+        errors=kept_errors([*stored.errors, error]) if error else stored.errors,
     )
 
 

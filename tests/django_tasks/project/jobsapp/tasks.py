@@ -95,3 +95,60 @@ def gives_up(reason: str) -> None:
 def started_tzinfo(context) -> str:  # type: ignore[no-untyped-def]
     """The time zone of the running result's start (None: naive, USE_TZ = False)."""
     return str(context.task_result.started_at.tzinfo)
+
+
+class Unprintable(Exception):
+    """An exception whose str() raises."""
+
+    def __str__(self) -> str:
+        raise RuntimeError("no text for this one")
+
+
+class NotAnException(BaseException):
+    """A BaseException that is not an Exception."""
+
+
+class BadlyNamed(Exception):
+    """Its qualified name holds a NUL, its module a lone surrogate: text
+    PostgreSQL's jsonb cannot hold as given."""
+
+
+BadlyNamed.__qualname__ = "Bad\x00Name"
+BadlyNamed.__module__ = "jobsapp.tasks\udc80"
+
+
+@task
+def raises(kind: str, size: int = 0) -> None:
+    """Raises what ``kind`` names (``size``: a message that long)."""
+    log("raises", kind)
+    if kind == "system_exit":
+        raise SystemExit(3)
+    if kind == "keyboard_interrupt":
+        raise KeyboardInterrupt
+    if kind == "base":
+        raise NotAnException("not an Exception")
+    if kind == "unprintable":
+        raise Unprintable()
+    if kind == "huge":
+        raise ValueError("start " + "x" * size + " end")
+    raise BadlyNamed("badly named")
+
+
+@task
+async def async_fail(message: str) -> None:
+    raise ValueError(message)
+
+
+@task(takes_context=True)
+def fails_while(context, path: str) -> int:  # type: ignore[no-untyped-def]
+    """Fails while the file ``path`` exists; returns the attempt that succeeded."""
+    log("fails_while", context.attempt)
+    if os.path.exists(path):
+        raise RuntimeError(f"attempt {context.attempt} fails")
+    return context.attempt
+
+
+@task
+def echo(value: object) -> object:
+    """Returns its argument (nothing logged: it may be any text)."""
+    return value

@@ -1,0 +1,12 @@
+-- Django Tasks: a failed task whose job is made to run again (`graphile-worker
+-- retry`, reschedule_jobs giving it attempts) runs again; a job that runs on
+-- after its task's outcome was written (the worker stopped in between) does
+-- not run the task again.
+--
+-- job_attempts_left is the job's attempts left (max_attempts - attempts) when
+-- the task's last attempt started. A FAILED result's job running with as many
+-- attempts left or more was given attempts again: its task runs again. With
+-- fewer, the job ran on by itself after the outcome was written: the task is
+-- not run again and the job fails for good. Null (rows of earlier versions):
+-- the task runs again.
+alter table {{schema}}._private_py_django_results add column job_attempts_left integer;
