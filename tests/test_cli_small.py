@@ -7,7 +7,7 @@ line."""
 from __future__ import annotations
 
 import pytest
-from dbhelpers import run_cli
+from dbhelpers import rows, run_cli, value
 
 from worker_cli.jobs.results import JobResult
 from worker_cli.jobs.waiting import VISIBILITY_GRACE, Waiting
@@ -55,3 +55,34 @@ def test_the_job_command_says_the_same_of_an_unknown_id_whatever_the_wait(db: st
     assert shown[0] == shown[1] == shown[2]
     assert shown[0].splitlines()[0] == "Job 999999: unknown"
     assert "no row anywhere" in shown[0]
+
+
+# --- pause --until a time already past ---------------------------------------------
+
+
+@pytest.mark.db
+def test_pause_until_a_time_already_past_is_refused_and_changes_nothing(db: str) -> None:
+    done = run_cli("pause", "-c", db, "--queue", "mail", "--for", "10m")
+    assert done.returncode == 0, done.stderr
+    [before] = rows(db, f"select * from {PAUSES}")
+    for until in ("2020-01-01T00:00:00+00:00", "0001-01-02T00:00:00Z"):
+        for target in (("--queue", "mail"), ("--queue", "sms"), ("--task", "*")):
+            refused = run_cli("pause", "-c", db, *target, "--until", until)
+            one_line_error(refused, 2, "--until", "has passed already")
+            assert refused.stdout == ""
+    assert rows(db, f"select * from {PAUSES}") == [before]  # mail's pause still in force
+    a_minute_ago = value(
+        db, "select to_char(now() - interval '1 minute', 'YYYY-MM-DD\"T\"HH24:MI:SSOF')"
+    )
+    refused = run_cli("pause", "-c", db, "--queue", "mail", "--until", str(a_minute_ago))
+    one_line_error(refused, 2, "--until", "has passed already")
+    ahead = run_cli("pause", "-c", db, "--queue", "sms", "--until", "2999-01-01T00:00:00Z")
+    assert ahead.returncode == 0, ahead.stderr
+    assert ahead.stdout.startswith("Paused queue sms: ")
+
+
+@pytest.mark.db
+def test_resume_refuses_a_name_no_pause_can_have_in_one_line(db: str) -> None:
+    for target in (("--queue", "q" * 129), ("--task", "bad \udcff byte")):
+        refused = run_cli("resume", "-c", db, *target)
+        one_line_error(refused, 2, target[0].lstrip("-") + ": ")
