@@ -6,6 +6,8 @@ line."""
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 from dbhelpers import rows, run_cli, value
 
@@ -86,3 +88,21 @@ def test_resume_refuses_a_name_no_pause_can_have_in_one_line(db: str) -> None:
     for target in (("--queue", "q" * 129), ("--task", "bad \udcff byte")):
         refused = run_cli("resume", "-c", db, *target)
         one_line_error(refused, 2, target[0].lstrip("-") + ": ")
+
+
+# --- limit --per ---------------------------------------------------------------------
+
+
+@pytest.mark.db
+def test_limit_per_names_itself_and_its_own_bounds(db: str) -> None:
+    for per in ("0s", "0", "2d", "86401s", "soon"):
+        args = ("limit", "-c", db, "--task", "a", "--max-starts", "5", "--per", per)
+        line = one_line_error(run_cli(*args), 2, "--per")
+        assert "pause" not in line and "366" not in line, line
+        if per != "soon":
+            assert "a window lasts above 0 and at most a day" in line, line
+    assert value(db, "select count(*) from graphile_worker._private_py_limits") == 0
+    done = run_cli("limit", "-c", db, "--task", "a", "--max-starts", "5", "--per", "1d")
+    assert done.returncode == 0, done.stderr
+    period = value(db, "select period from graphile_worker._private_py_limits")
+    assert period == timedelta(days=1)

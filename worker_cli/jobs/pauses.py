@@ -131,7 +131,7 @@ def parse_length(text: str, *, what: str = "a pause", longest: timedelta = MAX_P
     seconds = float(match[1]) * _UNITS[match[2] or "s"]
     if not 0 < seconds <= longest.total_seconds():
         days = longest.total_seconds() / 86400
-        most = f"{days:g} day" + ("" if days == 1 else "s")
+        most = "a day" if days == 1 else f"{days:g} days"
         raise ValueError(f"{shown}: {what} lasts above 0 and at most {most}")
     return timedelta(seconds=seconds)
 
