@@ -106,3 +106,16 @@ def test_limit_per_names_itself_and_its_own_bounds(db: str) -> None:
     assert done.returncode == 0, done.stderr
     period = value(db, "select period from graphile_worker._private_py_limits")
     assert period == timedelta(days=1)
+
+
+# --- cancel --reason --------------------------------------------------------------------
+
+
+@pytest.mark.db
+def test_a_cancel_reason_the_database_cannot_store_is_one_line(db: str) -> None:
+    job_id = value(db, "select id from graphile_worker.add_job('t')")
+    # Bytes that are not UTF-8 on the command line arrive as lone surrogates.
+    refused = run_cli("cancel", "-c", db, str(job_id), "--reason", "bad \udcff byte")
+    one_line_error(refused, 2, "reason", "surrogate")
+    assert value(db, "select count(*) from graphile_worker._private_jobs") == 1
+    assert value(db, "select count(*) from graphile_worker._private_py_job_history") == 0
