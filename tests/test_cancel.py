@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import re
 import threading
 import time
 from collections import Counter
@@ -333,6 +334,37 @@ async def test_bad_ids_are_refused(utils: WorkerUtils, bad: Any) -> None:
 
     with pytest.raises(JobSpecError, match="job_id"):
         await utils.cancel_job(bad)
+
+
+@pytest.mark.parametrize(
+    ("reason", "says"),
+    [
+        ("a\x00b", "reason: contains a NUL character"),
+        ("bad \ud800 half", "reason: contains a lone surrogate"),
+        (ValueError("no"), "reason: is ValueError('no'); it must be a string or None"),
+        (b"bytes", "reason: is b'bytes'; it must be a string or None"),
+    ],
+)
+async def test_a_reason_the_database_cannot_store_is_refused_naming_it(
+    utils: WorkerUtils, db: str, reason: Any, says: str
+) -> None:
+    """Before any SQL, as the utilities' other argument checks: the job is left alone."""
+    from worker_cli import JobSpecError
+
+    job = await utils.add_job("t", {})
+    with pytest.raises(JobSpecError, match=re.escape(says)) as raised:
+        await utils.cancel_job(job.id, reason)
+    assert raised.value.field == "reason"
+    with pytest.raises(JobSpecError, match=re.escape(says)):
+        await utils.cancel_jobs([job.id], reason)
+    with make_sync_worker_utils(connection_string=db) as sync:
+        with pytest.raises(JobSpecError, match=re.escape(says)):
+            sync.cancel_job(job.id, reason)
+        with pytest.raises(JobSpecError, match=re.escape(says)):
+            sync.cancel_jobs([job.id], reason)
+    assert await utils.get_job_status(job.id) == "available"
+    assert await utils.cancel_job(job.id, "a\\x00b, written out") == "cancelled"
+    assert history(db, job.id)["cancel_reason"] == "a\\x00b, written out"
 
 
 async def test_cancels_racing_fetches_never_retry_or_run_twice(utils: WorkerUtils, db: str) -> None:

@@ -36,6 +36,7 @@ from selenium.webdriver.common.by import By
 
 from worker_cli.dashboard import create_app
 from worker_cli.dashboard.security import Csrf
+from worker_cli.tasks.crontab import parse_crontab
 
 pytestmark = pytest.mark.db
 
@@ -152,6 +153,35 @@ def test_each_item_with_its_schedule_zone_and_runs(crontab_db: str, url: str) ->
     assert others and "&lt;i&gt;removed&lt;/i&gt;" in others.group(1)
     assert "send_weekly_email" not in others.group(1)
     assert 'id="cron-default-zone">America/New_York<' in page.body
+
+
+def test_a_zone_with_a_plus_sign_is_taken_as_written(crontab_db: str) -> None:
+    """``tz=Etc/GMT+5`` (five hours behind UTC): a query string's ``+`` would
+    be a space, but no zone name has one; ``%2B`` still works too."""
+    crontab = (
+        "0 12 * * * noon ?id=noon_plus&tz=Etc/GMT+5\n"
+        "0 12 * * * noon ?id=noon_escaped&tz=Etc/GMT%2B5\n"
+        "0 12 * * * noon ?id=noon_minus&tz=Etc/GMT-14\n"
+    )
+    app = create_app(crontab_db, csrf_secret=SECRET, crontab=crontab)
+    with serve_app(app) as base:
+        page = http(base + "/crontab")
+    assert page.status == 200, page.body[-600:]
+    read_at = now(crontab_db)
+    for item, zone in [
+        ("noon_plus", "Etc/GMT+5"),
+        ("noon_escaped", "Etc/GMT+5"),
+        ("noon_minus", "Etc/GMT-14"),
+    ]:
+        shown = cells(page.body, item)
+        assert shown["zone"] == zone, (item, shown)
+        expected = next_daily(time(12, 0), ZoneInfo(zone), read_at)
+        assert shown["next"].startswith(stamp(expected)), (item, shown, expected)
+    assert [item.tz for item in parse_crontab(crontab)] == [
+        ZoneInfo("Etc/GMT+5"),
+        ZoneInfo("Etc/GMT+5"),
+        ZoneInfo("Etc/GMT-14"),
+    ]
 
 
 def test_run_now_adds_the_job_as_cron_would(crontab_db: str, url: str) -> None:

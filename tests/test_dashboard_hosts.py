@@ -115,6 +115,9 @@ def test_a_post_from_another_origin_is_refused(db: str) -> None:
             {"Origin": "http://evil.example", "Referer": f"{url}/jobs"},
             {"Sec-Fetch-Site": "same-site"},
             {"Sec-Fetch-Site": "cross-site", "Origin": url},
+            # Any client can send X-Forwarded-Host: it names no host of ours.
+            {"Origin": "http://evil.example", "X-Forwarded-Host": "evil.example"},
+            {"Referer": "http://evil.example/", "X-Forwarded-Host": "evil.example, x"},
         ):
             refused = post(**headers)
             assert refused.status == 403, headers

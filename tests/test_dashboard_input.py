@@ -5,6 +5,7 @@ unreachable", and the job is left as it was."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from datetime import UTC
 from typing import Any
 from urllib.parse import quote, urlencode
 
@@ -103,6 +104,29 @@ def test_a_run_at_outside_the_years_1_to_9999_is_bad_input(db: str, url: str, ru
     reply = post(f"{url}/jobs/{job_id}/reschedule", {"run_at": run_at})
     assert_styled(reply, 400, "run at")
     assert job_row(db, job_id) == before
+    assert http(f"{url}/jobs/{job_id}").status == 200
+
+
+@pytest.mark.parametrize(
+    ("refused", "taken"),
+    [("9999-12-31T23:59", "9999-12-30T23:59"), ("0001-01-01T00:00", "0001-01-02T00:00")],
+)
+def test_a_run_at_a_job_cannot_be_read_back_with_is_bad_input(
+    db: str, url: str, refused: str, taken: str
+) -> None:
+    """Within the years 1 to 9999 in UTC, but not a datetime in every zone a
+    job is read back in (reschedule_jobs refuses it): the form again with one
+    line, never a 500; the storable end itself is taken."""
+    job_id = add_job(db)
+    before = job_row(db, job_id)
+    reply = post(f"{url}/jobs/{job_id}/reschedule", {"run_at": refused})
+    assert_styled(reply, 400, "run at: ")
+    assert "0001-01-02 to 9999-12-30 (UTC)" in reply.body
+    assert 'id="confirm-form"' in reply.body  # the form again, to correct
+    assert job_row(db, job_id) == before
+    done = post(f"{url}/jobs/{job_id}/reschedule", {"run_at": taken})
+    assert done.status == 303, (done.status, done.body[-600:])
+    assert job_row(db, job_id)["run_at"].astimezone(UTC).isoformat().startswith(taken)
     assert http(f"{url}/jobs/{job_id}").status == 200
 
 

@@ -260,7 +260,7 @@ BAD: list[tuple[dict[str, str], str]] = [
     ),
     (
         {"kind": "task", "name": "charge", "max_starts": "5", "per": "0s"},
-        "Per: '0s': a window lasts above 0 and at most 1 day",
+        "Per: '0s': a window lasts above 0 and at most a day",
     ),
     ({"kind": "task", "name": "charge", "max_starts": "5", "per": "25h"}, "Per: '25h': a window"),
     (

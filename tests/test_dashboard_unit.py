@@ -147,8 +147,10 @@ def test_posts_from_another_site() -> None:
     assert foreign_post(own, None) is None  # no Origin, no Referer: no browser's form
     assert foreign_post({**own, "origin": "http://127.0.0.1:8080"}, None) is None
     assert foreign_post({**own, "referer": "http://127.0.0.1:8080/jobs/1"}, None) is None
+    # X-Forwarded-Host is the client's to send: only Host and the allowed names count.
     proxied = {**own, "x-forwarded-host": "q.example", "origin": "https://q.example"}
-    assert foreign_post(proxied, None) is None
+    assert foreign_post(proxied, None) is not None
+    assert foreign_post(proxied, AllowedHosts(["q.example"])) is None
     assert foreign_post({**own, "origin": "https://q.example"}, AllowedHosts(["q.example"])) is None
     for foreign in (
         {"origin": "http://evil.example"},

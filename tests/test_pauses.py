@@ -84,6 +84,11 @@ def test_a_fetch_that_was_in_flight_when_the_pause_came_is_held_back() -> None:
         ({"queue": "a", "until": timedelta(days=400)}, "until"),
         ({"queue": "a", "until": "10m"}, "until"),
         ({"queue": "a", "reason": 5}, "reason"),
+        # What PostgreSQL's text cannot hold: refused, not a raw database error.
+        ({"queue": "a", "reason": "a\x00b"}, "reason"),
+        ({"queue": "a", "reason": "\udcff"}, "reason"),
+        ({"queue": "a\x00"}, "queue"),
+        ({"task": "\ud800"}, "task"),
         ({"task": "a", "hold_queue_lock": True}, "hold_queue_lock"),
         ({"queue": "*", "hold_queue_lock": True}, "hold_queue_lock"),
     ],

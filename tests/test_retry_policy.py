@@ -107,6 +107,14 @@ def test_which_errors_are_retried() -> None:
         ({"jitter": 2}, "jitter must be from 0 to 1"),
         ({"retry_on": ("ValueError",)}, "retry_on must be a tuple of exception classes"),
         ({"max_snoozes": -1}, "max_snoozes must be a whole number from 0"),
+        # A bool is an int to Python, not a number of attempts (True would be 1).
+        ({"max_attempts": True}, "max_attempts must be a whole number from 1 to 32767, not True"),
+        ({"max_attempts": False}, "max_attempts must be a whole number from 1 to 32767, not False"),
+        ({"max_snoozes": True}, "max_snoozes must be a whole number from 0, not True"),
+        ({"max_snoozes": False}, "max_snoozes must be a whole number from 0, not False"),
+        ({"jitter": True}, "jitter must be from 0 to 1, not True"),
+        ({"delay": True}, "delay must be seconds"),
+        ({"max_delay": True}, "max_delay must be seconds"),
     ],
 )
 def test_a_bad_policy_is_one_clear_error(kwargs: dict[str, Any], says: str) -> None:

@@ -218,8 +218,14 @@ def cancel(
     """Cancel jobs: a waiting one never runs; a running one is told (its
     outcome is recorded as cancelled unless it succeeds). Prints each job's
     state after the call."""
+    from ..errors import JobSpecError
+    from ..jobs.text_args import check_text
     from ..jobs.worker_utils import make_worker_utils
 
+    try:  # a byte that is not UTF-8 arrives as a lone surrogate
+        check_text(reason, "reason")
+    except JobSpecError as exc:
+        raise click.BadParameter(exc.reason, ctx, param_hint="'--reason'") from None
     connection, schema = shared(ctx, connection, schema)
 
     async def cancel_them() -> dict[int, str]:

@@ -8,12 +8,24 @@ from typing import TYPE_CHECKING
 import click
 
 from .common import CONTEXT_SETTINGS, connection_option, run_async, schema_option, shared
-from .pause_commands import length
 
 if TYPE_CHECKING:
     from ..jobs.limits import Limit, LimitInfo
 
 __all__ = ["limit", "limits"]
+
+
+def window(_ctx: click.Context, _param: click.Parameter, value: str | None) -> timedelta | None:
+    """``--per``: a window such as 1s, 10s, 1m or 1h (above 0, at most a day)."""
+    from ..jobs.limits import MAX_PERIOD
+    from ..jobs.pauses import parse_length
+
+    if value is None:
+        return None
+    try:
+        return parse_length(value, what="a window", longest=MAX_PERIOD)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
 
 
 def _describe(info: LimitInfo) -> str:
@@ -41,7 +53,9 @@ def _describe(info: LimitInfo) -> str:
 @click.option("--operation", metavar="NAME", help="An operation (helpers.limit(NAME)).")
 @click.option("--max-running", type=click.IntRange(1, 10_000), help="At most N running at once.")
 @click.option("--max-starts", type=click.IntRange(1, 10_000), help="At most N starts per --per.")
-@click.option("--per", metavar="LENGTH", callback=length, help="The window: 1s, 10s, 1m, 1h.")
+@click.option(
+    "--per", metavar="LENGTH", callback=window, help="The window: 1s, 10s, 1m, 1h (at most 1d)."
+)
 @click.option("--partition-by", metavar="FIELD", help="Each value of this payload field apart.")
 @click.option("--remove", is_flag=True, help="Remove the limit instead.")
 @click.pass_context

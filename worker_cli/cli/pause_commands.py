@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -12,6 +12,7 @@ from .params import aware_datetime
 
 if TYPE_CHECKING:
     from ..jobs.pauses import Pause
+    from ..jobs.worker_utils import WorkerUtils
 
 __all__ = ["pause", "pauses", "resume"]
 
@@ -91,6 +92,8 @@ def pause(
 
     async def pause_it() -> Pause:
         async with make_worker_utils(connection, schema=schema) as utils:
+            if until is not None:
+                await _refuse_past(utils, until)
             return await utils.pause(
                 **target,
                 until=until if until is not None else for_,
@@ -102,6 +105,24 @@ def pause(
         click.echo("Paused " + _describe(run_async(pause_it())))
     except ValueError as exc:  # JobSpecError: the one line naming the field
         raise click.UsageError(str(exc)) from None
+
+
+async def _refuse_past(utils: WorkerUtils, until: datetime) -> None:
+    """``--until`` must lie ahead of the database's clock (as the dashboard's
+    form): a pause ending in the past would pause nothing, and would end a
+    pause of the same queue or task in force."""
+    async with utils.connection() as conn:
+        cursor = await conn.execute("select now()")
+        row = await cursor.fetchone()
+    assert row is not None
+    now: datetime = row[0]
+    if until <= now:
+        raise click.BadParameter(
+            f"{until.isoformat()} has passed already (the database's clock reads "
+            f"{now.astimezone(UTC).isoformat(timespec='seconds')}); give a time ahead, "
+            "or a length with --for",
+            param_hint="'--until'",
+        )
 
 
 @click.command("resume", context_settings=CONTEXT_SETTINGS)
@@ -124,7 +145,11 @@ def resume(
             return await utils.resume(**target)
 
     kind, name = next(iter(target.items()))
-    if run_async(resume_it()):
+    try:
+        resumed = run_async(resume_it())
+    except ValueError as exc:  # JobSpecError: the one line naming the field
+        raise click.UsageError(str(exc)) from None
+    if resumed:
         click.echo(f"Resumed {kind} {name}")
     else:
         click.echo(f"{kind.capitalize()} {name} was not paused")

@@ -23,6 +23,7 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 
+from ..errors import JobSpecError
 from ..schema.admin_statements import ACTIONS as ADMIN_STATEMENTS
 from ..schema.statements import compose
 from .inputs import SMALLINT, BadInput, checked_text, parse_int, parse_job_id, parse_run_at
@@ -178,7 +179,7 @@ class _Actions:
             return await self._fail(request, job_id, form)
         try:
             changed = await self._apply(job_id, action, form)
-        except BadInput as exc:
+        except (BadInput, JobSpecError) as exc:  # what the utilities refuse is bad input too
             return await self.confirm_job(request, error=str(exc))
         if changed:
             logger.info("Dashboard: %s job %d", action, job_id)

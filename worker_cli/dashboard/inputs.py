@@ -8,6 +8,9 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
+from ..errors import JobSpecError
+from ..jobs.job_spec import check_run_at_range
+
 __all__ = [
     "BIGINT",
     "SMALLINT",
@@ -83,8 +86,15 @@ def parse_time(text: str, name: str) -> datetime:
 
 
 def parse_run_at(text: str) -> datetime:
-    """A job's new ``run_at`` (see :func:`parse_time`)."""
-    return parse_time(text, "run at")
+    """A job's new ``run_at`` (see :func:`parse_time`), one that the job can
+    be read back with in any time zone, as ``reschedule_jobs`` requires
+    (:func:`~worker_cli.jobs.job_spec.check_run_at_range`)."""
+    moment = parse_time(text, "run at")
+    try:
+        check_run_at_range(moment)
+    except JobSpecError as exc:
+        raise BadInput(f"run at: {exc.reason}") from None
+    return moment
 
 
 def parse_int(text: str, name: str, low: int, high: int = SMALLINT) -> int | None:

@@ -24,8 +24,9 @@ response, and the rule that only loopback may be served without a password.
   checks; a mounted dashboard checks when given ``allowed_hosts`` (else the
   application in front decides).
 - **Origin**: a POST whose ``Origin`` (or, without one, ``Referer``) names
-  another host, or that the browser marks as from another site
-  (``Sec-Fetch-Site``), is refused (:func:`foreign_post`).
+  another host than its ``Host`` or an allowed name, or that the browser
+  marks as from another site (``Sec-Fetch-Site``), is refused
+  (:func:`foreign_post`).
 - **Headers** (:class:`SecurityHeaders`): a Content-Security-Policy allowing
   nothing but the dashboard's own script, stylesheet and icon (no inline
   script or style, no other origin: the pages work offline), no framing, no
@@ -201,19 +202,20 @@ class AllowedHosts:
 def foreign_post(headers: Mapping[str, str], hosts: AllowedHosts | None) -> str | None:
     """Why a POST comes from another site (the browser says so, or its
     ``Origin``, else its ``Referer``, names another host than the request's
-    ``Host``, ``X-Forwarded-Host`` or an allowed name), or None. A request
-    with neither header is no browser's form post: its CSRF token decides."""
+    ``Host`` or an allowed name), or None. A request with neither header is
+    no browser's form post: its CSRF token decides. ``X-Forwarded-Host`` is
+    not read: any client may send it, and no setting says which proxy to
+    trust (uvicorn's ``--forwarded-allow-ips`` covers only the client's
+    address and scheme); behind a proxy that rewrites ``Host``, the name the
+    browser uses is an allowed name (``--allowed-host``, ``allowed_hosts``)."""
     if headers.get("sec-fetch-site", "same-origin") not in ("same-origin", "none"):
         return "a form posted from another site is refused"
     source = headers.get("origin") or headers.get("referer")
     if source is None:
         return None
-    own = {
-        host_name(headers.get("host")),
-        host_name(headers.get("x-forwarded-host", "").split(",")[0].strip()),
-    }
     name = host_name(source) if source != "null" else None
-    if name is not None and (name in own or (hosts is not None and name in hosts.names)):
+    own = host_name(headers.get("host"))
+    if name is not None and (name == own or (hosts is not None and name in hosts.names)):
         return None
     return "a form posted from another site (its Origin or Referer names another host) is refused"
 

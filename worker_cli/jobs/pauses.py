@@ -18,6 +18,7 @@ from datetime import datetime, timedelta
 from typing import Any, Literal
 
 from ..errors import JobSpecError
+from .text_args import check_text
 
 __all__ = [
     "MAX_PAUSE",
@@ -67,6 +68,7 @@ def target(queue: str | None, task: str | None) -> tuple[PauseKind, str]:
     name = queue if queue is not None else task
     if not isinstance(name, str) or not 1 <= len(name) <= 128:
         raise JobSpecError(kind, f"is {name!r}; it must be a name of 1 to 128 characters")
+    check_text(name, kind)
     return kind, name
 
 
@@ -98,8 +100,7 @@ def pause_params(
         resume_in = length
     else:
         raise JobSpecError("until", f"is {until!r}; give a datetime, a timedelta, seconds, or None")
-    if reason is not None and not isinstance(reason, str):
-        raise JobSpecError("reason", f"is {reason!r}; it must be a string or None")
+    check_text(reason, "reason")
     if not isinstance(hold_queue_lock, bool):
         raise JobSpecError("hold_queue_lock", f"is {hold_queue_lock!r}; it must be True or False")
     if hold_queue_lock and (kind != "queue" or name == "*"):
@@ -131,7 +132,7 @@ def parse_length(text: str, *, what: str = "a pause", longest: timedelta = MAX_P
     seconds = float(match[1]) * _UNITS[match[2] or "s"]
     if not 0 < seconds <= longest.total_seconds():
         days = longest.total_seconds() / 86400
-        most = f"{days:g} day" + ("" if days == 1 else "s")
+        most = "a day" if days == 1 else f"{days:g} days"
         raise ValueError(f"{shown}: {what} lasts above 0 and at most {most}")
     return timedelta(seconds=seconds)
 

@@ -47,6 +47,7 @@ from .limits import Limit, LimitInfo, limit_params, limit_target
 from .pauses import Pause, pause_params, target
 from .payloads import NamedPayload, job_identity
 from .results import AttemptError, JobResult, check_job_id
+from .text_args import check_text
 from .trace_context import carry
 from .unique import UniqueJobResult, UniqueRule, UniqueSpec, check_keys_payload, rules_for_specs
 
@@ -219,8 +220,7 @@ class UtilsPlans:
         """``cancel_job`` and ``cancel_jobs``: each job's state after the call."""
         for job_id in job_ids:
             check_job_id(job_id)
-        if reason is not None and not isinstance(reason, str):
-            raise JobSpecError("reason", f"is {reason!r}; it must be a string or None")
+        check_text(reason, "reason")
         return self._cancel_jobs(list(job_ids), reason)
 
     def _cancel_jobs(self, job_ids: list[int], reason: str | None) -> Plan[dict[int, Any]]:

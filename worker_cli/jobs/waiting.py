@@ -20,7 +20,8 @@ waiter registered, a job finished by a Node worker or an admin function,
 notifications lost while the listener reconnects), and after the listener
 reconnects every waiter reads again. A job id nobody can see reads
 ``unknown``; as it may belong to a transaction not committed yet, it is read
-again for :data:`VISIBILITY_GRACE` seconds before ``unknown`` is returned.
+again for :data:`VISIBILITY_GRACE` seconds (or until a shorter timeout) before
+``unknown`` is returned.
 """
 
 from __future__ import annotations
@@ -166,6 +167,10 @@ class Waiting:
                 return record
         now = self._clock()
         if self.deadline is not None and now >= self.deadline:
+            if self.last is not None and self.last.state == "unknown" and not self.seen:
+                # A timeout shorter than the grace ends it early: the id is
+                # unknown, as after the grace (not a job that did not finish).
+                return self.last
             assert self.timeout is not None
             raise WaitTimeout(self.job_id, self.timeout, self.last)
         self._polls += 1

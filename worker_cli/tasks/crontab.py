@@ -360,7 +360,9 @@ def _parse_options(text: str) -> dict[str, Any]:
                 raise CrontabError("jobKey must be 1 to 512 characters long")
             result["job_key"] = val
         elif key == "tz":
-            result["tz"] = _zone(val)
+            # The query string made a "+" a space; no zone name has a space,
+            # and some have a "+" (Etc/GMT+5): the "+" as written.
+            result["tz"] = _zone(val.replace(" ", "+"))
         elif key == "jobKeyMode":
             if val not in ("replace", "preserve_run_at"):
                 raise CrontabError(f"jobKeyMode {_shown(val)} must be replace or preserve_run_at")

@@ -105,8 +105,9 @@ class RetryPolicy:
     max_snoozes: int | None = None
 
     def __post_init__(self) -> None:
+        # A bool is an int to Python (True == 1), never a count or a fraction here.
         if self.max_attempts is not None and not (
-            isinstance(self.max_attempts, int) and 1 <= self.max_attempts <= _MAX_ATTEMPTS
+            _whole(self.max_attempts) and 1 <= self.max_attempts <= _MAX_ATTEMPTS
         ):
             raise ValueError(
                 f"RetryPolicy: max_attempts must be a whole number from 1 to {_MAX_ATTEMPTS}, "
@@ -122,7 +123,11 @@ class RetryPolicy:
         if self.max_delay is not None:
             limit = _seconds("RetryPolicy: max_delay", self.max_delay)
             object.__setattr__(self, "max_delay", limit)
-        if not (isinstance(self.jitter, int | float) and 0.0 <= self.jitter <= 1.0):
+        if not (
+            isinstance(self.jitter, int | float)
+            and not isinstance(self.jitter, bool)
+            and 0.0 <= self.jitter <= 1.0
+        ):
             raise ValueError(f"RetryPolicy: jitter must be from 0 to 1, not {self.jitter!r}")
         for name in ("retry_on", "dont_retry_on"):
             value = getattr(self, name)
@@ -134,7 +139,7 @@ class RetryPolicy:
             ):
                 raise ValueError(f"RetryPolicy: {name} must be a tuple of exception classes")
         if self.max_snoozes is not None and not (
-            isinstance(self.max_snoozes, int) and self.max_snoozes >= 0
+            _whole(self.max_snoozes) and self.max_snoozes >= 0
         ):
             raise ValueError(
                 f"RetryPolicy: max_snoozes must be a whole number from 0, not {self.max_snoozes!r}"
@@ -171,6 +176,11 @@ class RetryPolicy:
         limit = MAX_DELAY if self.max_delay is None else self.max_delay
         assert isinstance(limit, float)  # __post_init__ made it seconds
         return max(0.0, min(seconds, limit))
+
+
+def _whole(value: object) -> bool:
+    """A whole number: an int, not a bool."""
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _seconds(name: str, value: object, *, minimum: float = 0.001) -> float:
