@@ -24,7 +24,7 @@ The add functions tell which happened: a job they insert has revision 0, a
 job they update (replace) or return (dedupe) has a higher one. Node workers
 never read the table: they run the job without a timeout. In a schema Node
 installed alone (no table), a keyed call without a timeout has nothing to
-clear and writes nothing (:func:`options_installed` tells).
+clear and writes nothing (:class:`OptionsTable` tells).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from typing import Any, Literal, LiteralString, TypeAlias
 
 from ..db.plan import Plan, query
 
-__all__ = ["OptionRows", "job_options", "options_cte", "options_installed", "spec_options"]
+__all__ = ["OptionRows", "OptionsTable", "job_options", "options_cte", "spec_options"]
 
 #: What the statement writes beside the jobs it adds:
 #:
@@ -68,10 +68,27 @@ def spec_options(records: Sequence[dict[str, Any]]) -> OptionRows | None:
     return "replaced" if any(record.get("job_key") is not None for record in records) else None
 
 
-def options_installed(schema: str) -> Plan[bool]:
-    """Whether ``schema`` has the options table (Python migration 7)."""
-    rows = yield from query(_INSTALLED, {"schema": schema})
-    return bool(rows and rows[0][0])
+class OptionsTable:
+    """Whether a schema has the options table (Python migration 7): asked until
+    it has (a migration may add it), then known for good."""
+
+    def __init__(self, schema: str) -> None:
+        self.schema = schema
+        self._installed = False
+
+    def installed(self) -> Plan[bool]:
+        """Whether the table exists."""
+        if not self._installed:
+            rows = yield from query(_INSTALLED, {"schema": self.schema})
+            self._installed = bool(rows and rows[0][0])
+        return self._installed
+
+    def writes(self, rows: OptionRows | None) -> Plan[OptionRows | None]:
+        """``rows``, or None for ``replaced`` without the table (no job can have
+        options: there is nothing to clear)."""
+        if rows == "replaced" and not (yield from self.installed()):
+            return None
+        return rows
 
 
 def options_cte(rows: OptionRows, unique: bool) -> LiteralString:

@@ -31,7 +31,7 @@ from ..schema.cleanup import (
 from ..schema.migrate import MigrationReport, migration_plan
 from ..schema.probe import schema_required, unique_installed
 from .job import Job
-from .job_options import OptionRows, job_options, options_installed, spec_options
+from .job_options import OptionRows, OptionsTable, job_options, spec_options
 from .job_queries import encode_specs, execute_statement, insert_jobs, jobs, spec_record
 from .job_queries import unique_results as unique_results_plan
 from .job_spec import (
@@ -92,9 +92,7 @@ class UtilsPlans:
         self.use_local_time = use_local_time
         # Whether the unique-jobs table exists (None: not checked yet).
         self._unique_tables: bool | None = None
-        # Whether the options table exists (asked again while it does not: a
-        # migration may add it).
-        self._options_table = False
+        self._options = OptionsTable(schema)
 
     def add_job(
         self,
@@ -118,8 +116,7 @@ class UtilsPlans:
     def _add_job(
         self, params: dict[str, Any], beside: OptionRows | None, unique: bool
     ) -> Plan[Job | UniqueJobResult]:
-        if beside == "replaced" and not (yield from self._options_installed()):
-            beside = None  # no job can have options: nothing to clear
+        beside = yield from self._options.writes(beside)
         # The caller's trace context, if any, beside it too.
         if not unique:
             statement, trace = carry(statements.add_job, options=beside)
@@ -142,7 +139,7 @@ class UtilsPlans:
         if unique is None:
             if not specs:
                 return _nothing([])
-            return insert_jobs(self.schema, specs, job_key_preserve_run_at, self._options_installed)
+            return insert_jobs(self.schema, specs, job_key_preserve_run_at, self._options.installed)
         records = [spec_record(raw, index) for index, raw in enumerate(specs)]
         rules = rules_for_specs(unique, [record["payload"] for record in records])
         if not records:
@@ -157,8 +154,7 @@ class UtilsPlans:
     def _add_unique_jobs(
         self, params: dict[str, Any], beside: OptionRows | None
     ) -> Plan[list[UniqueJobResult]]:
-        if beside == "replaced" and not (yield from self._options_installed()):
-            beside = None  # no job can have options: nothing to clear
+        beside = yield from self._options.writes(beside)
         statement, trace = carry(
             statements.add_unique_jobs, unique=True, order_by="spec_index", options=beside
         )
@@ -373,12 +369,6 @@ class UtilsPlans:
             return (yield from migration_plan(self.schema))
         finally:
             self._unique_tables = None
-
-    def _options_installed(self) -> Plan[bool]:
-        """Whether this schema has the options table (known for good once it has)."""
-        if not self._options_table:
-            self._options_table = yield from options_installed(self.schema)
-        return self._options_table
 
     def _unique_installed(self) -> Plan[bool]:
         """Whether this schema has the unique-jobs table (checked once)."""
