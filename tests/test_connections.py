@@ -8,8 +8,12 @@ from typing import Any
 import pytest
 from dbhelpers import rows
 from psycopg.conninfo import conninfo_to_dict
+from psycopg.rows import dict_row, tuple_row
+from psycopg_pool import AsyncConnectionPool
+from workers import until
 
-from worker_cli import Events, Helpers, run
+from worker_cli import Events, Helpers, make_sync_worker_utils, make_worker_utils, run
+from worker_cli.db import held_connection
 from worker_cli.db.connections import WorkerConnections, connect
 
 
@@ -107,3 +111,151 @@ async def test_a_connect_timeout_in_the_connection_string_wins(
         assert conninfo_to_dict(conn.info.dsn)["connect_timeout"] == "10"
     finally:
         await conn.close()
+
+
+# --- Connections lent to code that is not the package's go back reset ------------
+#
+# helpers.query, helpers.with_pg_client and WorkerUtils.connection() /
+# holding_connection() lend a pool connection to a task or an application;
+# what it set there must not reach the next job, nor the worker's own
+# statements on the same pool.
+
+#: What a task may leave on its connection: settings, session
+#: characteristics, a role, a temporary table.
+LEAK = (
+    "create temp table leaked (x int); "
+    "set statement_timeout = '4321ms'; set search_path = pg_catalog; "
+    "set session characteristics as transaction read only; "
+    "set role pg_monitor"
+)
+
+#: What the next user reads.
+STATE = (
+    "select current_setting('statement_timeout') as statement_timeout, "
+    "current_setting('search_path') as search_path, "
+    "current_setting('default_transaction_read_only') as read_only, "
+    "current_user::text as current_user, session_user::text as session_user, "
+    "pg_catalog.to_regclass('pg_temp.leaked') is not null as temp_table"
+)
+
+
+def fresh_state(db: str) -> dict[str, Any]:
+    """What a new session reads: what every lent connection must read again."""
+    [row] = rows(db, STATE)
+    return row
+
+
+@pytest.mark.db
+@pytest.mark.parametrize("lend", ["connection", "holding_connection"])
+async def test_a_connection_lent_by_worker_utils_goes_back_to_the_pool_reset(
+    db: str, lend: str
+) -> None:
+    async with make_worker_utils(connection_string=db, max_pool_size=1) as utils:
+        async with getattr(utils, lend)() as conn:
+            pid = conn.info.backend_pid
+            await conn.execute(LEAK)
+            await conn.execute("set session authorization pg_monitor")
+            await conn.commit()
+            await conn.set_autocommit(True)  # the utilities' pool: not autocommit
+            conn.row_factory = dict_row
+        async with utils.connection() as conn:
+            assert conn.info.backend_pid == pid  # the pool's only connection
+            assert not conn.autocommit and conn.row_factory is tuple_row
+            cur = await conn.cursor(row_factory=dict_row).execute(STATE)
+            assert await cur.fetchone() == fresh_state(db)
+        # The utilities' own statements run as they should (not read-only).
+        assert (await utils.add_job("t", {})).task_identifier == "t"
+
+
+@pytest.mark.db
+def test_a_connection_lent_by_sync_worker_utils_goes_back_to_the_pool_reset(db: str) -> None:
+    with make_sync_worker_utils(connection_string=db, max_pool_size=1) as utils:
+        with utils.holding_connection() as conn:
+            pid = conn.info.backend_pid
+            conn.execute(LEAK)
+            conn.commit()
+            conn.autocommit = True
+        with utils.connection() as conn:
+            assert conn.info.backend_pid == pid and not conn.autocommit
+            assert conn.cursor(row_factory=dict_row).execute(STATE).fetchone() == fresh_state(db)
+        assert utils.add_job("t", {}).task_identifier == "t"
+
+
+@pytest.mark.db
+@pytest.mark.parametrize("helper", ["query", "with_pg_client"])
+async def test_what_a_task_sets_is_not_seen_by_the_next_job_nor_by_the_worker(
+    db: str, helper: str
+) -> None:
+    """Every connection of the worker's pool (two) is dirtied by one job; the
+    next job reads a fresh session's state, and the worker writes both
+    jobs' outcomes (as pg_monitor or read-only, it could not)."""
+    seen: list[dict[str, Any]] = []
+
+    async def dirty(helpers: Helpers) -> None:
+        if helper == "query":
+            await helpers.query(LEAK + "; select pg_sleep(0.3)")
+            return
+        async with helpers.with_pg_client() as conn:
+            await conn.execute(LEAK + "; select pg_sleep(0.3)")
+            conn.row_factory = dict_row
+            await conn.set_autocommit(False)
+
+    async def setter(payload: Any, helpers: Helpers) -> None:
+        # Two at once: each on a connection of its own, the pool's two.
+        await asyncio.gather(dirty(helpers), dirty(helpers))
+
+    async def checker(payload: Any, helpers: Helpers) -> None:
+        seen.extend(await helpers.query(STATE))
+
+    remaining = "select count(*) as n from graphile_worker._private_jobs"
+    rows(db, "select graphile_worker.add_job('setter', priority => -1)")
+    rows(db, "select graphile_worker.add_job('checker', run_at => now() + interval '1s')")
+    runner = await run(
+        db,
+        task_list={"setter": setter, "checker": checker},
+        no_handle_signals=True,
+        concurrency=1,
+        max_pool_size=2,
+    )
+    try:
+        await until(lambda: not rows(db, remaining)[0]["n"], what="both jobs' outcomes")
+    except BaseException:
+        runner.force_stop()  # its outcomes may never be written: stop anyway
+        raise
+    finally:
+        await runner.stop()
+    assert seen == [fresh_state(db)]
+
+
+@pytest.mark.db
+async def test_a_connection_whose_reset_fails_is_closed_not_returned(
+    db: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(held_connection, "RESET_SESSION", b"select 1/0")  # the reset fails
+    async with make_worker_utils(connection_string=db, max_pool_size=1) as utils:
+        async with utils.connection() as conn:
+            dirty = conn.info.backend_pid
+            await conn.execute("set statement_timeout = '4321ms'")
+        assert "could not be reset; it is closed" in caplog.text
+        async with utils.connection() as conn:  # the pool opened another
+            assert conn.info.backend_pid != dirty
+            cur = await conn.execute("show statement_timeout")
+            assert await cur.fetchone() != ("4321ms",)
+    gone = "select count(*) as n from pg_stat_activity where pid = %s"
+    await until(lambda: not rows(db, gone, (dirty,))[0]["n"], what="the dirty backend to end")
+
+
+@pytest.mark.db
+async def test_a_pool_or_connection_of_the_application_is_left_as_it_is(db: str) -> None:
+    """The package resets only what it opened: the application's pool
+    (pool=) and connection (connection=) keep what their users set."""
+    async with AsyncConnectionPool(db, min_size=1, max_size=1, open=False) as pool:
+        async with make_worker_utils(pool=pool) as utils, utils.connection() as conn:
+            await conn.execute("set statement_timeout = '4321ms'")
+        async with pool.connection() as conn:
+            cur = await conn.execute("show statement_timeout")
+            assert await cur.fetchone() == ("4321ms",)
+            async with make_worker_utils(connection=conn) as utils, utils.connection() as given:
+                await given.execute("set lock_timeout = '1234ms'")
+            cur = await conn.execute("show lock_timeout")
+            assert await cur.fetchone() == ("1234ms",)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
@@ -11,8 +12,16 @@ import psycopg
 import pytest
 from dbhelpers import rows, value
 from psycopg.rows import dict_row
+from workers import until, worker
 
-from worker_cli import JobSpecError, WorkerUtils, make_worker_utils
+from worker_cli import (
+    Helpers,
+    JobSpecError,
+    SyncWorkerUtils,
+    WorkerUtils,
+    make_sync_worker_utils,
+    make_worker_utils,
+)
 
 pytestmark = pytest.mark.db
 
@@ -349,3 +358,209 @@ async def test_add_jobs_notifies_with_the_spec_count(utils: WorkerUtils, db: str
             json.loads(n.payload) async for n in listener.notifies(timeout=1.0, stop_after=2)
         ]
     assert [p["count"] for p in payloads] == [7]
+
+
+# --- The job's own options (timeout=) follow the same rules -------------------------
+#
+# replace and preserve_run_at make the job what the latest call says (no
+# timeout given: none any more); unsafe_dedupe leaves an existing job as it
+# was; a running job keeps its options and the call's new job gets the call's.
+
+OPTIONS = "graphile_worker._private_py_job_options"
+JOBS = "select 1 from graphile_worker._private_jobs"
+
+
+def own_timeout(db: str, job_id: int) -> timedelta | None:
+    """The job's own timeout, as the worker's fetch returns it with the job."""
+    return value(db, f"select timeout from {OPTIONS} where job_id = %s", (job_id,))  # type: ignore[no-any-return]
+
+
+class Facade:
+    """add_job / add_jobs through WorkerUtils or SyncWorkerUtils."""
+
+    def __init__(self, utils: WorkerUtils | SyncWorkerUtils) -> None:
+        self.utils = utils
+
+    async def add_job(self, *args: Any, **options: Any) -> Any:
+        added = self.utils.add_job(*args, **options)
+        return await added if isinstance(self.utils, WorkerUtils) else added
+
+    async def add_jobs(self, *args: Any, **options: Any) -> Any:
+        added = self.utils.add_jobs(*args, **options)
+        return await added if isinstance(self.utils, WorkerUtils) else added
+
+
+@pytest.fixture(params=["async", "sync"])
+async def facade(request: pytest.FixtureRequest, db: str) -> AsyncIterator[Facade]:
+    if request.param == "async":
+        async with make_worker_utils(connection_string=db) as utils:
+            yield Facade(utils)
+    else:
+        with make_sync_worker_utils(connection_string=db) as sync:
+            yield Facade(sync)
+
+
+@pytest.mark.parametrize("mode", ["replace", "preserve_run_at"])
+async def test_replace_gives_the_job_the_latest_calls_timeout_or_none(
+    facade: Facade, db: str, mode: str
+) -> None:
+    timed = await facade.add_job("t", {}, job_key="a", timeout=60)
+    untimed = await facade.add_job("t", {}, job_key="a", job_key_mode=mode)
+    assert untimed.id == timed.id and own_timeout(db, timed.id) is None
+    again = await facade.add_job("t", {}, job_key="a", job_key_mode=mode, timeout=30)
+    assert again.id == timed.id and own_timeout(db, timed.id) == timedelta(seconds=30)
+    # add_jobs replaces too: a spec without a timeout leaves the job none.
+    batch = await facade.add_jobs(
+        [{"identifier": "t", "job_key": "a"}, {"identifier": "t", "job_key": "b", "timeout": 9}],
+        job_key_preserve_run_at=mode == "preserve_run_at",
+    )
+    assert batch[0].id == timed.id and own_timeout(db, timed.id) is None
+    replaced = await facade.add_jobs(
+        [{"identifier": "t", "job_key": "b"}],
+        job_key_preserve_run_at=mode == "preserve_run_at",
+    )
+    assert replaced[0].id == batch[1].id and own_timeout(db, batch[1].id) is None
+    # A unique add that adds (no conflict) replaces by its key the same way.
+    unique = await facade.add_job("t", {"u": 1}, job_key="a", job_key_mode=mode, unique={})
+    assert unique.job_id == timed.id and not unique.conflict
+    await facade.add_job("t", {}, job_key="a", timeout=5)
+    [spec] = await facade.add_jobs(
+        [{"identifier": "t", "payload": {"u": 2}, "job_key": "a"}], unique=[{}]
+    )
+    assert spec.job_id == timed.id and own_timeout(db, timed.id) is None
+
+
+async def test_unsafe_dedupe_leaves_the_existing_jobs_timeout_as_it_was(
+    facade: Facade, db: str
+) -> None:
+    timed = await facade.add_job("t", {}, job_key="a", timeout=60)
+    untimed = await facade.add_job("t", {}, job_key="b")
+    for job_key, kept in ((timed, timedelta(seconds=60)), (untimed, None)):
+        again = await facade.add_job(
+            "t", {}, job_key=job_key.key, job_key_mode="unsafe_dedupe", timeout=30
+        )
+        assert again.id == job_key.id and again.revision == 1
+        assert own_timeout(db, job_key.id) == kept
+        # Without a timeout: still as it was.
+        await facade.add_job("t", {}, job_key=job_key.key, job_key_mode="unsafe_dedupe")
+        assert own_timeout(db, job_key.id) == kept
+    # A job the call adds has the call's timeout.
+    added = await facade.add_job("t", {}, job_key="c", job_key_mode="unsafe_dedupe", timeout=7)
+    assert added.revision == 0 and own_timeout(db, added.id) == timedelta(seconds=7)
+
+
+@pytest.mark.parametrize("mode", ["replace", "preserve_run_at", "unsafe_dedupe"])
+async def test_a_running_job_keeps_its_options_and_the_calls_new_job_has_the_calls(
+    facade: Facade, db: str, mode: str
+) -> None:
+    running = await facade.add_job("t", {}, job_key="a", timeout=60)
+    other = await facade.add_job("t", {}, job_key="b", timeout=60)
+    lock(db, running.id)
+    lock(db, other.id)
+    untimed = await facade.add_job("t", {}, job_key="a", job_key_mode=mode)
+    timed = await facade.add_job("t", {}, job_key="b", job_key_mode=mode, timeout=30)
+    assert own_timeout(db, running.id) == own_timeout(db, other.id) == timedelta(seconds=60)
+    if mode == "unsafe_dedupe":  # the running job is the one
+        assert (untimed.id, timed.id) == (running.id, other.id)
+        return
+    # graphile-worker's rule: a new job, the running one loses its key.
+    assert untimed.id != running.id and timed.id != other.id
+    assert job(db, running.id)["key"] is None
+    assert own_timeout(db, untimed.id) is None
+    assert own_timeout(db, timed.id) == timedelta(seconds=30)
+    [batch] = await facade.add_jobs(
+        [{"identifier": "t", "job_key": "c", "timeout": 5}],
+        job_key_preserve_run_at=mode == "preserve_run_at",
+    )
+    lock(db, batch.id)
+    [new] = await facade.add_jobs(
+        [{"identifier": "t", "job_key": "c"}], job_key_preserve_run_at=mode == "preserve_run_at"
+    )
+    assert new.id != batch.id and own_timeout(db, new.id) is None
+    assert own_timeout(db, batch.id) == timedelta(seconds=5)
+
+
+async def test_replace_starts_the_snooze_count_again_and_keeps_a_waiter(
+    utils: WorkerUtils, db: str
+) -> None:
+    """The job is the latest call's: its snoozes count from 0, as its attempts
+    do; a waiter registered on its id is still told when it finishes."""
+    first = await utils.add_job("t", {}, job_key="a", timeout=60)
+    snoozed = f"update {OPTIONS} set snoozes = 3, notify_on_finish = true where job_id = %s"
+    rows(db, snoozed, (first.id,))
+    await utils.add_job("t", {}, job_key="a")
+    [row] = rows(db, f"select * from {OPTIONS} where job_id = %s", (first.id,))
+    assert (row["timeout"], row["snoozes"], row["notify_on_finish"]) == (None, 0, True)
+    rows(db, f"update {OPTIONS} set snoozes = 3 where job_id = %s", (first.id,))
+    await utils.add_job("t", {}, job_key="a", timeout=8)
+    [row] = rows(db, f"select * from {OPTIONS} where job_id = %s", (first.id,))
+    assert (row["timeout"], row["snoozes"], row["notify_on_finish"]) == (
+        timedelta(seconds=8),
+        0,
+        True,
+    )
+
+
+async def test_two_specs_with_one_key_in_a_unique_add_jobs_end_with_the_latest(
+    utils: WorkerUtils, db: str
+) -> None:
+    """A unique add_jobs adds its specs one by one: the second spec with a key
+    replaces the job the first added; the job has the second's timeout."""
+    for timeouts, expected in (((5, 6), 6), ((5, None), None), ((None, 6), 6)):
+        specs = [{"identifier": "t", "job_key": f"k{timeouts}"} for _ in timeouts]
+        for spec, timeout in zip(specs, timeouts, strict=True):
+            if timeout is not None:
+                spec["timeout"] = timeout
+        first, second = await utils.add_jobs(specs, unique=[None, None])
+        assert first.job_id == second.job_id
+        assert own_timeout(db, first.job_id) == (
+            timedelta(seconds=expected) if expected is not None else None
+        )
+
+
+async def test_helpers_add_job_follows_the_rules_and_the_worker_uses_the_timeout(
+    utils: WorkerUtils, db: str
+) -> None:
+    """What a user sees: a job whose key call (helpers.add_job, add_jobs) took
+    its timeout away, or whose dedupe call gave it one, runs past that
+    timeout and succeeds."""
+    done: list[int] = []
+
+    async def slow(payload: Any, helpers: Helpers) -> None:
+        await asyncio.sleep(1.0)
+        done.append(helpers.job.id)
+
+    async def adder(payload: Any, helpers: Helpers) -> None:
+        await helpers.add_job("slow", {}, job_key="a")  # replace, no timeout
+        await helpers.add_jobs([{"identifier": "slow", "job_key": "b"}])
+        await helpers.add_job("slow", {}, job_key="c", job_key_mode="unsafe_dedupe", timeout=0.3)
+
+    far = NOW + timedelta(days=1)  # none runs before the adder's calls
+    replaced = await utils.add_job("slow", {}, job_key="a", timeout=0.3, run_at=far)
+    batch = await utils.add_job("slow", {}, job_key="b", timeout=0.3, run_at=far)
+    deduped = await utils.add_job("slow", {}, job_key="c", run_at=far)
+    ids = [replaced.id, batch.id, deduped.id]
+    added = await utils.add_job("adder", {}, max_attempts=1)
+    unfinished = f"{JOBS} where id = any(%s) and last_error is null"
+    async with worker(db, {"slow": slow, "adder": adder}, concurrency=3, poll_interval=0.1):
+        await until(lambda: not value(db, f"{JOBS} where id = %s", (added.id,)))
+        await utils.reschedule_jobs([deduped.id], run_at=datetime.now(UTC))  # it kept its run_at
+        await until(lambda: not rows(db, unfinished, (ids,)), what="the slow jobs")
+    assert sorted(done) == sorted(ids)
+
+
+async def test_keyed_calls_work_in_a_schema_without_the_options_table(db: str) -> None:
+    """A schema Node installed has no options table (no job there has a
+    timeout): a keyed call without one has nothing to clear and works; once
+    the table is there, the same utilities clear a replaced job's timeout."""
+    rows(db, f"alter table {OPTIONS} rename to moved_away")
+    async with make_worker_utils(connection_string=db) as utils:
+        first = await utils.add_job("t", {}, job_key="a")
+        assert (await utils.add_job("t", {}, job_key="a")).id == first.id
+        [batch] = await utils.add_jobs([{"identifier": "t", "job_key": "a"}])
+        [spec] = await utils.add_jobs([{"identifier": "t", "job_key": "a"}], unique=[None])
+        assert batch.id == spec.job_id == first.id
+        rows(db, f"alter table graphile_worker.moved_away rename to {OPTIONS.split('.')[1]}")
+        await utils.add_job("t", {}, job_key="a", timeout=5)
+        await utils.add_job("t", {}, job_key="a")
+        assert own_timeout(db, first.id) is None

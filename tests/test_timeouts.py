@@ -113,8 +113,9 @@ async def test_a_jobs_own_timeout_is_stored_beside_it_only_when_given(
 ) -> None:
     plain = await utils.add_job("t", {})
     timed = await utils.add_job("t", {}, timeout=30)
-    keyed = await utils.add_job("t", {}, job_key="k", timeout=timedelta(minutes=2))
-    assert (await utils.add_job("t", {}, job_key="k")).id == keyed.id  # keeps its timeout
+    keyed = await utils.add_job("t", {}, job_key="k", timeout=timedelta(minutes=5))
+    # The latest call's (tests/test_job_key.py: each job_key mode).
+    assert (await utils.add_job("t", {}, job_key="k", timeout=120)).id == keyed.id
     batch = await utils.add_jobs(
         [
             {"identifier": "t", "timeout": 1.5},

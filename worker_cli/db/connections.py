@@ -13,6 +13,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg_pool import AsyncConnectionPool
 
 from ..errors import DatabaseConnectionError
+from .held_connection import own_pool
 from .retry import one_line
 
 if TYPE_CHECKING:
@@ -145,12 +146,16 @@ class WorkerConnections:
         return psycopg.Connection.connect(self.conninfo_for(role), **self.kwargs())
 
     def pool(self, *, min_size: int, max_size: int) -> AsyncConnectionPool[Any]:
-        """The pool's connection pool (not yet open), for tasks and results."""
-        return AsyncConnectionPool(
-            self.conninfo_for("pool"),
-            min_size=min_size,
-            max_size=max_size,
-            kwargs=self.kwargs(),
-            open=False,
-            name=self.pool_id,
+        """The pool's connection pool (not yet open), for tasks and results. A
+        connection lent to a task goes back to it reset (see
+        :mod:`.held_connection`)."""
+        return own_pool(
+            AsyncConnectionPool(
+                self.conninfo_for("pool"),
+                min_size=min_size,
+                max_size=max_size,
+                kwargs=self.kwargs(),
+                open=False,
+                name=self.pool_id,
+            )
         )

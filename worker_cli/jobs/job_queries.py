@@ -14,7 +14,7 @@ become :class:`~worker_cli.errors.SchemaNotInstalledError`.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, LiteralString
 
 from psycopg import errors as pg_errors
@@ -79,7 +79,10 @@ def unique_results(
 
 
 def insert_jobs(
-    schema: str, specs: Sequence[JobSpec | Mapping[str, Any]], job_key_preserve_run_at: bool
+    schema: str,
+    specs: Sequence[JobSpec | Mapping[str, Any]],
+    job_key_preserve_run_at: bool,
+    options_installed: Callable[[], Plan[bool]],
 ) -> Plan[list[Job]]:
     """``add_jobs``: one statement per chunk of specs, in one transaction.
 
@@ -87,14 +90,17 @@ def insert_jobs(
     batch of one chunk (the usual case) costs no round trip. A large batch
     goes out in a pipeline: the database inserts one chunk while the next is
     checked and encoded. A bad spec in a later chunk rolls back the earlier
-    ones, so the call stays all-or-nothing.
+    ones, so the call stays all-or-nothing. ``options_installed`` tells
+    whether the schema has the jobs' options table (see :mod:`.job_options`).
     """
     keys: dict[str, int] = {}
     first = _chunk_params(specs, 0, keys, job_key_preserve_run_at)
     with schema_required(schema):
         return (
             yield from transaction(
-                _insert_chunks(schema, specs, first, keys, job_key_preserve_run_at),
+                _insert_chunks(
+                    schema, specs, first, keys, job_key_preserve_run_at, options_installed
+                ),
                 pipeline=len(specs) > ADD_JOBS_CHUNK,
             )
         )
@@ -106,21 +112,26 @@ def _insert_chunks(
     first: dict[str, Any],
     keys: dict[str, int],
     job_key_preserve_run_at: bool,
+    options_installed: Callable[[], Plan[bool]],
 ) -> Plan[list[Job]]:
-    sent = [(yield from _send_chunk(schema, first))]
+    sent = [(yield from _send_chunk(schema, first, options_installed))]
     for start in range(ADD_JOBS_CHUNK, len(specs), ADD_JOBS_CHUNK):
         params = _chunk_params(specs, start, keys, job_key_preserve_run_at)
-        sent.append((yield from _send_chunk(schema, params)))
+        sent.append((yield from _send_chunk(schema, params, options_installed)))
     rows: list[Row] = []
     for each in sent:
         rows.extend((yield from fetch(each)))
     return (yield from _jobs(schema, rows))
 
 
-def _send_chunk(schema: str, params: dict[str, Any]) -> Plan[Sent]:
+def _send_chunk(
+    schema: str, params: dict[str, Any], options_installed: Callable[[], Plan[bool]]
+) -> Plan[Sent]:
     """Send one chunk's statement, with the caller's trace context and the
-    specs' options (``options``: whether a spec of the chunk has any)."""
-    options: OptionRows | None = "each" if params.pop("options") else None
+    specs' options (``options``: what to write, see :mod:`.job_options`)."""
+    options: OptionRows | None = params.pop("options")
+    if options == "replaced" and not (yield from options_installed()):
+        options = None  # no job can have options: nothing to clear
     add_jobs, trace = carry(statements.add_jobs, options=options)
     statement = statements.compose(add_jobs, schema)
     return (yield from send(statement, {**params, **trace}, raw_payloads=True))
@@ -140,7 +151,7 @@ def _chunk_params(
     return {
         "specs": encode_specs(records, start),
         "job_key_preserve_run_at": job_key_preserve_run_at,
-        "options": spec_options(records) is not None,
+        "options": spec_options(records),
     }
 
 

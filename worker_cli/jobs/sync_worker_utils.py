@@ -33,7 +33,12 @@ from ..config.database import load_dotenv_file, resolve_connection_string, resol
 from ..db.connections import check_connection_sync, connect_sync
 from ..db.drivers import autocommit_mode, run_plan
 from ..db.given_connection import check_given_connection, check_given_pool
-from ..db.held_connection import sync_holding_connection, sync_pool_connection
+from ..db.held_connection import (
+    own_pool,
+    sync_holding_connection,
+    sync_lent_connection,
+    sync_pool_connection,
+)
 from ..db.plan import Plan
 from ..errors import ConfigurationError
 from ..schema.cleanup import CleanupTask
@@ -107,10 +112,12 @@ class SyncWorkerUtils(SyncFlowControl, SyncJobRecords):
         """A connection from the pool; inside :meth:`holding_connection` on the same
         pool (the same thread), the connection held there. Taking a second
         one could wait forever: tasks holding connections can exhaust the pool.
-        With ``connection=``, that connection."""
+        With ``connection=``, that connection. A connection of a pool the
+        package opened goes back to it reset (what the block set is undone;
+        see :mod:`worker_cli.db.held_connection`)."""
         if self._given is not None:
             return nullcontext(self._given)
-        return sync_pool_connection(self.pool)
+        return sync_lent_connection(self.pool)
 
     def holding_connection(self) -> AbstractContextManager[psycopg.Connection[Any]]:
         """A connection for the block, which this pool's methods called inside it
@@ -389,13 +396,15 @@ def make_sync_worker_utils(
     conninfo = resolve_connection_string(connection_string)
     kwargs: dict[str, Any] = {"prepare_threshold": None} if no_prepared_statements else {}
     check_connection_sync(conninfo)
-    new_pool: ConnectionPool[Any] = ConnectionPool(
-        conninfo,
-        min_size=1,
-        max_size=max_pool_size,
-        kwargs=kwargs,
-        open=False,
-        name="graphile-worker-sync-utils",
+    new_pool: ConnectionPool[Any] = own_pool(
+        ConnectionPool(
+            conninfo,
+            min_size=1,
+            max_size=max_pool_size,
+            kwargs=kwargs,
+            open=False,
+            name="graphile-worker-sync-utils",
+        )
     )
     new_pool.open(wait=True)
     utils = SyncWorkerUtils(new_pool, schema_name, use_local_time=use_local_time)

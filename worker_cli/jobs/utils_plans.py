@@ -31,7 +31,7 @@ from ..schema.cleanup import (
 from ..schema.migrate import MigrationReport, migration_plan
 from ..schema.probe import schema_required, unique_installed
 from .job import Job
-from .job_options import OptionRows, spec_options
+from .job_options import OptionRows, OptionsTable, job_options, spec_options
 from .job_queries import encode_specs, execute_statement, insert_jobs, jobs, spec_record
 from .job_queries import unique_results as unique_results_plan
 from .job_spec import (
@@ -93,6 +93,7 @@ class UtilsPlans:
         self.use_local_time = use_local_time
         # Whether the unique-jobs table exists (None: not checked yet).
         self._unique_tables: bool | None = None
+        self._options = OptionsTable(schema)
 
     def add_job(
         self,
@@ -105,16 +106,26 @@ class UtilsPlans:
         (``identifier`` may be the payload, whose class names its task)."""
         identifier, payload = job_identity(identifier, payload)
         params = add_job_params(identifier, payload, options, self.use_local_time)
-        # The caller's trace context and the job's options, if any, beside it.
-        beside: OptionRows | None = "one" if "timeout" in params else None
-        if unique is None:
+        # The job's options, if any, beside it (see job_options).
+        beside = job_options("timeout" in params, params["job_key"], params["job_key_mode"])
+        if unique is not None:
+            rule = UniqueRule.coerce(unique).to_json()
+            check_keys_payload(rule, payload)
+            params["unique_rule"] = json.dumps(rule)
+        return self._add_job(params, beside, unique is not None)
+
+    def _add_job(
+        self, params: dict[str, Any], beside: OptionRows | None, unique: bool
+    ) -> Plan[Job | UniqueJobResult]:
+        beside = yield from self._options.writes(beside)
+        # The caller's trace context, if any, beside it too.
+        if not unique:
             statement, trace = carry(statements.add_job, options=beside)
-            return _first(jobs(self.schema, statement, {**params, **trace}))
-        rule = UniqueRule.coerce(unique).to_json()
-        check_keys_payload(rule, payload)
-        params["unique_rule"] = json.dumps(rule)
+            [job] = yield from jobs(self.schema, statement, {**params, **trace})
+            return job
         statement, trace = carry(statements.add_unique_job, unique=True, options=beside)
-        return _first(unique_results_plan(self.schema, statement, {**params, **trace}))
+        [result] = yield from unique_results_plan(self.schema, statement, {**params, **trace})
+        return result
 
     def add_jobs(
         self,
@@ -129,7 +140,7 @@ class UtilsPlans:
         if unique is None:
             if not specs:
                 return _nothing([])
-            return insert_jobs(self.schema, specs, job_key_preserve_run_at)
+            return insert_jobs(self.schema, specs, job_key_preserve_run_at, self._options.installed)
         records = [spec_record(raw, index) for index, raw in enumerate(specs)]
         rules = rules_for_specs(unique, [record["payload"] for record in records])
         if not records:
@@ -139,13 +150,16 @@ class UtilsPlans:
             "unique_rules": json.dumps(rules),
             "job_key_preserve_run_at": job_key_preserve_run_at,
         }
+        return self._add_unique_jobs(params, spec_options(records))
+
+    def _add_unique_jobs(
+        self, params: dict[str, Any], beside: OptionRows | None
+    ) -> Plan[list[UniqueJobResult]]:
+        beside = yield from self._options.writes(beside)
         statement, trace = carry(
-            statements.add_unique_jobs,
-            unique=True,
-            order_by="spec_index",
-            options=spec_options(records),
+            statements.add_unique_jobs, unique=True, order_by="spec_index", options=beside
         )
-        return unique_results_plan(self.schema, statement, {**params, **trace})
+        return (yield from unique_results_plan(self.schema, statement, {**params, **trace}))
 
     def remove_job(self, job_key: str) -> Plan[Job | None]:
         """``remove_job``."""
@@ -361,12 +375,6 @@ class UtilsPlans:
         if self._unique_tables is None:
             self._unique_tables = yield from unique_installed(self.schema)
         return self._unique_tables
-
-
-def _first(plan: Plan[list[Any]]) -> Plan[Any]:
-    """The first result of ``plan`` (a statement adding one job returns one row)."""
-    results = yield from plan
-    return results[0]
 
 
 def _nothing(value: Any) -> Plan[Any]:

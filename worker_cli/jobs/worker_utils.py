@@ -31,7 +31,7 @@ from ..config.database import load_dotenv_file, resolve_connection_string, resol
 from ..db.connections import check_connection, connect
 from ..db.drivers import autocommit_mode_async, run_plan_async
 from ..db.given_connection import check_given_connection, check_given_pool
-from ..db.held_connection import holding_connection, pool_connection
+from ..db.held_connection import holding_connection, lent_connection, own_pool, pool_connection
 from ..db.plan import Plan
 from ..errors import ConfigurationError, GraphileWorkerError
 from ..schema.cleanup import CleanupTask
@@ -108,10 +108,12 @@ class WorkerUtils(AsyncFlowControl, AsyncJobRecords):
         """A connection from the pool; inside :meth:`holding_connection` on the same
         pool (the same asyncio task), the connection held there. Taking a second
         one could wait forever: tasks holding connections can exhaust the pool.
-        With ``connection=``, that connection."""
+        With ``connection=``, that connection. A connection of a pool the
+        package opened goes back to it reset (what the block set is undone;
+        see :mod:`worker_cli.db.held_connection`)."""
         if self._given is not None:
             return nullcontext(self._given)
-        return pool_connection(self.pool)
+        return lent_connection(self.pool)
 
     def holding_connection(self) -> AbstractAsyncContextManager[psycopg.AsyncConnection[Any]]:
         """A connection for the block, which this pool's methods called inside it
@@ -393,13 +395,15 @@ async def make_worker_utils(
     conninfo = resolve_connection_string(connection_string)
     kwargs: dict[str, Any] = {"prepare_threshold": None} if no_prepared_statements else {}
     await check_connection(conninfo)
-    new_pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
-        conninfo,
-        min_size=1,
-        max_size=max_pool_size,
-        kwargs=kwargs,
-        open=False,
-        name="graphile-worker-utils",
+    new_pool: AsyncConnectionPool[Any] = own_pool(
+        AsyncConnectionPool(
+            conninfo,
+            min_size=1,
+            max_size=max_pool_size,
+            kwargs=kwargs,
+            open=False,
+            name="graphile-worker-utils",
+        )
     )
     await new_pool.open(wait=True)
     utils = WorkerUtils(new_pool, schema_name, use_local_time=use_local_time)
