@@ -9,17 +9,20 @@ from __future__ import annotations
 
 import asyncio
 import random
+import signal
 import string
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
-from dbhelpers import rows, value
-from workers import until
+from dbhelpers import cli_path, rows, value
+from test_worker_processes import start
+from workers import until, worker
 
-from worker_cli import Helpers, Limit, WorkerUtils, run_once
+from worker_cli import Helpers, Limit, Snooze, WorkerUtils, run_once
 
 TASKS = "array(select id from graphile_worker._private_tasks)"
 FETCH_LIMITED = (
@@ -108,6 +111,207 @@ async def test_a_worker_runs_every_job_of_a_limit_with_an_unindexable_value(
     async with asyncio.timeout(60):
         await run_once(db, task_list={"lim": lim}, concurrency=4, no_handle_signals=True)
     assert sorted(ran) == sorted([*(j.id for j in added), unreadable])
+
+
+@pytest.mark.db
+async def test_an_operation_partition_of_any_length_or_character_is_keyed(
+    utils: WorkerUtils, db: str
+) -> None:
+    """helpers.limit's partition: a long value, or one PostgreSQL cannot store
+    as text (NUL, a lone surrogate), keys its own partition; the same value
+    shares it."""
+    await utils.set_limit(Limit(max_running=1), operation="op")
+    long = incompressible(5000)
+    partitions = [long, "a\x00b", "\ud800", long]
+    entered: list[str] = []
+    hold = asyncio.Event()
+    in_block = 0
+
+    async def call(payload: Any, helpers: Helpers) -> None:
+        nonlocal in_block
+        partition = partitions[payload["n"]]
+        async with helpers.limit("op", partition=partition):
+            entered.append(partition)
+            in_block += 1
+            await hold.wait()
+            in_block -= 1
+
+    jobs = await utils.add_jobs([{"identifier": "call", "payload": {"n": n}} for n in range(4)])
+    async with worker(db, {"call": call}, concurrency=4, poll_interval=0.2):
+        # The first three hold their partitions; the fourth (the first's
+        # value) is held back (it snoozes) while the first holds it.
+        await until(lambda: in_block == 3, what="three distinct partitions to be entered")
+        await until(
+            lambda: (
+                value(
+                    db,
+                    "select count(*) from graphile_worker._private_jobs "
+                    "where locked_at is null and run_at > now()",
+                )
+                == 1
+            ),
+            what="the fourth job to snooze",
+        )
+        assert sorted(entered) == sorted(partitions[:3])
+        hold.set()
+        await until(
+            lambda: value(db, "select count(*) from graphile_worker._private_jobs") == 0,
+            within=20,
+            what="every job to finish",
+        )
+    assert sorted(entered) == sorted(partitions)
+    attempts = "select attempts from graphile_worker._private_py_job_history where job_id = any(%s)"
+    assert [r["attempts"] for r in rows(db, attempts, ([j.id for j in jobs],))] == [1, 1, 1, 1]
+
+
+# --- Blocking forms on the event loop's thread (finding 5) ---------------------
+
+SYNC_LIMIT = """\
+async def task(payload, helpers):
+    with helpers.limit("op"):
+        pass
+"""
+
+SYNC_RUN = """\
+async def task(payload, helpers):
+    helpers.run(helpers.query("select 1"))
+"""
+
+FINE = """\
+async def task(payload, helpers):
+    pass
+"""
+
+
+@pytest.mark.db
+async def test_blocking_forms_in_an_async_task_fail_that_job_and_the_worker_stops(
+    utils: WorkerUtils, db: str, tmp_path: Path
+) -> None:
+    """``with helpers.limit(...)`` and ``helpers.run(...)`` wait for the
+    worker's event loop: called on that loop's own thread (an ``async def``
+    task) they deadlocked the worker, which then ignored SIGTERM. Now the job
+    fails at once with one line naming the form to use; the others run, and
+    SIGTERM stops the worker."""
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    for name, text in [("sync_limit", SYNC_LIMIT), ("sync_run", SYNC_RUN), ("fine", FINE)]:
+        (tasks / f"{name}.py").write_text(text)
+    await utils.set_limit(Limit(max_running=5), operation="op")
+    bad_limit = await utils.add_job("sync_limit", {}, max_attempts=1)
+    bad_run = await utils.add_job("sync_run", {}, max_attempts=1)
+    fine = [j.id for j in await utils.add_jobs([{"identifier": "fine", "payload": {}}] * 3)]
+    proc = start([cli_path(), "-c", db, "-j", "2"], tmp_path)
+    try:
+        # The three fine jobs gone, the two bad ones failed for good.
+        done = (
+            "select count(*) = 2 and bool_and(locked_at is null and attempts >= max_attempts) "
+            "from graphile_worker._private_jobs"
+        )
+        await until(lambda: value(db, done), within=30, what="the worker to run its five jobs")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    for job, first_line in [
+        (
+            bad_limit,
+            "RuntimeError: helpers.limit: 'with helpers.limit(...)' waits for the worker's "
+            "event loop, and this is that loop's own thread (an async def task); "
+            "write 'async with helpers.limit(...)'",
+        ),
+        (
+            bad_run,
+            "RuntimeError: helpers.run() waits for the worker's event loop, and this is "
+            "that loop's own thread (an async def task); write 'await ...' instead",
+        ),
+    ]:
+        record = await utils.get_job_result(job.id)
+        assert record.state == "failed"
+        assert record.last_error is not None
+        assert record.last_error.splitlines()[0] == first_line
+    for job_id in fine:
+        assert (await utils.get_job_result(job_id)).state == "succeeded"
+
+
+# --- Nested holds of one operation (finding 7) ---------------------------------
+
+
+@pytest.mark.db
+async def test_nested_holds_of_one_operation_count_once_and_release_once(
+    utils: WorkerUtils, db: str
+) -> None:
+    """A task's block around a client that takes the same limit: the job
+    holds one slot, until its outermost block ends. With max_running=2, one
+    other job may enter while it holds the slot, not two."""
+    await utils.set_limit(Limit(max_running=2), operation="api")
+    inner_done = asyncio.Event()
+    tried: list[str] = []
+    both_tried = asyncio.Event()
+    release = asyncio.Event()
+
+    async def client(helpers: Helpers) -> None:
+        async with helpers.limit("api"):
+            pass
+
+    async def outer(payload: Any, helpers: Helpers) -> None:
+        async with helpers.limit("api"):
+            await client(helpers)  # nested: the same operation, the same job
+            inner_done.set()
+            await both_tried.wait()  # still inside the outer block
+
+    async def other(payload: Any, helpers: Helpers) -> None:
+        await inner_done.wait()
+        try:
+            async with helpers.limit("api"):
+                tried.append("entered")
+                if len(tried) == 2:
+                    both_tried.set()
+                await release.wait()
+        except Snooze:
+            if not release.is_set():
+                tried.append("denied")
+                if len(tried) == 2:
+                    both_tried.set()
+            raise
+
+    await utils.add_job("outer", {})
+    await utils.add_jobs([{"identifier": "other", "payload": {}}] * 2)
+    async with worker(db, {"outer": outer, "other": other}, concurrency=3, poll_interval=0.2):
+        async with asyncio.timeout(20):
+            await both_tried.wait()
+        assert sorted(tried) == ["denied", "entered"]
+        release.set()
+        await until(
+            lambda: value(db, "select count(*) from graphile_worker._private_jobs") == 0,
+            within=20,
+            what="every job to finish",
+        )
+
+
+@pytest.mark.db
+async def test_nested_holds_in_a_plain_task_take_one_slot_and_one_start(
+    utils: WorkerUtils, db: str
+) -> None:
+    """With one slot and one start a minute, a job whose block nests another
+    of the same operation (and partition) still enters both: it snoozed for
+    ever before."""
+    await utils.set_limit(Limit(max_running=1, max_starts=1, per=60), operation="api")
+    entered: list[str] = []
+
+    def nested(payload: Any, helpers: Helpers) -> None:
+        with helpers.limit("api", partition="acct"):
+            with helpers.limit("api", partition="acct"):
+                entered.append("inner")
+            entered.append("outer")
+
+    job = await utils.add_job("nested", {})
+    await run_once(db, task_list={"nested": nested}, no_handle_signals=True)
+    assert entered == ["inner", "outer"]
+    assert (await utils.get_job_result(job.id)).state == "succeeded"
+    [state] = rows(db, STATE, ("operation", "api"))
+    assert state == {"partition": "acct", "running": []}  # released once the outer ended
 
 
 # --- A limit set or changed while jobs run (finding 8) -------------------------
