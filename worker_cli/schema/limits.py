@@ -1,6 +1,7 @@
-"""The statements of limits (Python-only objects of migrations/py/000015.sql):
-setting, removing and listing them, and the worker's fetch under them.
-Templates over the schema name, composed with :func:`.statements.compose`."""
+"""The statements of limits (Python-only objects of migrations/py/000015.sql
+and 000020.sql): setting, removing and listing them, and the worker's fetch
+under them. Templates over the schema name, composed with
+:func:`.statements.compose`."""
 
 from __future__ import annotations
 
@@ -34,21 +35,19 @@ _USAGE = """
       where s.kind = l.kind and s.name = l.name)::int
 """
 
-# Set (or replace) one limit; the stored limit and its use.
+# Set (or replace) one limit; the stored limit and its use (read by
+# py_limit_use, migrations/py/000020.sql: this statement's own snapshot would
+# not see the running jobs py_set_limit has just counted).
 set_limit = (
     """
-  with l as (
-    select * from {schema}.py_set_limit(
-      %(kind)s::text, %(name)s::text, %(max_running)s::int, %(max_starts)s::int,
-      %(period)s::interval, %(partition_by)s::text
-    )
-  )
   select """
     + _COLUMNS
-    + ","
-    + _USAGE
-    + """
-  from l
+    + """, u.running, u.recent_starts, u.partitions
+  from {schema}.py_set_limit(
+    %(kind)s::text, %(name)s::text, %(max_running)s::int, %(max_starts)s::int,
+    %(period)s::interval, %(partition_by)s::text
+  ) as l
+  cross join lateral {schema}.py_limit_use(l.kind, l.name, l.period) as u
 """
 )
 

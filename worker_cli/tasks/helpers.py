@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
 from contextlib import asynccontextmanager
@@ -18,7 +19,7 @@ from ..jobs.job_spec import JobSpec
 from ..jobs.payloads import NamedPayload, job_identity
 from ..jobs.unique import UniqueJobResult, UniqueSpec
 from ..jobs.worker_utils import WorkerUtils
-from .operation_limits import OperationLimit
+from .operation_limits import Holds, OperationLimit, refuse_on_loop
 
 __all__ = ["Helpers", "JobLogger"]
 
@@ -78,6 +79,8 @@ class Helpers:
         #: Why the job was cancelled (``cancel_job(..., reason)``), once it
         #: was; ``timed out after 30s`` once its timeout has passed.
         self.cancel_reason: str | None = None
+        #: The job's open ``limit`` blocks (nested ones hold one slot).
+        self._holds = Holds()
 
     @property
     def cancelled(self) -> bool:
@@ -231,13 +234,31 @@ class Helpers:
         """``async with helpers.limit("stripe", partition=...)`` (``with`` in a
         plain task): the block runs within the operation limit ``name``
         (``set_limit(Limit(...), operation=name)``), or the job snoozes until
-        it may (see :mod:`~worker_cli.tasks.operation_limits`)."""
+        it may (see :mod:`~worker_cli.tasks.operation_limits`). Blocks of one
+        name and partition nested in the job hold one slot and count one start."""
         return OperationLimit(
-            self._utils, self._loop, name=name, partition=partition, holder=self.job.id
+            self._utils,
+            self._loop,
+            name=name,
+            partition=partition,
+            holder=self.job.id,
+            holds=self._holds,
         )
 
     def run(self, awaitable: Awaitable[T]) -> T:
-        """From a plain task's thread: run ``awaitable`` on the worker's loop, wait for it."""
+        """From a plain task's thread: run ``awaitable`` on the worker's loop, wait
+        for it. On the loop's own thread (an ``async def`` task) it raises
+        ``RuntimeError`` at once: there it would wait for ever (``await`` it)."""
+        try:
+            refuse_on_loop(
+                self._loop,
+                "helpers.run() waits for the worker's event loop, and this is that "
+                "loop's own thread (an async def task); write 'await ...' instead",
+            )
+        except RuntimeError:
+            if inspect.iscoroutine(awaitable):
+                awaitable.close()  # never awaited, and no warning saying so
+            raise
 
         async def wrapper() -> T:
             return await awaitable

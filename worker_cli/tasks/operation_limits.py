@@ -14,13 +14,23 @@ every Python worker (per ``partition`` value). When the limit is full, the
 block is not entered: :class:`~worker_cli.tasks.retry.Snooze` is raised, so
 the job runs again when the limit may let it (no attempt spent), from the
 start of the task. A plain ``def`` task uses ``with`` instead of ``async
-with``. The slot is held by the job (its id) until the block ends, or until
-the job's worker is declared dead.
+with`` (in an ``async def`` task that form would wait for the event loop on
+the loop's own thread: it raises at once instead). The slot is held by the
+job (its id) until the block ends, or until the job's worker is declared
+dead. Blocks of one operation and partition nested in one job (a task's
+block around a client that takes the same limit) hold one slot and count
+one start: the outermost block takes it and releases it.
+
+The partition is ``str(partition)``; the database keys a long one by its
+start and a hash (``py_limit_key``), and one PostgreSQL cannot hold as text
+(a NUL, a lone surrogate) by a hash of it, so any value has its own partition.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
+from dataclasses import dataclass, field
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -30,7 +40,51 @@ from .retry import Snooze
 if TYPE_CHECKING:
     from ..jobs.worker_utils import WorkerUtils
 
-__all__ = ["OperationLimit"]
+__all__ = ["Holds", "OperationLimit", "partition_key", "refuse_on_loop"]
+
+#: The marker of a hashed partition key (``py_limit_key`` in
+#: migrations/py/000020.sql).
+_HASHED = "...sha256:"
+
+
+def partition_key(partition: Any) -> str | None:
+    """The partition as sent to the database: ``str(partition)``, or, when
+    PostgreSQL cannot hold that as text (a NUL, a lone surrogate), the marker
+    and the SHA-256 of its UTF-8 (surrogates passed through); the database
+    hashes that again, as any value holding the marker."""
+    if partition is None:
+        return None
+    text = str(partition)
+    try:
+        text.encode("utf-8")  # a lone surrogate raises
+    except UnicodeEncodeError:
+        pass
+    else:
+        if "\x00" not in text:
+            return text
+    digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+    return f"{_HASHED}{digest}"
+
+
+def refuse_on_loop(loop: asyncio.AbstractEventLoop, message: str) -> None:
+    """Raise ``RuntimeError(message)`` when called on ``loop``'s own thread
+    while it runs: waiting there for the loop would wait for ever."""
+    try:
+        running = asyncio.get_running_loop()
+    except RuntimeError:
+        return
+    if running is loop:
+        raise RuntimeError(message)
+
+
+@dataclass
+class Holds:
+    """One job's holds of operation limits: how many blocks of each
+    (name, partition) are open, and a lock per key that orders its takes and
+    releases (all on the event loop)."""
+
+    depth: dict[tuple[str, str | None], int] = field(default_factory=dict)
+    locks: dict[tuple[str, str | None], asyncio.Lock] = field(default_factory=dict)
 
 
 class OperationLimit:
@@ -44,18 +98,27 @@ class OperationLimit:
         name: str,
         partition: Any,
         holder: int,
+        holds: Holds | None = None,
     ) -> None:
         if not isinstance(name, str) or not 1 <= len(name) <= 128:
             raise ValueError(f"helpers.limit: the name is {name!r}; give 1 to 128 characters")
         self._utils = utils
         self._loop = loop
-        self._params = {
-            "name": name,
-            "partition": None if partition is None else str(partition),
-            "holder": holder,
-        }
+        key = partition_key(partition)
+        self._params = {"name": name, "partition": key, "holder": holder}
+        self._key = (name, key)
+        self._holds = holds if holds is not None else Holds()
 
     async def __aenter__(self) -> None:
+        holds, key = self._holds, self._key
+        lock = holds.locks.setdefault(key, asyncio.Lock())
+        async with lock:
+            depth = holds.depth.get(key, 0)
+            if depth == 0:
+                await self._acquire()
+            holds.depth[key] = depth + 1
+
+    async def _acquire(self) -> None:
         statement = statements.compose(limits.acquire, self._utils.schema)
         async with self._utils.pool.connection() as conn:  # its own: committed at once
             cur = await conn.execute(statement, self._params)
@@ -77,11 +140,23 @@ class OperationLimit:
         exc: BaseException | None,
         traceback: TracebackType | None,
     ) -> None:
-        statement = statements.compose(limits.release, self._utils.schema)
-        async with self._utils.pool.connection() as conn:  # its own: committed at once
-            await conn.execute(statement, self._params)
+        holds, key = self._holds, self._key
+        async with holds.locks[key]:
+            depth = holds.depth.pop(key) - 1
+            if depth:
+                holds.depth[key] = depth
+                return
+            statement = statements.compose(limits.release, self._utils.schema)
+            async with self._utils.pool.connection() as conn:  # its own: committed at once
+                await conn.execute(statement, self._params)
 
     def __enter__(self) -> None:
+        refuse_on_loop(
+            self._loop,
+            "helpers.limit: 'with helpers.limit(...)' waits for the worker's event loop, "
+            "and this is that loop's own thread (an async def task); "
+            "write 'async with helpers.limit(...)'",
+        )
         asyncio.run_coroutine_threadsafe(self.__aenter__(), self._loop).result()
 
     def __exit__(
