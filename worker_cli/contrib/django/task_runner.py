@@ -71,16 +71,7 @@ def make_task_runner(schema: str, sender: type) -> Callable[[Any, Helpers], None
         close_old_connections()
         try:
             task_started.send(sender=sender, task_result=running)
-            args = (
-                (TaskContext(task_result=running), *stored.args)
-                if task.takes_context
-                else (*stored.args,)
-            )
-            if inspect.iscoroutinefunction(task.func):
-                value = helpers.run(task.acall(*args, **stored.kwargs))
-            else:
-                value = task.call(*args, **stored.kwargs)
-            value, value_json = json_text(value, "return")
+            value, value_json = json_text(_call(task, stored, running, helpers), "return")
             # A return value the server refuses is this attempt's failure.
             done_row = one_row(statements.mark_successful, value_json, result_id)
         except BaseException as exc:  # whatever the task raised (SystemExit too)
@@ -113,6 +104,15 @@ def make_task_runner(schema: str, sender: type) -> Callable[[Any, Helpers], None
             close_old_connections()
 
     return run_django_task
+
+
+def _call(task: Any, stored: StoredResult, running: TaskResult, helpers: Helpers) -> Any:
+    """Call the Django task with its arguments (its context first, if it takes
+    one); an ``async def`` one on the worker's event loop."""
+    args = (TaskContext(task_result=running), *stored.args) if task.takes_context else stored.args
+    if inspect.iscoroutinefunction(task.func):
+        return helpers.run(task.acall(*args, **stored.kwargs))
+    return task.call(*args, **stored.kwargs)
 
 
 def _not_run_again(helpers: Helpers, found: tuple[Any, ...] | None, result_id: str) -> None:
