@@ -18,11 +18,11 @@ from typing import Any
 
 import psycopg
 import pytest
-from dbhelpers import cli_path, rows, value
+from dbhelpers import cli_path, rows, run_cli, value
 from test_worker_processes import start
 from workers import until, worker
 
-from worker_cli import Helpers, Limit, Snooze, WorkerUtils, run_once
+from worker_cli import Helpers, Limit, LimitsBusyError, Snooze, WorkerUtils, run_once
 
 TASKS = "array(select id from graphile_worker._private_tasks)"
 FETCH_LIMITED = (
@@ -440,11 +440,17 @@ async def test_set_limit_waits_at_most_5_seconds_for_a_transaction_using_the_lim
     reading the limits must not hold every worker's fetches for ever."""
     with psycopg.connect(db) as holding:
         holding.execute("select count(*) from graphile_worker._private_py_limits")
-        with pytest.raises(psycopg.errors.LockNotAvailable) as caught:
+        with pytest.raises(LimitsBusyError) as caught:
             await utils.set_limit(Limit(max_running=1), task="lim")
-        assert caught.value.diag.message_primary == (
+        assert str(caught.value) == (
             "set_limit: the limits were in use for more than 5 seconds (a transaction left "
             "open after reading them?); nothing was changed"
         )
+        # The command line says it in one line (exit 1), no traceback.
+        done = await asyncio.to_thread(
+            run_cli, "limit", "-c", db, "--task", "lim", "--max-running", "1", timeout=30
+        )
+        assert done.returncode == 1
+        assert done.stderr.strip() == f"Error: {caught.value}"
         holding.rollback()
     assert await utils.list_limits() == []

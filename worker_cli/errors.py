@@ -15,6 +15,7 @@ __all__ = [
     "JobLost",
     "JobSpecError",
     "JobTimeout",
+    "LimitsBusyError",
     "MigrationError",
     "PayloadError",
     "SchemaNotInstalledError",
@@ -54,6 +55,11 @@ class IncompatibleSchemaError(MigrationError):
 
 class SchemaNotInstalledError(GraphileWorkerError):
     """The graphile-worker schema is missing from the database."""
+
+
+class LimitsBusyError(GraphileWorkerError):
+    """``set_limit`` waited 5 seconds for the limits, which something kept in
+    use (a transaction left open after reading them); nothing was changed."""
 
 
 class JobSpecError(ValueError):

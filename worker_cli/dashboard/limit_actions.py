@@ -24,7 +24,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from ..errors import JobSpecError
+from ..errors import JobSpecError, LimitsBusyError
 from ..jobs.limits import MAX_PERIOD, MAX_RUNNING, MAX_STARTS, Limit, LimitInfo, limit_params
 from ..jobs.pauses import parse_length
 from .actions import checked_form, redirect
@@ -121,7 +121,10 @@ class _LimitActions:
             arguments = limit_request(form)
         except BadInput as exc:
             return redirect(self.dashboard, request, "/", "bad-input", error=str(exc))
-        info: LimitInfo = await (await self.dashboard.utils()).set_limit(**arguments)
+        try:
+            info: LimitInfo = await (await self.dashboard.utils()).set_limit(**arguments)
+        except LimitsBusyError as exc:  # nothing was changed: the form says why
+            return redirect(self.dashboard, request, "/", "bad-input", error=str(exc))
         logger.info("Dashboard: limited %s %s", info.kind, info.name)
         detail = describe_limit(info.limit)
         return redirect(

@@ -17,8 +17,10 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
+import psycopg
+
 from ..db.plan import Plan, query
-from ..errors import JobSpecError
+from ..errors import JobSpecError, LimitsBusyError
 from ..schema import lifecycle, statements
 from ..schema import limits as limit_statements
 from ..schema import pauses as pause_statements
@@ -301,7 +303,10 @@ class UtilsPlans:
     def _set_limit(self, params: dict[str, Any]) -> Plan[LimitInfo]:
         with schema_required(self.schema):
             statement = statements.compose(limit_statements.set_limit, self.schema)
-            rows = yield from query(statement, params)
+            try:
+                rows = yield from query(statement, params)
+            except psycopg.errors.LockNotAvailable as exc:  # py_set_limit's 5 s wait
+                raise LimitsBusyError(exc.diag.message_primary or str(exc)) from None
         return LimitInfo.from_row(rows[0])
 
     def remove_limit(
