@@ -91,6 +91,12 @@ BAD_OPTIONS: list[tuple[dict[str, Any], str]] = [
         r"run_at: 0001-01-01T12:00:00\+00:00 is not from 0001-01-02 to 9999-12-30 \(UTC\)",
     ),
     ({"flags": "abc"}, r"flags: must be a list of strings"),
+    # PostgreSQL's text holds no NUL, and psycopg sends only UTF-8: refused
+    # before any SQL, naming the field (not a raw DataError or codec error).
+    ({"identifier": "a\x00b"}, r"identifier: contains a NUL character \(at 1\)"),
+    ({"queue_name": "q\ud800"}, r"queue_name: contains a lone surrogate"),
+    ({"job_key": "k\x00"}, r"job_key: contains a NUL character"),
+    ({"flags": ["ok", "f\udcff"]}, r"flags: contains a lone surrogate"),
 ]
 
 

@@ -15,6 +15,7 @@ from typing import Any, Literal, TypeAlias, TypedDict
 
 from ..errors import JobSpecError
 from .payloads import check_named_task, json_default, json_ready, named_task
+from .text_args import check_text
 
 __all__ = [
     "JOB_KEY_MODES",
@@ -98,6 +99,8 @@ class TaskSpec:
             isinstance(flags, str | bytes) or not all(isinstance(flag, str) for flag in flags)
         ):
             raise JobSpecError("flags", "must be a list of strings")
+        for flag in flags or ():
+            check_text(flag, "flags")
         check_timeout(self.timeout)
 
 
@@ -251,6 +254,7 @@ def _check_text(field: str, value: object, minimum: int, maximum: int) -> None:
         raise JobSpecError(field, "must not be empty")
     if len(value) > maximum:
         raise JobSpecError(field, f"is {len(value)} characters long; the limit is {maximum}")
+    check_text(value, field)  # no NUL, no lone surrogate
 
 
 def _check_int(field: str, value: object, minimum: int, maximum: int) -> None:
