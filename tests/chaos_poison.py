@@ -149,7 +149,31 @@ class Unprintable(Exception):
 def task(payload, helpers):
     raise Unprintable()
 """,
+    # The blocking form of helpers.limit on the event loop's own thread.
+    "poison_sync_limit": """\
+async def task(payload, helpers):
+    with helpers.limit("poison-op"):
+        pass
+""",
+    # A task limited per value of "k" (LIMITS below); its k is 5,000 characters.
+    "poison_long_key": """\
+async def task(payload, helpers):
+    pass
+""",
+    # Session settings that would break the next statements on the connection.
+    "poison_sets": """\
+async def task(payload, helpers):
+    await helpers.query("set statement_timeout = 1")
+    await helpers.query("set session characteristics as transaction read only")
+""",
 }
+
+#: The limits the poison tasks need, set before their jobs are added.
+LIMITS = (
+    "select graphile_worker.py_set_limit('operation', 'poison-op', max_running => 10)",
+    "select graphile_worker.py_set_limit('task', 'poison_long_key', max_running => 2,"
+    " partition_by => 'k')",
+)
 
 REFUSE_TRIGGER = """
 create function public.refuse_poison() returns trigger language plpgsql as $$
@@ -199,6 +223,9 @@ POISONS = (
     Poison(
         "str", "'poison_str', '{}'::json", error="Unprintable: <unprintable Unprintable object>"
     ),
+    Poison("sync_limit", "'poison_sync_limit', '{}'::json", error="RuntimeError: helpers.limit"),
+    Poison("long_key", "'poison_long_key', json_build_object('k', repeat('k', 5000))", gone=True),
+    Poison("sets", "'poison_sets', '{}'::json", gone=True),
 )
 
 
@@ -209,6 +236,8 @@ def write_poison_tasks(folder: Path) -> None:
 
 def add_poison(db: Db, copies: int) -> dict[int, Poison]:
     """``copies`` jobs of each kind (failed for good at their first failure)."""
+    for limit in LIMITS:
+        db.value(limit)
     added: dict[int, Poison] = {}
     for _ in range(copies):
         for poison in POISONS:

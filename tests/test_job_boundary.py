@@ -216,6 +216,34 @@ def plain_logged(payload, helpers):  # fails: its failure line raises
     raise ValueError("logged")
 
 
+async def limit_key(payload, helpers):
+    # An operation limit's partition: 5,000 characters, a NUL, a lone surrogate.
+    partition = {"long": "x" * 5000, "nul": "a\\x00b", "surrogate": "a\\ud800b"}[payload["value"]]
+    async with helpers.limit("op", partition=partition):
+        pass
+
+
+async def limited(payload, helpers):
+    # A task limited per value of "k" (set by the test): k is 5,000 characters.
+    return None
+
+
+async def sync_limit(payload, helpers):
+    # The blocking form on the event loop's own thread.
+    with helpers.limit("op"):
+        pass
+
+
+async def sync_run(payload, helpers):
+    helpers.run(asyncio.sleep(0))
+
+
+async def sets(payload, helpers):
+    # Session settings that would break the next jobs' statements on this connection.
+    await helpers.query("set statement_timeout = 1")
+    await helpers.query("set session characteristics as transaction read only")
+
+
 async def innocent(payload, helpers):
     await helpers.query("insert into public.innocent_runs values (%s)", (payload["n"],))
 
@@ -225,7 +253,8 @@ TASKS = {
     for name in (
         "task_async", "task_plain", "result_async", "result_plain", "batch", "batch_items",
         "snooze", "cancel", "backoff", "retry_on", "error_text", "events", "plain_events",
-        "logged", "plain_logged", "innocent",
+        "logged", "plain_logged", "limit_key", "limited", "sync_limit", "sync_run", "sets",
+        "innocent",
     )
 }
 
@@ -337,6 +366,12 @@ def expected_of(task: str, payload: dict[str, Any]) -> Expected:
             return "failed", "ValueError: logged"
         case "events" | "plain_events" | "logged", None:
             return "succeeded", None
+        case "limit_key" | "limited" | "sets", _:
+            return "succeeded", None
+        case "sync_limit", _:
+            return "failed", "RuntimeError: helpers.limit: 'with helpers.limit(...)' waits"
+        case "sync_run", _:
+            return "failed", "RuntimeError: helpers.run() waits for the worker's event loop"
     raise AssertionError(f"no expectation for {task} {payload}")
 
 
@@ -368,9 +403,12 @@ def bad_jobs() -> list[tuple[str, Any]]:
         "cancel": ("exception", "object", "nul"),
         "backoff": ("nan", "text", "negative"),
         "error_text": ("long",),
+        "limit_key": ("long", "nul", "surrogate"),
     }.items():
         jobs.extend((task, {"value": v}) for v in values)
     jobs.append(("batch_items", [{}, {}]))
+    jobs.append(("limited", {"k": "x" * 5000, "value": "long key"}))
+    jobs.extend((task, {"value": "-"}) for task in ("sync_limit", "sync_run", "sets", "sets"))
     return jobs
 
 
@@ -386,6 +424,12 @@ def test_every_per_job_hook_fails_its_job_alone_and_the_worker_stops(
     (tmp_path / "hooks.py").write_text(HOOKS)
     (tmp_path / "worker.py").write_text(WORKER)
     rows(db, "create table public.innocent_runs (n int)")
+    rows(db, "select graphile_worker.py_set_limit('operation', 'op', max_running => 50)")
+    rows(
+        db,
+        "select graphile_worker.py_set_limit('task', 'limited', max_running => 5,"
+        " partition_by => 'k')",
+    )
     bad: dict[int, tuple[str, Any]] = {}
     for task, payload in bad_jobs():
         # One attempt each (its outcome is final), two for the backoff's
