@@ -60,6 +60,9 @@ class Helpers:
     #: only when they happen.
     _requested = False
     _timed_out: float | None = None
+    #: The job's open ``limit`` blocks (nested ones hold one slot), made at
+    #: its first ``limit`` (a job costs nothing more without one).
+    _holds: Holds | None = None
 
     def __init__(
         self,
@@ -79,8 +82,6 @@ class Helpers:
         #: Why the job was cancelled (``cancel_job(..., reason)``), once it
         #: was; ``timed out after 30s`` once its timeout has passed.
         self.cancel_reason: str | None = None
-        #: The job's open ``limit`` blocks (nested ones hold one slot).
-        self._holds = Holds()
 
     @property
     def cancelled(self) -> bool:
@@ -236,6 +237,8 @@ class Helpers:
         (``set_limit(Limit(...), operation=name)``), or the job snoozes until
         it may (see :mod:`~worker_cli.tasks.operation_limits`). Blocks of one
         name and partition nested in the job hold one slot and count one start."""
+        if self._holds is None:
+            self._holds = Holds()
         return OperationLimit(
             self._utils,
             self._loop,
