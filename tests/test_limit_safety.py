@@ -433,6 +433,7 @@ async def test_a_fetch_during_set_limit_sees_the_limit(utils: WorkerUtils, db: s
 
 
 @pytest.mark.db
+@pytest.mark.slow  # the 5-second wait, then the command line's own
 async def test_set_limit_waits_at_most_5_seconds_for_a_transaction_using_the_limits(
     utils: WorkerUtils, db: str
 ) -> None:

@@ -539,7 +539,7 @@ def make_fleet_tasks(folder: Path) -> Path:
     return folder
 
 
-async def fleet_jobs(utils: WorkerUtils, db: str) -> int:
+async def fleet_jobs(utils: WorkerUtils, db: str, short: int = 1850, long: int = 150) -> int:
     rows(
         db,
         "create table public.starts (job_id bigint, pid int, at timestamptz, reaped timestamptz)",
@@ -548,9 +548,9 @@ async def fleet_jobs(utils: WorkerUtils, db: str) -> int:
     await utils.set_limit(Limit(max_running=3, max_starts=50, per=1), task="lim")
     # Short jobs: the rate binds (3 at once could start 300 a second); long
     # ones: the 3 slots bind.
-    jobs = [{"identifier": "lim", "payload": {"sleep": 0.01}} for _ in range(1850)]
+    jobs = [{"identifier": "lim", "payload": {"sleep": 0.01}} for _ in range(short)]
     jobs[::13] = [{"identifier": "lim", "payload": {"sleep": 0.15}}] * len(jobs[::13])
-    jobs += [{"identifier": "lim", "payload": {"sleep": 0.15}} for _ in range(150)]
+    jobs += [{"identifier": "lim", "payload": {"sleep": 0.15}} for _ in range(long)]
     await utils.add_jobs(jobs)
     return len(jobs)
 
@@ -570,6 +570,7 @@ def check_fleet(db: str, count: int, killed: int = -1) -> None:
 
 
 @pytest.mark.db
+@pytest.mark.slow  # 2,000 jobs at 50 starts a second: 40 s at least
 async def test_four_workers_hold_3_at_once_and_50_starts_a_second(
     utils: WorkerUtils, db: str, tmp_path: Path
 ) -> None:
@@ -589,10 +590,13 @@ async def test_four_workers_hold_3_at_once_and_50_starts_a_second(
 
 
 @pytest.mark.db
+@pytest.mark.slow  # 600 jobs at 50 starts a second: 12 s at least
 async def test_a_killed_workers_slots_come_back_after_its_heartbeat_timeout(
     utils: WorkerUtils, db: str, tmp_path: Path
 ) -> None:
-    count = await fleet_jobs(utils, db)
+    # Fewer jobs than the fleet test above: the kill comes at the first long
+    # job, and its slot must come back for the rest to finish.
+    count = await fleet_jobs(utils, db, short=560, long=40)
     folder = make_fleet_tasks(tmp_path)
     args = [cli_path(), "-c", db, "-j", "5", "--heartbeat-interval", "0.5"]
     args += ["--heartbeat-timeout", "2"]
