@@ -5,7 +5,7 @@
 #     -v "$PWD/tasks:/worker/tasks:ro" -v "$PWD/crontab:/worker/crontab:ro" graphile-worker
 #
 # Arguments after the image name are the worker's flags (--jobs 4, --once, ...).
-# tests/test_docker_image.py builds and runs it; tests/test_docker.py lints this
+# tests/system/test_docker_image.py builds and runs it; tests/system/test_docker.py lints this
 # file with hadolint and reproduces the image on the host (same wheel, same
 # layout, same entrypoint), so keep the two in step.
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import psycopg
 import pytest
 from dbhelpers import UNLISTED_HISTORY, value
+from fault_helpers import kill_leftover_workers
 from node_worker import NodeUnavailable, NodeWorker, install
 from pg_server import PgServer, start_server
 
@@ -63,6 +64,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             "test tier marks (unit, db, node, slow) are missing or wrong:\n  "
             + "\n  ".join(problems)
         )
+
+
+@pytest.fixture(autouse=True)
+def _no_worker_outlives_its_test() -> Iterator[None]:
+    """After every test, kill -9 the worker processes it started and left
+    running (a failed test), so that none outlives it."""
+    yield
+    kill_leftover_workers()
 
 
 @pytest.fixture(scope="session")
@@ -159,14 +168,14 @@ def node_factory() -> object:
     return _node
 
 
-#: The Django 6 suite runs in a pytest process of its own (tests/test_django_tasks.py).
+#: The Django 6 suite runs in a pytest process of its own (tests/system/test_django_tasks.py).
 _DJANGO_SUITE = Path(__file__).resolve().parent / "django_tasks"
 
 
 def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
     """Leave tests/django_tasks out unless it was named on the command line:
     Django is configured once per process, and the README's Django recipe
-    (tests/test_python_apps.py) configures it otherwise."""
+    (tests/system/test_python_apps.py) configures it otherwise."""
     if collection_path != _DJANGO_SUITE:
         return None
     named = [Path(arg.split("::")[0]).resolve() for arg in config.args]

@@ -2,7 +2,7 @@
 set up in this process (its backend: enqueue, get_result, checks) and the
 worker runs as ``python manage.py graphile_worker`` subprocesses.
 
-Run by ``tests/test_django_tasks.py`` in a pytest process of its own (Django
+Run by ``tests/system/test_django_tasks.py`` in a pytest process of its own (Django
 is configured once per process, and the README recipes' tests configure it
 too), or directly: ``pytest tests/django_tasks`` (Python 3.12+, Django 6).
 """
