@@ -1,5 +1,16 @@
+-- Every Python-only function (py_*), one definition each, as the latest
+-- Python revision (py/NNNNNN.sql) wants it. The migrator applies this file in
+-- the transaction of the last pending Python revision, after it, so the
+-- functions and the tables they read are committed together; an install with
+-- nothing pending does not read it. A function added or changed here needs a
+-- new Python revision (only its number, if nothing else changes): see
+-- migrations/README.md. A signature that goes away is dropped by its
+-- revision (drop function), not here.
+
 -- ==========================================================================
--- Unique jobs (py/000001): the rules, the lock's hash and key, add_job and add_jobs with a unique rule, and the collection of expired locks.
+-- Unique jobs (py/000001.sql; table _private_py_unique_locks): a rule
+-- checked, the lock's hash and key, add_job and add_jobs with a rule, and
+-- the collection of locks that can no longer block.
 -- ==========================================================================
 
 -- py_unique_rule: validate a rule (a JSON object) and return it with every
@@ -476,7 +487,8 @@ end;
 $fn$;
 
 -- ==========================================================================
--- The job lifecycle (py/000007, 000008, 000011): one state for any job id, the notification channels, cancelling.
+-- The job lifecycle (py/000007.sql, 000008.sql, 000011.sql): one state for
+-- any job id, the names of the notification channels, cancelling.
 -- ==========================================================================
 
 -- The state of a job, from any process (py_job_status(42) in psql; the
@@ -568,7 +580,29 @@ begin
 end;
 $fn$;
 
--- py_cancel_jobs (py/000008.sql) as before, and its cancelled jobs in the ledger.
+-- Cancelling jobs (Python-only; Node never calls it, and it changes Node's
+-- rows only as Node's own remove_job does).
+--
+-- py_cancel_jobs(job_ids, reason): one transaction, rows locked in id order
+-- (FOR UPDATE: a fetch that has just locked one is waited for; fetches skip
+-- rows being cancelled). For each job:
+--   waiting, scheduled, retrying or failed (unlocked, or locked more than 4
+--     hours ago by a crashed worker): deleted and recorded in the history as
+--     cancelled (kept a day), its uniqueness lock and options gone with it: it
+--     never runs;
+--   running (locked): a cancel request (_private_py_cancellations) and, on
+--     Node's row, attempts = max_attempts and key = null, exactly what Node's
+--     remove_job does to a locked job: it is never retried. A Python pool
+--     running it is told at once (NOTIFY "<schema>:py:cancel", ids); its
+--     outcome is recorded as cancelled unless the task returns normally
+--     (then it succeeded: the work happened). A Node worker cannot be told:
+--     it finishes the job, and a failure is recorded as cancelled by the
+--     Python pools' upkeep;
+--   gone: nothing changes.
+-- Returns each id with its state after the call ('cancelled', 'running' for
+-- a request, or the state py_job_status gives a job that is gone).
+-- The cancelled jobs are listed in the history's expiry ledger
+-- (_private_py_job_history_expiry, py/000011.sql) with their history rows.
 create or replace function {{schema}}.py_cancel_jobs(job_ids bigint[], reason text default null)
 returns table (id bigint, state text)
 language plpgsql
@@ -670,7 +704,11 @@ end;
 $fn$;
 
 -- ==========================================================================
--- Pauses (py/000014): the upkeep, pause and resume.
+-- Pauses (py/000014.sql; table _private_py_pauses): the pools' upkeep, pause
+-- and resume. The pools are told of pauses and resumes on
+-- "<schema>:py:control" (payload 'pauses'): they read the pauses again and
+-- give back the jobs of paused queues and tasks they have fetched but not
+-- started.
 -- ==========================================================================
 
 -- The pools' upkeep of pauses (each pool about every minute, and py_pause):
@@ -787,7 +825,14 @@ end;
 $fn$;
 
 -- ==========================================================================
--- Limits (py/000015, 000020): partition keys, setting and reading limits, the fetch of limited jobs, starts and operation limits.
+-- Limits (py/000015.sql, 000020.sql; tables _private_py_limits and
+-- _private_py_limit_state): partition keys, setting, removing and reading a
+-- limit, the fetch of limited jobs, starts given back, operation limits.
+-- A limit of a task or a queue set while jobs run counts them: py_set_limit
+-- first waits for the fetches in flight (an access exclusive lock on
+-- _private_py_limits, which every fetch reads) and holds new ones until it
+-- commits, so a fetch never takes jobs of the task without either seeing the
+-- limit or being seen by it.
 -- ==========================================================================
 
 -- The key of a partition value in _private_py_limit_state: the value itself
@@ -826,7 +871,7 @@ end;
 $fn$;
 
 -- Set (or replace) a limit; returns it. A limit of a task or a queue counts
--- the jobs of its key locked now (see the top); a new partition_by starts
+-- the jobs of its key locked now (see "Limits" above); a new partition_by starts
 -- its windows afresh (the old rows name another field's values), and so
 -- does a new limit. Waits at most 5 seconds for the fetches in flight.
 create or replace function {{schema}}.py_set_limit(
@@ -947,8 +992,29 @@ begin
 end;
 $fn$;
 
--- The worker's fetch of jobs under limits, as in py/000015.sql, each
--- partition value keyed by py_limit_partition.
+-- The worker's fetch of jobs under limits: like py_fetch_jobs (same
+-- arguments and columns), for the jobs of limited tasks and limited queues
+-- only (py_fetch_jobs now leaves those alone). The worker asks for at most
+-- its free slots, so that what this lets start starts at once.
+--
+-- Race-free by serialising: the rows of every limit this fetch may use are
+-- locked first (FOR UPDATE, in key order), so another limited fetch that
+-- could use one of them waits until this one commits; each statement after
+-- that sees the jobs every earlier fetch locked. A candidate is taken only if
+-- each of its limits (its task's, its queue's; its partition's) has a free
+-- slot and a free start, and then it is locked and counted at once. A denied
+-- job is left as it was (no attempt spent) and the fetch goes on with the
+-- next candidate, so one full key holds up no other. At most 1,000
+-- candidates are looked at per fetch.
+--
+-- Each start is timed with clock_timestamp() as its job is taken (and the
+-- job locked at that time). A window is counted 50 ms longer than the
+-- period, and the worker starts each job within 25 ms of its count or gives
+-- it back uncounted (py_uncount_starts), so that the time between the count
+-- and the task's start cannot bring one window of the period more starts
+-- than allowed.
+--
+-- Each partition value is keyed by py_limit_partition.
 create or replace function {{schema}}.py_fetch_limited_jobs(
   task_ids int[], forbidden_flags text[], job_limit int, pool_id text,
   now_at timestamptz default null
@@ -1325,8 +1391,16 @@ as $fn$
     ))
 $fn$;
 
--- An operation limit, taken inside a task, as in py/000015.sql; the partition
--- keyed by py_limit_key. A holder already in the running set (the job's
+-- An operation limit, taken inside a task (helpers.limit(name, partition)):
+-- the job holder (running) takes a slot and a start of the operation's limit
+-- (kind 'operation'), for that partition value ('' if none). Returns null
+-- when taken; else the seconds after which it may be (a full rate: until
+-- its oldest start leaves the window; full slots: 1 second), or -1 when no
+-- such limit exists. The start is counted now; the slot is the holder's
+-- until py_limit_release, or until the holder's job is no longer locked
+-- (its worker died). Serialised on the limit's row.
+--
+-- The partition is keyed by py_limit_key. A holder already in the running set (the job's
 -- nested block, or a block whose release was lost) is granted at once,
 -- without a second slot or start.
 create or replace function {{schema}}.py_limit_acquire(name text, partition text, holder bigint)
@@ -1414,7 +1488,13 @@ as $fn$
 $fn$;
 
 -- ==========================================================================
--- The worker's fetch (py/000003, 000005, 000009, 000014, 000015, 000017): py_get_jobs for workers of earlier versions, py_fetch_jobs for this one.
+-- The worker's fetch (py/000003.sql, 000005.sql, 000009.sql, 000014.sql,
+-- 000015.sql, 000017.sql): py_get_jobs for workers of earlier versions,
+-- py_fetch_jobs for this one.
+--
+-- Order: a language sql function is checked when it is created, so one it
+-- calls comes first (py_limit_key before py_limit_release, say); the tables
+-- all exist by the time this file runs.
 -- ==========================================================================
 
 -- Lock up to job_limit runnable jobs for the pool pool_id: available, due, of
@@ -1547,7 +1627,7 @@ $fn$;
 
 -- The worker's fetch on the application's clock (use_local_time, graphile-worker's
 -- useNodeTime): py_get_jobs with a fifth argument, now_at, the worker's own
--- time, used where the four-argument py_get_jobs (migrations/py/000003.sql)
+-- time, used where the four-argument py_get_jobs (above)
 -- uses the database's now(): which jobs are due (run_at <= now_at) and the
 -- locked_at of the jobs and named queues it locks, as graphile-worker's fetch
 -- does with useNodeTime.
@@ -1557,7 +1637,7 @@ $fn$;
 -- version keep calling the four-argument function while newer ones start.
 -- The body is the four-argument one with now() replaced by now_at and nothing
 -- else (tests/test_local_time.py compares the two in the database); see
--- 000003.sql for why it is written this way.
+-- the four-argument one for why it is written this way.
 create or replace function {{schema}}.py_get_jobs(
   task_ids int[], forbidden_flags text[], job_limit int, pool_id text, now_at timestamptz
 )
@@ -1671,12 +1751,44 @@ begin
 end;
 $fn$;
 
--- The fetch (py_fetch_jobs, as in py/000015.sql) locks the named queues of the
--- jobs it chose by primary key, and none when no chosen job has a queue. Its
--- join to the chosen jobs was planned as a hash of the whole queues table at
--- every fetch: 1.7 ms of a 5.6 ms fetch with 10,000 named queues (all
--- locked, 2 due jobs each) ahead of the runnable jobs (tests/benchmark.py's
--- gw_scale_queues case).
+-- The worker's fetch, with each job's own timeout: py_fetch_jobs.
+--
+-- py_get_jobs and its five-argument twin on the worker's clock (above), with one column more: the job's timeout from
+-- _private_py_job_options (add_job(..., timeout=...)), null for a job added
+-- without one. The worker learns it with the job, in the same statement:
+-- no round trip more per fetch. The lookup is one probe of the options'
+-- primary key per fetched job (a subquery in the RETURNING list: with the
+-- function's settings an index scan, whatever the table holds), made only
+-- while the table has any row: options are written only when given, and the
+-- rows of finished jobs are deleted within minutes, so a queue whose jobs
+-- have none pays one look per fetch. Measured (tests/fetch_cost.py
+-- --fetch-only, 50 jobs per fetch, about 19 us of server time per job): the
+-- look costs 0.18 us per job (0.9%), where a probe per job cost 0.42 us
+-- (2.2%); with 100,000 rows of other jobs' options, 0.9 us (4.7%).
+--
+-- A new name, not a changed py_get_jobs: a function's result type cannot
+-- change in place, and a worker of an older version, whose session has
+-- prepared "select * from py_get_jobs(...)", would fail every fetch with
+-- "cached plan must not change result type" if it were dropped and made
+-- again. Those workers keep calling py_get_jobs while newer ones start
+-- (a rolling upgrade); it stays, unchanged, until a later migration drops it.
+--
+-- One function for both clocks: now_at (the worker's time, use_local_time)
+-- or, when null, the database's now(), read once into v_now. The body is
+-- py_get_jobs' with now() read from v_now and the timeout added, nothing
+-- else (tests/test_timeouts.py compares them in the database); see
+-- py_get_jobs for why it is written this way.
+--
+-- Paused queues and tasks are left alone (py/000014.sql: workers running it
+-- honour pauses; workers of versions before pauses call py_get_jobs, which
+-- does not); limited tasks and queues are left to py_fetch_limited_jobs
+-- (py/000015.sql).
+--
+-- It locks the named queues of the jobs it chose by primary key, and none
+-- when no chosen job has a queue (py/000017.sql). Its join to the chosen jobs
+-- was planned as a hash of the whole queues table at every fetch: 1.7 ms of
+-- a 5.6 ms fetch with 10,000 named queues (all locked, 2 due jobs each) ahead
+-- of the runnable jobs (tests/benchmark.py's gw_scale_queues case).
 create or replace function {{schema}}.py_fetch_jobs(
   task_ids int[], forbidden_flags text[], job_limit int, pool_id text,
   now_at timestamptz default null
