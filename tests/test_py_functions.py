@@ -255,3 +255,24 @@ async def test_functions_commit_with_the_last_pending_revision(
 
     report = await run_migrate(empty_db)
     assert report.applied_py == (21,)
+
+
+@pytest.mark.db
+async def test_functions_may_read_the_tables_of_the_last_revision(db: str, tmp_path: Path) -> None:
+    # A later revision (here 22) adds a table and a language sql function reading
+    # it, checked when created: the file runs after the revision's own SQL.
+    tree = tmp_path / "migrations"
+    shutil.copytree(MigrationFiles().directory, tree)
+    (tree / "py" / "000022.sql").write_text(
+        "create table {{schema}}._private_py_example (id int primary key);\n"
+    )
+    functions = tree / "py" / "functions.sql"
+    functions.write_text(
+        functions.read_text()
+        + "\ncreate or replace function {{schema}}.py_example_count() returns bigint"
+        + " language sql stable as $fn$ select count(*) from {{schema}}._private_py_example"
+        + " $fn$;\n"
+    )
+    report = await run_migrate(db, MigrationFiles(tree))
+    assert report.applied_py == (22,)
+    assert value(db, "select graphile_worker.py_example_count()") == 0
