@@ -20,6 +20,6 @@ create index _private_py_unique_locks_expires_at
 alter table {{schema}}._private_py_unique_locks enable row level security;
 
 -- Functions live in functions.sql (one definition each, applied after the
--- last pending revision): this revision added py_unique_rule,
--- py_unique_list, py_unique_hash, py_unique_state, py_unique_lock_key,
--- py_add_job, py_add_jobs and py_gc_unique_locks.
+-- last pending revision): this revision added py_unique_rule, py_unique_list,
+-- py_unique_hash, py_unique_state, py_unique_lock_key, py_add_job,
+-- py_add_jobs and py_gc_unique_locks.

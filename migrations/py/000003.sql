@@ -18,5 +18,4 @@ create index if not exists _private_py_jobs_task_order
   where locked_at is null and attempts < max_attempts;
 
 -- Functions live in functions.sql (one definition each, applied after the
--- last pending revision): this revision added the
--- four-argument py_get_jobs.
+-- last pending revision): this revision added the four-argument py_get_jobs.

@@ -3,5 +3,5 @@
 -- time, an overload of the four-argument py_get_jobs (000003.sql).
 --
 -- Functions live in functions.sql (one definition each, applied after the
--- last pending revision): this revision added the
--- five-argument py_get_jobs; nothing else changed.
+-- last pending revision): this revision added the five-argument py_get_jobs;
+-- nothing else changed.

@@ -2,5 +2,5 @@
 -- (Python-only; Node never calls them).
 --
 -- Functions live in functions.sql (one definition each, applied after the
--- last pending revision): this revision added py_channel
--- and py_cancel_jobs; nothing else changed.
+-- last pending revision): this revision added py_channel and py_cancel_jobs;
+-- nothing else changed.

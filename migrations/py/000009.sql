@@ -3,5 +3,5 @@
 -- earlier versions.
 --
 -- Functions live in functions.sql (one definition each, applied after the
--- last pending revision): this revision added py_fetch_jobs;
--- nothing else changed.
+-- last pending revision): this revision added py_fetch_jobs; nothing else
+-- changed.

@@ -35,5 +35,5 @@ from (
 group by h.expires_at, h.chunk;
 
 -- Functions live in functions.sql (one definition each, applied after the
--- last pending revision): this revision changed py_cancel_jobs
--- to list its cancelled jobs in the ledger.
+-- last pending revision): this revision changed py_cancel_jobs to list its
+-- cancelled jobs in the ledger.

@@ -29,6 +29,6 @@ create table {{schema}}._private_py_pauses (
 );
 
 -- Functions live in functions.sql (one definition each, applied after the
--- last pending revision): this revision added
--- py_hold_paused_queues, py_pause and py_resume, and changed py_fetch_jobs
--- to leave paused queues and tasks alone.
+-- last pending revision): this revision added py_hold_paused_queues, py_pause
+-- and py_resume, and changed py_fetch_jobs to leave paused queues and tasks
+-- alone.

@@ -48,7 +48,7 @@ create table {{schema}}._private_py_limit_state (
 );
 
 -- Functions live in functions.sql (one definition each, applied after the
--- last pending revision): this revision added py_set_limit,
--- py_remove_limit, py_fetch_limited_jobs, py_uncount_starts,
--- py_limits_next_start, py_limit_acquire and py_limit_release, and changed
--- py_fetch_jobs to leave limited tasks and queues to py_fetch_limited_jobs.
+-- last pending revision): this revision added py_set_limit, py_remove_limit,
+-- py_fetch_limited_jobs, py_uncount_starts, py_limits_next_start,
+-- py_limit_acquire and py_limit_release, and changed py_fetch_jobs to leave
+-- limited tasks and queues to py_fetch_limited_jobs.

@@ -6,5 +6,4 @@
 -- gw_scale_queues case).
 --
 -- Functions live in functions.sql (one definition each, applied after the
--- last pending revision): this revision changed
--- py_fetch_jobs only.
+-- last pending revision): this revision changed py_fetch_jobs only.
