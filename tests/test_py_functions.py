@@ -20,14 +20,11 @@ import psycopg
 import pytest
 from catalog import differences, snapshot
 from dbhelpers import rows, value
+from migrations_before import LATEST_BEFORE, install_before
 
 from worker_cli.schema.migrate import MigrationFiles, compose_script, migrate
 
 SCHEMA = "graphile_worker"
-#: The migration files as they were before the functions file (issue 42).
-FILES_BEFORE = Path(__file__).resolve().parent / "fixtures" / "migrations_before_issue_42"
-#: The last Python revision of FILES_BEFORE.
-LATEST_BEFORE = 21
 
 #: The functions file's text (outside comments) with each latest Python
 #: revision: a changed function needs a new revision (migrations/README.md),
@@ -78,27 +75,6 @@ def functions_text_hash(text: str) -> str:
     (comments inside a function body are indented, so they count)."""
     kept = [line for line in text.splitlines() if line.strip() and not line.startswith("--")]
     return hashlib.sha256("\n".join(kept).encode()).hexdigest()
-
-
-async def install_before(url: str, tmp_path: Path, revision: int) -> None:
-    """Build the schema at Python revision ``revision`` from FILES_BEFORE, as
-    the migrator did then: Node's revisions (unchanged since), then each Python
-    revision in its own transaction (``py/record.sql``, its ledger row, its file)."""
-    node_only = tmp_path / "node_only"
-    shutil.copytree(FILES_BEFORE, node_only, ignore=shutil.ignore_patterns("py"))
-    report = await run_migrate(url, MigrationFiles(node_only))
-    assert report.applied_py == ()
-    with psycopg.connect(url, autocommit=True) as conn:
-        for number in range(1, revision + 1):
-            with conn.transaction():
-                conn.execute(
-                    compose_script((FILES_BEFORE / "py" / "record.sql").read_text(), SCHEMA)
-                )
-                conn.execute(
-                    "insert into graphile_worker._private_py_migrations (id) values (%s)", (number,)
-                )
-                script = (FILES_BEFORE / "py" / f"{number:06d}.sql").read_text()
-                conn.execute(compose_script(script, SCHEMA))
 
 
 def fill(url: str, revision: int) -> None:
