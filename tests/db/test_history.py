@@ -366,17 +366,11 @@ async def test_upgrading_lists_the_history_already_recorded_for_the_pruning(
 ) -> None:
     """A schema at Python migration 10 with history rows: migration 11 lists them
     in the expiry ledger (1,000 ids a row), so the pruning finds them."""
-    import shutil
+    from migrations_before import install_before
 
-    from worker_cli.schema.migrate import MigrationFiles, migrate
+    from worker_cli.schema.migrate import migrate
 
-    files_dir = tmp_path / "migrations"
-    shutil.copytree(MigrationFiles().directory, files_dir)
-    for later in files_dir.glob("py/0000*.sql"):
-        if int(later.stem) > 10:
-            later.unlink()
-    async with await psycopg.AsyncConnection.connect(empty_db, autocommit=True) as conn:
-        await migrate(conn, "graphile_worker", MigrationFiles(files_dir))
+    await install_before(empty_db, tmp_path, 10)
     rows(
         empty_db,
         f"""

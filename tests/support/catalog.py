@@ -4,11 +4,13 @@ Two databases have the same schema when their snapshots are equal: tables,
 columns (type, default, nullability, generation, identity), constraints,
 indexes, views, types, sequences, functions, triggers, policies and the
 migrations record. Python-only objects (``_private_py_*``, ``py_*``) are left
-out, as the contract allows them.
+out, as the contract allows them, unless ``python_objects`` asks for them
+too (with every function's definition and the Python-only migrations record).
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import psycopg
@@ -107,16 +109,40 @@ _QUERIES: dict[str, str] = {
 }
 
 
-def snapshot(conninfo: str, schema: str = "graphile_worker") -> dict[str, list[tuple[Any, ...]]]:
-    """Read the snapshot of ``schema``; the schema name itself is masked out."""
+#: With ``python_objects``: each function's whole definition (body, settings),
+#: and the Python-only migrations recorded.
+_PYTHON_QUERIES: dict[str, str] = {
+    "function_definitions": """
+        select p.proname, pg_get_function_identity_arguments(p.oid), pg_get_functiondef(p.oid)
+        from pg_proc p
+        where p.pronamespace = %(schema)s::regnamespace
+        order by 1, 2
+    """,
+    "py_migrations": "select id from {py_migrations} order by id",
+}
+
+# The conditions of _QUERIES that leave out Python-only objects.
+_PYTHON_FILTER = re.compile(r"\n\s*and [\w.]+ not like '[^']*py[^']*'")
+
+
+def snapshot(
+    conninfo: str, schema: str = "graphile_worker", *, python_objects: bool = False
+) -> dict[str, list[tuple[Any, ...]]]:
+    """Read the snapshot of ``schema``; the schema name itself is masked out.
+    ``python_objects``: Python-only objects too, and function definitions."""
     result: dict[str, list[tuple[Any, ...]]] = {}
     quoted = psycopg.sql.Identifier(schema)
+    queries = dict(_QUERIES)
+    if python_objects:
+        queries = {name: _PYTHON_FILTER.sub("", query) for name, query in queries.items()}
+        queries.update(_PYTHON_QUERIES)
     with psycopg.connect(conninfo) as conn:
         quoted_text = quoted.as_string(conn)
-        for name, query in _QUERIES.items():
-            if name == "migrations":
+        for name, query in queries.items():
+            if name in ("migrations", "py_migrations"):
                 statement = psycopg.sql.SQL(query).format(
-                    migrations=psycopg.sql.Identifier(schema, "migrations")
+                    migrations=psycopg.sql.Identifier(schema, "migrations"),
+                    py_migrations=psycopg.sql.Identifier(schema, "_private_py_migrations"),
                 )
                 rows = conn.execute(statement).fetchall()
             else:
@@ -125,6 +151,8 @@ def snapshot(conninfo: str, schema: str = "graphile_worker") -> dict[str, list[t
                 tuple(
                     v.replace(quoted_text + ".", "SCHEMA.").replace(schema + ".", "SCHEMA.")
                     if isinstance(v, str)
+                    else tuple(v)
+                    if isinstance(v, list)
                     else v
                     for v in row
                 )

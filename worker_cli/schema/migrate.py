@@ -8,7 +8,10 @@ Each revision runs in its own transaction (a savepoint, when the caller's
 connection is in a transaction: see :meth:`WorkerUtils.migrate
 <worker_cli.jobs.worker_utils.WorkerUtils.migrate>`): it inserts its ``migrations`` row
 first, runs its SQL, reapplies the public functions and sends
-``NOTIFY "worker:migrate"``. Python migrators take a transaction-level
+``NOTIFY "worker:migrate"``. The Python-only revisions (``py/NNNNNN.sql``)
+hold tables, indexes and data changes; every ``py_*`` function is defined once,
+in ``py/functions.sql``, applied in the transaction of the last pending Python
+revision. Python migrators take a transaction-level
 advisory lock and re-read the state under it, so any number of them can start
 on one database at once; a racing Node migrator is detected by the unique
 violation on ``migrations`` and treated as "someone else did it".
@@ -68,6 +71,9 @@ _CLASH_ERRORS = (
     pg_errors.DuplicateObject,
 )
 
+#: The Python-only functions, applied with the last pending Python revision.
+PY_FUNCTIONS = "py/functions.sql"
+
 _PLACEHOLDERS = re.compile(r"\{\{(schema|schema_name)\}\}")
 
 
@@ -96,6 +102,11 @@ class MigrationFiles:
 
     def revision(self, number: int) -> str:
         return self.read(f"{number:06d}.sql")
+
+    def py_functions(self) -> str:
+        """Every ``py_*`` function, as the latest Python revision wants it
+        (``py/functions.sql``, ``create or replace`` each)."""
+        return self.read(PY_FUNCTIONS)
 
     def py_revisions(self) -> list[int]:
         """Numbers of the Python-only migrations (``py/NNNNNN.sql``), ascending."""
@@ -316,15 +327,18 @@ def _revision_steps(schema: str, files: MigrationFiles, number: int) -> Plan[boo
 
 
 def _apply_py_migrations(schema: str, files: MigrationFiles) -> Plan[list[int]]:
-    """Apply the Python-only migrations not yet recorded in ``_private_py_migrations``."""
+    """Apply the Python-only migrations not yet recorded in ``_private_py_migrations``,
+    the functions file in the transaction of the last of them."""
     numbers = files.py_revisions()
     if not numbers:
         return []
     done = yield from protected(_py_migrations_done(schema))
-    applied: list[int] = []
     # Every number not recorded yet, in order (a lower number added later still applies).
-    for number in (n for n in numbers if n not in done):
-        if (yield from transaction(_py_migration_steps(schema, files, number))):
+    pending = [n for n in numbers if n not in done]
+    applied: list[int] = []
+    for number in pending:
+        with_functions = number == pending[-1]
+        if (yield from transaction(_py_migration_steps(schema, files, number, with_functions))):
             applied.append(number)
             logger.info("applied Python-only migration %d to %s", number, schema)
     return applied
@@ -338,7 +352,13 @@ def _py_migrations_done(schema: str) -> Plan[set[int]]:
     return {int(row[0]) for row in rows}
 
 
-def _py_migration_steps(schema: str, files: MigrationFiles, number: int) -> Plan[bool]:
+def _py_migration_steps(
+    schema: str, files: MigrationFiles, number: int, with_functions: bool
+) -> Plan[bool]:
+    """One Python revision; with ``with_functions`` (the last pending one) the
+    functions file too, after it, so that the functions and the tables they
+    read are committed together. A revision another migrator recorded first is
+    skipped with its functions: whoever applied it applied them."""
     yield from _lock(schema)
     yield from _script(files.read("py/record.sql"), schema)
     if (
@@ -347,4 +367,6 @@ def _py_migration_steps(schema: str, files: MigrationFiles, number: int) -> Plan
         return False
     yield from execute(statements.compose(statements.record_py_migration, schema), {"id": number})
     yield from _script(files.read(f"py/{number:06d}.sql"), schema)
+    if with_functions:
+        yield from _script(files.py_functions(), schema)
     return True

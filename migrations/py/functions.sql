@@ -1,0 +1,1948 @@
+-- Every Python-only function (py_*), one definition each, as the latest
+-- Python revision (py/NNNNNN.sql) wants it. The migrator applies this file in
+-- the transaction of the last pending Python revision, after it, so the
+-- functions and the tables they read are committed together; an install with
+-- nothing pending does not read it. A function added or changed here needs a
+-- new Python revision (only its number, if nothing else changes): see
+-- migrations/README.md. A signature that goes away is dropped by its
+-- revision (drop function), not here.
+
+-- ==========================================================================
+-- Unique jobs (py/000001.sql; table _private_py_unique_locks): a rule
+-- checked, the lock's hash and key, add_job and add_jobs with a rule, and
+-- the collection of locks that can no longer block.
+-- ==========================================================================
+
+-- py_unique_rule: validate a rule (a JSON object) and return it with every
+-- default filled in and every list sorted. Errors use SQLSTATE 22023 and name
+-- the field ("unique.period: ..."), with the same wording as the Python API.
+create or replace function {{schema}}.py_unique_rule(rule jsonb)
+returns jsonb
+language plpgsql
+immutable
+as $fn$
+declare
+  v_unknown text;
+  v_period jsonb;
+  v_by jsonb;
+  v_keys jsonb;
+  v_states jsonb;
+  v_until jsonb;
+  v_timestamp jsonb;
+  v_replace jsonb;
+begin
+  if rule is null or jsonb_typeof(rule) <> 'object' then
+    raise exception 'unique: must be a JSON object' using errcode = '22023';
+  end if;
+
+  select string_agg(k, ', ' order by k) into v_unknown
+  from jsonb_object_keys(rule) as k
+  where k not in ('period', 'by', 'keys', 'states', 'until', 'timestamp', 'replace');
+  if v_unknown is not null then
+    raise exception 'unique: unknown field(s) %', v_unknown using errcode = '22023';
+  end if;
+
+  v_period := coalesce(nullif(rule -> 'period', 'null'), '60');
+  if v_period = '"infinity"' then
+    v_period := 'null';
+  elsif jsonb_typeof(v_period) <> 'number' then
+    raise exception 'unique.period: must be a positive number of seconds or "infinity", not %',
+      v_period using errcode = '22023';
+  elsif v_period::text::numeric <= 0 then
+    raise exception 'unique.period: must be a positive number of seconds or "infinity", not %',
+      v_period using errcode = '22023';
+  elsif v_period::text::numeric > 3155760000 then
+    raise exception 'unique.period: % seconds is more than 100 years; use "infinity"',
+      v_period using errcode = '22023';
+  end if;
+
+  v_by := {{schema}}.py_unique_list(rule, 'by', '["task", "queue", "payload"]',
+    array['task', 'queue', 'payload', 'flags']);
+  v_states := {{schema}}.py_unique_list(rule, 'states',
+    '["pending", "running", "retrying", "succeeded"]',
+    array['pending', 'running', 'retrying', 'failed', 'succeeded']);
+  v_replace := {{schema}}.py_unique_list(rule, 'replace', '[]',
+    array['run_at', 'priority', 'max_attempts', 'payload', 'queue'], true);
+
+  v_keys := nullif(rule -> 'keys', 'null');
+  if v_keys is not null then
+    if jsonb_typeof(v_keys) <> 'array' or jsonb_array_length(v_keys) = 0 or exists (
+      select 1 from jsonb_array_elements(v_keys) as e
+      where jsonb_typeof(e) <> 'string' or e = '""'
+    ) then
+      raise exception 'unique.keys: must be a non-empty list of payload keys (strings)'
+        using errcode = '22023';
+    end if;
+    if not v_by ? 'payload' then
+      raise exception 'unique.keys: compares payload keys, so "by" must include "payload"'
+        using errcode = '22023';
+    end if;
+    select jsonb_agg(distinct e order by e) into v_keys
+    from jsonb_array_elements_text(v_keys) as e;
+  end if;
+
+  v_until := coalesce(nullif(rule -> 'until', 'null'), '"success"');
+  if v_until not in ('"success"', '"start"') then
+    raise exception 'unique.until: must be "success" or "start", not %', v_until
+      using errcode = '22023';
+  end if;
+  if v_until = '"start"' and not v_states ? 'pending' then
+    raise exception 'unique.until: "start" releases the lock when the job starts, so only a pending job blocks; "states" must include "pending"'
+      using errcode = '22023';
+  end if;
+
+  v_timestamp := coalesce(nullif(rule -> 'timestamp', 'null'), '"run_at"');
+  if v_timestamp not in ('"run_at"', '"added"') then
+    raise exception 'unique.timestamp: must be "run_at" or "added", not %', v_timestamp
+      using errcode = '22023';
+  end if;
+
+  return jsonb_build_object(
+    'period', v_period,
+    'by', v_by,
+    'keys', v_keys,
+    'states', v_states,
+    'until', v_until,
+    'timestamp', v_timestamp,
+    'replace', v_replace
+  );
+end;
+$fn$;
+
+-- py_unique_list: one list field of a rule: its default when absent, else
+-- its distinct values, sorted, all of them in "allowed".
+create or replace function {{schema}}.py_unique_list(
+  rule jsonb,
+  field text,
+  default_value jsonb,
+  allowed text[],
+  may_be_empty boolean default false
+) returns jsonb
+language plpgsql
+immutable
+as $fn$
+declare
+  v_value jsonb := nullif(rule -> field, 'null');
+  v_bad text;
+begin
+  if v_value is null then
+    return default_value;
+  end if;
+  if jsonb_typeof(v_value) <> 'array'
+     or exists (select 1 from jsonb_array_elements(v_value) as e where jsonb_typeof(e) <> 'string')
+  then
+    raise exception 'unique.%: must be a list of strings from %', field, array_to_string(allowed, ', ')
+      using errcode = '22023';
+  end if;
+  select string_agg(e, ', ' order by e) into v_bad
+  from jsonb_array_elements_text(v_value) as e
+  where e <> all(allowed);
+  if v_bad is not null then
+    raise exception 'unique.%: unknown value(s) %; expected some of %',
+      field, v_bad, array_to_string(allowed, ', ')
+      using errcode = '22023';
+  end if;
+  if jsonb_array_length(v_value) = 0 then
+    if may_be_empty then
+      return '[]';
+    end if;
+    raise exception 'unique.%: must not be empty', field using errcode = '22023';
+  end if;
+  return (select jsonb_agg(distinct e order by e) from jsonb_array_elements_text(v_value) as e);
+end;
+$fn$;
+
+-- py_unique_hash: what makes two jobs "the same" under a normalised rule.
+-- The compared fields become one jsonb document (key order and whitespace of
+-- the payload do not matter; flags are a sorted set) and are hashed.
+create or replace function {{schema}}.py_unique_hash(
+  rule jsonb,
+  identifier text,
+  payload json,
+  queue_name text,
+  flags text[]
+) returns bytea
+language plpgsql
+immutable
+as $fn$
+declare
+  v_by jsonb := rule -> 'by';
+  v_payload jsonb := coalesce(payload::jsonb, '{}');
+  v_identity jsonb := '{}';
+begin
+  if v_by ? 'task' then
+    v_identity := v_identity || jsonb_build_object('task', identifier);
+  end if;
+  if v_by ? 'queue' then
+    v_identity := v_identity || jsonb_build_object('queue', queue_name);
+  end if;
+  if v_by ? 'payload' then
+    if jsonb_typeof(rule -> 'keys') = 'array' then
+      if jsonb_typeof(v_payload) <> 'object' then
+        raise exception 'unique.keys: compares keys of the payload, which must be a JSON object, not %',
+          jsonb_typeof(v_payload) using errcode = '22023';
+      end if;
+      -- A missing key and a key whose value is null are different.
+      v_identity := v_identity || jsonb_build_object('keys', (
+        select coalesce(jsonb_object_agg(k, v_payload -> k), '{}')
+        from jsonb_array_elements_text(rule -> 'keys') as k
+        where v_payload ? k
+      ));
+    else
+      v_identity := v_identity || jsonb_build_object('payload', v_payload);
+    end if;
+  end if;
+  if v_by ? 'flags' then
+    v_identity := v_identity || jsonb_build_object('flags', (
+      select coalesce(jsonb_agg(distinct f order by f), '[]') from unnest(flags) as f
+    ));
+  end if;
+  return sha256(convert_to(v_identity::text, 'UTF8'));
+end;
+$fn$;
+
+-- py_unique_state: the state of a job for uniqueness, from its live row; a
+-- row that is gone (all fields null) has succeeded.
+create or replace function {{schema}}.py_unique_state(job {{schema}}._private_jobs)
+returns text
+language sql
+immutable
+as $fn$
+  select case
+    when job.id is null then 'succeeded'
+    when job.locked_at is not null then 'running'
+    when job.attempts >= job.max_attempts then 'failed'
+    when job.attempts > 0 then 'retrying'
+    else 'pending'
+  end;
+$fn$;
+
+-- py_unique_lock_key: the advisory lock taken for a hash (its first 64 bits).
+create or replace function {{schema}}.py_unique_lock_key(hash bytea)
+returns bigint
+language sql
+immutable
+as $fn$
+  select ('x' || encode(substring(hash from 1 for 8), 'hex'))::bit(64)::bigint;
+$fn$;
+
+-- py_add_job: add_job with a uniqueness rule (see the README, "Unique jobs").
+-- Concurrent callers of the same hash are serialised by a transaction-level
+-- advisory lock, and the lock table's primary key holds one job per hash, so
+-- exactly one of them adds the job. A null rule adds the job as add_job does.
+-- On a conflict nothing is added: the existing job is returned (null when it
+-- has already succeeded and its row is gone) with conflict = true, the state
+-- that blocked, and whether the fields named in "replace" were updated
+-- (only a pending job is updated).
+create or replace function {{schema}}.py_add_job(
+  identifier text,
+  payload json default null::json,
+  queue_name text default null::text,
+  run_at timestamptz default null::timestamptz,
+  max_attempts integer default null::integer,
+  job_key text default null::text,
+  priority integer default null::integer,
+  flags text[] default null::text[],
+  job_key_mode text default 'replace'::text,
+  unique_rule jsonb default '{}'::jsonb
+) returns table (
+  job_id bigint,
+  conflict boolean,
+  conflict_state text,
+  replaced boolean,
+  job {{schema}}._private_jobs
+)
+language plpgsql
+as $fn$
+#variable_conflict use_column
+declare
+  v_rule jsonb;
+  v_hash bytea;
+  v_lock {{schema}}._private_py_unique_locks;
+  v_existing {{schema}}._private_jobs;
+  v_job {{schema}}._private_jobs;
+  v_state text;
+  v_replace jsonb;
+  v_period interval;
+  v_run_at timestamptz := coalesce(py_add_job.run_at, now());
+  v_replaced boolean := false;
+begin
+  if py_add_job.unique_rule is null or py_add_job.unique_rule = 'null'::jsonb then
+    v_job := {{schema}}.add_job(
+      py_add_job.identifier, py_add_job.payload, py_add_job.queue_name, py_add_job.run_at,
+      py_add_job.max_attempts, py_add_job.job_key, py_add_job.priority, py_add_job.flags,
+      py_add_job.job_key_mode
+    );
+    return query select v_job.id, false, null::text, false, v_job;
+    return;
+  end if;
+
+  v_rule := {{schema}}.py_unique_rule(py_add_job.unique_rule);
+  v_hash := {{schema}}.py_unique_hash(
+    v_rule, py_add_job.identifier, py_add_job.payload, py_add_job.queue_name, py_add_job.flags
+  );
+  v_period := make_interval(secs => (v_rule ->> 'period')::double precision);
+
+  -- Wait for any other transaction adding the same hash to commit; the
+  -- statements below then see what it did.
+  perform pg_advisory_xact_lock({{schema}}.py_unique_lock_key(v_hash));
+
+  select * into v_lock
+  from {{schema}}._private_py_unique_locks as l
+  where l.hash = v_hash
+  for update;
+
+  if found and (v_lock.expires_at is null or v_lock.expires_at > now()) then
+    select * into v_existing from {{schema}}._private_jobs as j where j.id = v_lock.job_id;
+    v_state := {{schema}}.py_unique_state(v_existing);
+    -- With no time limit a succeeded job (no row left) does not block.
+    if v_state = any(v_lock.states)
+       and not (v_state = 'succeeded' and v_lock.expires_at is null) then
+      v_replace := v_rule -> 'replace';
+      if v_state = 'pending' and jsonb_array_length(v_replace) > 0 then
+        if v_replace ? 'queue' and py_add_job.queue_name is not null then
+          insert into {{schema}}._private_job_queues (queue_name)
+          select py_add_job.queue_name
+          where not exists (
+            select 1 from {{schema}}._private_job_queues as q
+            where q.queue_name = py_add_job.queue_name
+          )
+          on conflict do nothing;
+        end if;
+        update {{schema}}._private_jobs as j
+        set run_at = case when v_replace ? 'run_at' then v_run_at else j.run_at end,
+            priority = case when v_replace ? 'priority'
+              then coalesce(py_add_job.priority::smallint, 0::smallint) else j.priority end,
+            max_attempts = case when v_replace ? 'max_attempts'
+              then coalesce(py_add_job.max_attempts::smallint, 25::smallint) else j.max_attempts end,
+            payload = case when v_replace ? 'payload'
+              then coalesce(py_add_job.payload, '{}'::json) else j.payload end,
+            job_queue_id = case when v_replace ? 'queue'
+              then (select q.id from {{schema}}._private_job_queues as q
+                    where q.queue_name = py_add_job.queue_name)
+              else j.job_queue_id end,
+            revision = j.revision + 1,
+            updated_at = now()
+        where j.id = v_lock.job_id and j.locked_at is null and j.attempts = 0
+        returning * into v_existing;
+        v_replaced := found;
+        if v_replaced then
+          if v_replace ? 'run_at' and v_rule ->> 'timestamp' = 'run_at' then
+            update {{schema}}._private_py_unique_locks as l
+            set expires_at = greatest(now(), v_existing.run_at) + v_period
+            where l.hash = v_hash;
+          end if;
+          perform pg_notify('jobs:insert', '{"r":' || random()::text || ',"count":1}');
+        end if;
+      end if;
+      return query select
+        v_lock.job_id,
+        true,
+        v_state,
+        v_replaced,
+        v_existing;
+      return;
+    end if;
+  end if;
+
+  v_job := {{schema}}.add_job(
+    py_add_job.identifier, py_add_job.payload, py_add_job.queue_name, py_add_job.run_at,
+    py_add_job.max_attempts, py_add_job.job_key, py_add_job.priority, py_add_job.flags,
+    py_add_job.job_key_mode
+  );
+
+  insert into {{schema}}._private_py_unique_locks as l (hash, job_id, states, expires_at)
+  values (
+    v_hash,
+    v_job.id,
+    case when v_rule ->> 'until' = 'start'
+      then array['pending']
+      else array(select jsonb_array_elements_text(v_rule -> 'states'))
+    end,
+    case when v_rule ->> 'timestamp' = 'run_at'
+      then greatest(now(), v_job.run_at) + v_period
+      else now() + v_period
+    end
+  )
+  on conflict (hash) do update set
+    job_id = excluded.job_id,
+    states = excluded.states,
+    expires_at = excluded.expires_at,
+    created_at = now();
+
+  return query select v_job.id, false, null::text, false, v_job;
+end;
+$fn$;
+
+-- py_add_jobs: add_jobs with uniqueness. unique_rules is one rule object for
+-- every spec, or an array with one rule (or null) per spec. Specs are added
+-- one by one, in order, so a spec is also compared with the earlier specs of
+-- the same call; each result carries the position of its spec (from 1).
+create or replace function {{schema}}.py_add_jobs(
+  specs {{schema}}.job_spec[],
+  unique_rules jsonb default '{}'::jsonb,
+  job_key_preserve_run_at boolean default false
+) returns table (
+  spec_index integer,
+  job_id bigint,
+  conflict boolean,
+  conflict_state text,
+  replaced boolean,
+  job {{schema}}._private_jobs
+)
+language plpgsql
+as $fn$
+#variable_conflict use_column
+declare
+  v_spec {{schema}}.job_spec;
+  v_index integer := 0;
+  v_rule jsonb;
+  v_key bigint;
+begin
+  if jsonb_typeof(py_add_jobs.unique_rules) = 'array'
+     and jsonb_array_length(py_add_jobs.unique_rules) <> coalesce(cardinality(py_add_jobs.specs), 0)
+  then
+    raise exception 'unique: % rules for % specs; give one rule per spec, or one rule for all',
+      jsonb_array_length(py_add_jobs.unique_rules), coalesce(cardinality(py_add_jobs.specs), 0)
+      using errcode = '22023';
+  end if;
+  -- Take the advisory locks of every hash first, in one global order, so two
+  -- batches holding the same jobs in different orders cannot deadlock.
+  for v_key in
+    select distinct {{schema}}.py_unique_lock_key({{schema}}.py_unique_hash(
+      {{schema}}.py_unique_rule(s.rule), s.identifier, s.payload, s.queue_name, s.flags
+    ))
+    from (
+      select
+        spec.identifier,
+        spec.payload,
+        spec.queue_name,
+        spec.flags,
+        case jsonb_typeof(py_add_jobs.unique_rules)
+          when 'array' then py_add_jobs.unique_rules -> (spec.ordinality::integer - 1)
+          else py_add_jobs.unique_rules
+        end as rule
+      from unnest(py_add_jobs.specs) with ordinality as spec
+    ) as s
+    where s.rule is not null and s.rule <> 'null'::jsonb
+    order by 1
+  loop
+    perform pg_advisory_xact_lock(v_key);
+  end loop;
+
+  foreach v_spec in array coalesce(py_add_jobs.specs, '{}') loop
+    v_index := v_index + 1;
+    v_rule := case jsonb_typeof(py_add_jobs.unique_rules)
+      when 'array' then py_add_jobs.unique_rules -> (v_index - 1)
+      else py_add_jobs.unique_rules
+    end;
+    return query
+    select v_index, r.job_id, r.conflict, r.conflict_state, r.replaced, r.job
+    from {{schema}}.py_add_job(
+      v_spec.identifier, v_spec.payload, v_spec.queue_name, v_spec.run_at,
+      v_spec.max_attempts, v_spec.job_key, v_spec.priority, v_spec.flags,
+      case when py_add_jobs.job_key_preserve_run_at then 'preserve_run_at' else 'replace' end,
+      v_rule
+    ) as r;
+  end loop;
+end;
+$fn$;
+
+-- py_gc_unique_locks: delete up to max_rows locks that can never block
+-- again: their time is up, or their job is gone and they either had no time
+-- limit or did not block succeeded jobs. Returns how many were deleted. Each
+-- lock is re-checked under its advisory lock, in a statement of its own, so a
+-- concurrent py_add_job that has just taken the hash over is never undone.
+create or replace function {{schema}}.py_gc_unique_locks(max_rows integer default 500)
+returns integer
+language plpgsql
+as $fn$
+declare
+  v_hash bytea;
+  v_deleted integer := 0;
+begin
+  for v_hash in
+    select l.hash
+    from {{schema}}._private_py_unique_locks as l
+    where l.expires_at <= now()
+       or ((l.expires_at is null or not 'succeeded' = any(l.states))
+           and not exists (select 1 from {{schema}}._private_jobs as j where j.id = l.job_id))
+    limit max_rows
+  loop
+    if pg_try_advisory_xact_lock({{schema}}.py_unique_lock_key(v_hash)) then
+      delete from {{schema}}._private_py_unique_locks as l
+      where l.hash = v_hash
+        and (l.expires_at <= now()
+             or ((l.expires_at is null or not 'succeeded' = any(l.states))
+                 and not exists (
+                   select 1 from {{schema}}._private_jobs as j where j.id = l.job_id
+                 )));
+      if found then
+        v_deleted := v_deleted + 1;
+      end if;
+    end if;
+  end loop;
+  return v_deleted;
+end;
+$fn$;
+
+-- ==========================================================================
+-- The job lifecycle (py/000007.sql, 000008.sql, 000011.sql): one state for
+-- any job id, the names of the notification channels, cancelling.
+-- ==========================================================================
+
+-- The state of a job, from any process (py_job_status(42) in psql; the
+-- utilities' get_job_status and get_job_result): one row, always.
+--   scheduled  waiting for its run_at           available  due, waiting for a worker
+--   running    locked by a worker               retrying   failed, will run again
+--   failed     no attempts left (still a row)   succeeded  finished (history)
+--   cancelled  cancelled (history)              unknown    no row anywhere: finished by
+--                                                          a Node worker, removed by an
+--                                                          admin function, pruned, or
+--                                                          never existed
+create or replace function {{schema}}.py_job_status(job_id bigint)
+returns table (
+  state text, id bigint, task_identifier text, queue_name text, key text,
+  attempts smallint, max_attempts smallint, last_error text, result json,
+  result_error text, created_at timestamptz, run_at timestamptz, started_at timestamptz,
+  finished_at timestamptz, locked_by text, cancel_requested_at timestamptz,
+  cancel_reason text, timed_out boolean
+)
+language plpgsql
+stable
+as $fn$
+#variable_conflict use_column
+begin
+  return query
+  select
+    case
+      when j.locked_at is not null then 'running'
+      when j.attempts >= j.max_attempts then 'failed'
+      when j.attempts > 0 then 'retrying'
+      when j.run_at > now() then 'scheduled'
+      else 'available'
+    end,
+    j.id, t.identifier, q.queue_name, j.key, j.attempts, j.max_attempts, j.last_error,
+    null::json, null::text, j.created_at, j.run_at, j.locked_at, null::timestamptz,
+    j.locked_by, c.requested_at, c.reason, false
+  from {{schema}}._private_jobs as j
+  join {{schema}}._private_tasks as t on t.id = j.task_id
+  left join {{schema}}._private_job_queues as q on q.id = j.job_queue_id
+  left join {{schema}}._private_py_cancellations as c on c.job_id = j.id
+  where j.id = py_job_status.job_id;
+  if found then
+    return;
+  end if;
+  return query
+  select
+    h.state, h.job_id, h.task_identifier, h.queue_name, h.key, h.attempts, h.max_attempts,
+    h.last_error, h.result, h.result_error, h.created_at, h.run_at, h.started_at,
+    h.finished_at, null::text, h.cancel_requested_at, h.cancel_reason, h.timed_out
+  from {{schema}}._private_py_job_history as h
+  where h.job_id = py_job_status.job_id;
+  if found then
+    return;
+  end if;
+  return query
+  select
+    'unknown'::text, py_job_status.job_id, null::text, null::text, null::text,
+    null::smallint, null::smallint, null::text, null::json, null::text,
+    null::timestamptz, null::timestamptz, null::timestamptz, null::timestamptz,
+    null::text, null::timestamptz, null::text, false;
+end;
+$fn$;
+
+-- The NOTIFY channel "<schema>:py:<kind>" (kind: cancel, finished), the
+-- same name as worker_cli.schema.lifecycle.channel gives: a schema name too
+-- long for PostgreSQL's 63 bytes is cut between characters and the first 8
+-- hex digits of its SHA-256 appended after a "~".
+create or replace function {{schema}}.py_channel(kind text)
+returns text
+language plpgsql
+immutable
+as $fn$
+declare
+  v_schema text := {{schema_name}};
+  v_suffix text := ':py:' || kind;
+  v_room int;
+  v_cut text := '';
+begin
+  if octet_length(v_schema || v_suffix) <= 63 then
+    return v_schema || v_suffix;
+  end if;
+  v_room := 63 - octet_length(v_suffix) - 9;
+  for i in 1 .. length(v_schema) loop
+    exit when octet_length(v_cut || substr(v_schema, i, 1)) > v_room;
+    v_cut := v_cut || substr(v_schema, i, 1);
+  end loop;
+  return v_cut || '~' || left(encode(sha256(convert_to(v_schema, 'UTF8')), 'hex'), 8)
+    || v_suffix;
+end;
+$fn$;
+
+-- Cancelling jobs (Python-only; Node never calls it, and it changes Node's
+-- rows only as Node's own remove_job does).
+--
+-- py_cancel_jobs(job_ids, reason): one transaction, rows locked in id order
+-- (FOR UPDATE: a fetch that has just locked one is waited for; fetches skip
+-- rows being cancelled). For each job:
+--   waiting, scheduled, retrying or failed (unlocked, or locked more than 4
+--     hours ago by a crashed worker): deleted and recorded in the history as
+--     cancelled (kept a day), its uniqueness lock and options gone with it: it
+--     never runs;
+--   running (locked): a cancel request (_private_py_cancellations) and, on
+--     Node's row, attempts = max_attempts and key = null, exactly what Node's
+--     remove_job does to a locked job: it is never retried. A Python pool
+--     running it is told at once (NOTIFY "<schema>:py:cancel", ids); its
+--     outcome is recorded as cancelled unless the task returns normally
+--     (then it succeeded: the work happened). A Node worker cannot be told:
+--     it finishes the job, and a failure is recorded as cancelled by the
+--     Python pools' upkeep;
+--   gone: nothing changes.
+-- Returns each id with its state after the call ('cancelled', 'running' for
+-- a request, or the state py_job_status gives a job that is gone).
+-- The cancelled jobs are listed in the history's expiry ledger
+-- (_private_py_job_history_expiry, py/000011.sql) with their history rows.
+create or replace function {{schema}}.py_cancel_jobs(job_ids bigint[], reason text default null)
+returns table (id bigint, state text)
+language plpgsql
+volatile
+as $fn$
+#variable_conflict use_column
+declare
+  v_cancelled bigint[];
+  v_requested bigint[];
+  v_told bigint[];
+begin
+  -- Lock the rows first, in id order (two cancels of overlapping sets cannot
+  -- deadlock), waiting for a fetch that is locking one right now.
+  perform 1
+  from {{schema}}._private_jobs as j
+  where j.id = any(py_cancel_jobs.job_ids)
+  order by j.id
+  for update;
+
+  with gone as (
+    delete from {{schema}}._private_jobs as j
+    where j.id = any(py_cancel_jobs.job_ids)
+      and (j.locked_at is null or j.locked_at < now() - interval '4 hours')
+    returning j.*
+  ),
+  recorded as (
+    insert into {{schema}}._private_py_job_history (
+      job_id, state, task_identifier, queue_name, key, priority, attempts, max_attempts,
+      revision, flags, last_error, created_at, run_at, finished_at, cancel_requested_at,
+      cancel_reason, expires_at
+    )
+    select g.id, 'cancelled', t.identifier, q.queue_name, g.key, g.priority, g.attempts,
+      g.max_attempts, g.revision, g.flags, g.last_error, g.created_at, g.run_at, now(), now(),
+      py_cancel_jobs.reason, now() + interval '1 day'
+    from gone as g
+    join {{schema}}._private_tasks as t on t.id = g.task_id
+    left join {{schema}}._private_job_queues as q on q.id = g.job_queue_id
+    on conflict (job_id) do nothing
+    returning job_id, expires_at
+  ),
+  expiry as (
+    insert into {{schema}}._private_py_job_history_expiry (expires_at, job_ids)
+    select min(r.expires_at), array_agg(r.job_id)
+    from (select recorded.*, (row_number() over () - 1) / 1000 as chunk from recorded) as r
+    group by r.chunk
+  ),
+  unlocked as (
+    delete from {{schema}}._private_py_unique_locks as l
+    where l.job_id in (select g.id from gone as g)
+  ),
+  options as (
+    delete from {{schema}}._private_py_job_options as o
+    where o.job_id in (select g.id from gone as g)
+    returning o.job_id, o.notify_on_finish
+  )
+  select
+    coalesce((select array_agg(recorded.job_id) from recorded), '{}'),
+    coalesce((select array_agg(options.job_id) from options where options.notify_on_finish), '{}')
+  into v_cancelled, v_told;
+
+  -- Their waiters (wait_for_job) are told, as when a worker finishes a job,
+  -- 300 ids a notification (under NOTIFY's 8000 bytes).
+  for i in 1 .. coalesce(cardinality(v_told), 0) by 300 loop
+    perform pg_notify(
+      {{schema}}.py_channel('finished'), array_to_string(v_told[i:i + 299], ',')
+    );
+  end loop;
+
+  return query select r.job_id, 'cancelled'::text from unnest(v_cancelled) as r(job_id);
+
+  -- The running ones: a request, and Node's remove_job treatment.
+  with requested as (
+    insert into {{schema}}._private_py_cancellations as c (job_id, reason, pool_id)
+    select j.id, py_cancel_jobs.reason, j.locked_by
+    from {{schema}}._private_jobs as j
+    where j.id = any(py_cancel_jobs.job_ids) and j.locked_at is not null
+    on conflict (job_id) do update set reason = coalesce(excluded.reason, c.reason)
+    returning c.job_id
+  ),
+  marked as (
+    update {{schema}}._private_jobs as j
+    set attempts = j.max_attempts, key = null, updated_at = now()
+    where j.id in (select requested.job_id from requested)
+    returning j.id
+  )
+  select coalesce(array_agg(marked.id order by marked.id), '{}') into v_requested from marked;
+
+  if cardinality(v_requested) > 0 then
+    perform pg_notify({{schema}}.py_channel('cancel'), array_to_string(v_requested, ','));
+  end if;
+  return query select r.job_id, 'running'::text from unnest(v_requested) as r(job_id);
+
+  -- Any other id: gone already (or never there).
+  return query
+  select i.job_id, (select s.state from {{schema}}.py_job_status(i.job_id) as s)
+  from unnest(py_cancel_jobs.job_ids) as i(job_id)
+  where i.job_id <> all(v_cancelled) and i.job_id <> all(v_requested);
+end;
+$fn$;
+
+-- ==========================================================================
+-- Pauses (py/000014.sql; table _private_py_pauses): the pools' upkeep, pause
+-- and resume. The pools are told of pauses and resumes on
+-- "<schema>:py:control" (payload 'pauses'): they read the pauses again and
+-- give back the jobs of paused queues and tasks they have fetched but not
+-- started.
+-- ==========================================================================
+
+-- The pools' upkeep of pauses (each pool about every minute, and py_pause):
+-- deletes the pauses whose resume_at has passed; unlocks the queues held for
+-- a pause that is gone; locks, as 'py:paused', the held queues that are
+-- unlocked now (a held queue with no row yet gets one: Node's add_job finds
+-- it locked); and locks again those held for over an hour, so that no 4-hour
+-- stale-lock sweep (Node's or ours) releases them while a Python pool lives.
+-- Returns the number of pauses that ended and of queues locked and unlocked;
+-- tells the pools when a pause ended.
+create or replace function {{schema}}.py_hold_paused_queues(
+  out ended int, out locked int, out unlocked int
+)
+language plpgsql
+volatile
+as $fn$
+begin
+  with gone as (
+    delete from {{schema}}._private_py_pauses as p
+    where p.resume_at <= now()
+    returning 1
+  )
+  select count(*) into ended from gone;
+
+  with freed as (
+    update {{schema}}._private_job_queues as q
+    set locked_at = null, locked_by = null
+    where q.locked_by = 'py:paused'
+      and not exists (
+        select from {{schema}}._private_py_pauses as p
+        where p.kind = 'queue' and p.name = q.queue_name and p.hold_queue_lock
+      )
+    returning 1
+  )
+  select count(*) into unlocked from freed;
+
+  insert into {{schema}}._private_job_queues (queue_name, locked_at, locked_by)
+  select p.name, now(), 'py:paused'
+  from {{schema}}._private_py_pauses as p
+  where p.kind = 'queue' and p.hold_queue_lock
+  on conflict (queue_name) do nothing;
+  get diagnostics locked = row_count;
+
+  with held as (
+    update {{schema}}._private_job_queues as q
+    set locked_at = now(), locked_by = 'py:paused'
+    from {{schema}}._private_py_pauses as p
+    where p.kind = 'queue' and p.name = q.queue_name and p.hold_queue_lock
+      and (q.locked_at is null or (q.locked_by = 'py:paused' and q.locked_at < now() - interval '1 hour'))
+    returning q.locked_by
+  )
+  select locked + count(*) into locked from held;
+
+  if ended > 0 then
+    perform pg_notify({{schema}}.py_channel('control'), 'pauses');
+  end if;
+end;
+$fn$;
+
+-- Pause a queue or task (again: the new until, reason and hold replace the
+-- old). Returns the pause.
+create or replace function {{schema}}.py_pause(
+  kind text, name text, resume_at timestamptz default null, reason text default null,
+  hold_queue_lock boolean default false
+)
+returns setof {{schema}}._private_py_pauses
+language plpgsql
+volatile
+as $fn$
+declare
+  v_pause {{schema}}._private_py_pauses;
+begin
+  insert into {{schema}}._private_py_pauses as p (kind, name, resume_at, reason, hold_queue_lock)
+  values (py_pause.kind, py_pause.name, py_pause.resume_at, py_pause.reason,
+    coalesce(py_pause.hold_queue_lock, false))
+  on conflict on constraint _private_py_pauses_pkey do update
+    set resume_at = excluded.resume_at, reason = excluded.reason,
+      hold_queue_lock = excluded.hold_queue_lock
+  returning p.* into v_pause;
+  if v_pause.hold_queue_lock then
+    perform {{schema}}.py_hold_paused_queues();
+  elsif v_pause.kind = 'queue' then
+    -- paused again without the hold: the queue goes back to Node
+    update {{schema}}._private_job_queues as q
+    set locked_at = null, locked_by = null
+    where q.queue_name = v_pause.name and q.locked_by = 'py:paused';
+  end if;
+  perform pg_notify({{schema}}.py_channel('control'), 'pauses');
+  return next v_pause;
+end;
+$fn$;
+
+-- Resume a queue or task; whether it was paused. A held queue is unlocked
+-- (only if 'py:paused' holds it).
+create or replace function {{schema}}.py_resume(kind text, name text)
+returns boolean
+language plpgsql
+volatile
+as $fn$
+declare
+  v_found boolean;
+begin
+  delete from {{schema}}._private_py_pauses as p
+  where p.kind = py_resume.kind and p.name = py_resume.name;
+  v_found := found;
+  if py_resume.kind = 'queue' then
+    update {{schema}}._private_job_queues as q
+    set locked_at = null, locked_by = null
+    where q.queue_name = py_resume.name and q.locked_by = 'py:paused';
+  end if;
+  perform pg_notify({{schema}}.py_channel('control'), 'pauses');
+  return v_found;
+end;
+$fn$;
+
+-- ==========================================================================
+-- Limits (py/000015.sql, 000020.sql; tables _private_py_limits and
+-- _private_py_limit_state): partition keys, setting, removing and reading a
+-- limit, the fetch of limited jobs, starts given back, operation limits.
+-- A limit of a task or a queue set while jobs run counts them: py_set_limit
+-- first waits for the fetches in flight (an access exclusive lock on
+-- _private_py_limits, which every fetch reads) and holds new ones until it
+-- commits, so a fetch never takes jobs of the task without either seeing the
+-- limit or being seen by it.
+-- ==========================================================================
+
+-- The key of a partition value in _private_py_limit_state: the value itself
+-- when at most 256 bytes long, else its first 64 characters, '...sha256:'
+-- and the SHA-256 of the whole (UTF-8), in hexadecimal. A value holding that
+-- marker is hashed too, so no value's key is another's. Stable (convert_to
+-- is) and not strict, so that callers inline it: called as a function inside
+-- py_limit_partition's exception block, it was set up again at every call
+-- (15 us instead of 1).
+create or replace function {{schema}}.py_limit_key(value text)
+returns text
+language sql
+stable
+parallel safe
+as $fn$
+  select case
+    when octet_length(value) <= 256 and strpos(value, '...sha256:') = 0 then value
+    else left(value, 64) || '...sha256:' || encode(sha256(convert_to(value, 'UTF8')), 'hex')
+  end
+$fn$;
+
+-- The partition key of a job's payload under partition_by = field: the key of
+-- payload->>field; '' without the field, or when the payload cannot be read
+-- as text (->> fails on a \u0000 escape or a lone surrogate anywhere in it).
+create or replace function {{schema}}.py_limit_partition(payload json, field text)
+returns text
+language plpgsql
+stable
+parallel safe
+as $fn$
+begin
+  return {{schema}}.py_limit_key(coalesce(payload ->> field, ''));
+exception when others then
+  return '';
+end;
+$fn$;
+
+-- Set (or replace) a limit; returns it. A limit of a task or a queue counts
+-- the jobs of its key locked now (see "Limits" above); a new partition_by starts
+-- its windows afresh (the old rows name another field's values), and so
+-- does a new limit. Waits at most 5 seconds for the fetches in flight.
+create or replace function {{schema}}.py_set_limit(
+  kind text, name text, max_running int default null, max_starts int default null,
+  period interval default null, partition_by text default null
+)
+returns setof {{schema}}._private_py_limits
+language plpgsql
+volatile
+set lock_timeout = '5s'
+as $fn$
+declare
+  v_limit {{schema}}._private_py_limits;
+  v_old_by text;
+  v_existed boolean;
+  v_task_id int;
+  v_queue_id int;
+begin
+  if py_set_limit.kind in ('task', 'queue') then
+    begin
+      lock table {{schema}}._private_py_limits in access exclusive mode;
+    exception when lock_not_available then
+      raise exception 'set_limit: the limits were in use for more than 5 seconds '
+        '(a transaction left open after reading them?); nothing was changed'
+        using errcode = 'lock_not_available';
+    end;
+  end if;
+  select l.partition_by into v_old_by
+  from {{schema}}._private_py_limits as l
+  where l.kind = py_set_limit.kind and l.name = py_set_limit.name;
+  v_existed := found;
+  insert into {{schema}}._private_py_limits as l (kind, name, max_running, max_starts, period,
+    partition_by)
+  values (py_set_limit.kind, py_set_limit.name, py_set_limit.max_running, py_set_limit.max_starts,
+    py_set_limit.period, py_set_limit.partition_by)
+  on conflict on constraint _private_py_limits_pkey do update
+    set max_running = excluded.max_running, max_starts = excluded.max_starts,
+      period = excluded.period, partition_by = excluded.partition_by, updated_at = now()
+  returning l.* into v_limit;
+  if not v_existed or v_old_by is distinct from v_limit.partition_by then
+    delete from {{schema}}._private_py_limit_state as s
+    where s.kind = v_limit.kind and s.name = v_limit.name;
+  end if;
+  if v_limit.kind in ('task', 'queue') and v_limit.max_running is not null then
+    -- Every job of the key locked now, by its partition value (a scan of the
+    -- jobs table: locked jobs have no index).
+    if v_limit.kind = 'task' then
+      select t.id into v_task_id
+      from {{schema}}._private_tasks as t where t.identifier = v_limit.name;
+    else
+      select q.id into v_queue_id
+      from {{schema}}._private_job_queues as q where q.queue_name = v_limit.name;
+    end if;
+    insert into {{schema}}._private_py_limit_state as st (kind, name, partition, running)
+    select v_limit.kind, v_limit.name, x.part, array_agg(x.id order by x.id)
+    from (
+      select j.id,
+        case when v_limit.partition_by is null then ''
+          else {{schema}}.py_limit_partition(j.payload, v_limit.partition_by) end as part
+      from {{schema}}._private_jobs as j
+      where j.locked_at is not null
+        and (j.task_id = v_task_id or j.job_queue_id = v_queue_id)
+    ) as x
+    group by x.part
+    on conflict on constraint _private_py_limit_state_pkey do update
+    set running = excluded.running;
+  elsif v_limit.max_running is null then
+    update {{schema}}._private_py_limit_state as st
+    set running = '{}'
+    where st.kind = v_limit.kind and st.name = v_limit.name and st.running <> '{}';
+  end if;
+  perform pg_notify({{schema}}.py_channel('control'), 'limits');
+  return next v_limit;
+end;
+$fn$;
+
+-- Remove a limit; whether there was one.
+create or replace function {{schema}}.py_remove_limit(kind text, name text)
+returns boolean
+language plpgsql
+volatile
+as $fn$
+declare
+  v_found boolean;
+begin
+  delete from {{schema}}._private_py_limits as l
+  where l.kind = py_remove_limit.kind and l.name = py_remove_limit.name;
+  v_found := found;
+  delete from {{schema}}._private_py_limit_state as s
+  where s.kind = py_remove_limit.kind and s.name = py_remove_limit.name;
+  perform pg_notify({{schema}}.py_channel('control'), 'limits');
+  return v_found;
+end;
+$fn$;
+
+-- How much of a limit is in use now: its jobs running (locked), its starts
+-- in the current window, its partition values. Volatile, so that a statement
+-- that sets a limit and then calls it (WorkerUtils.set_limit's) sees what
+-- py_set_limit counted: the statement's own snapshot predates that.
+create or replace function {{schema}}.py_limit_use(kind text, name text, period interval)
+returns table (running int, recent_starts int, partitions int)
+language plpgsql
+volatile
+as $fn$
+begin
+  return query
+  select
+    (select count(*) from {{schema}}._private_py_limit_state as s
+      cross join lateral unnest(s.running) as r(id)
+      join {{schema}}._private_jobs as j on j.id = r.id and j.locked_at is not null
+      where s.kind = py_limit_use.kind and s.name = py_limit_use.name)::int,
+    (select count(*) from {{schema}}._private_py_limit_state as s
+      cross join lateral unnest(s.starts) as x(at)
+      where s.kind = py_limit_use.kind and s.name = py_limit_use.name
+        and x.at > clock_timestamp() - py_limit_use.period)::int,
+    (select count(*) from {{schema}}._private_py_limit_state as s
+      where s.kind = py_limit_use.kind and s.name = py_limit_use.name)::int;
+end;
+$fn$;
+
+-- The worker's fetch of jobs under limits: like py_fetch_jobs (same
+-- arguments and columns), for the jobs of limited tasks and limited queues
+-- only (py_fetch_jobs now leaves those alone). The worker asks for at most
+-- its free slots, so that what this lets start starts at once.
+--
+-- Race-free by serialising: the rows of every limit this fetch may use are
+-- locked first (FOR UPDATE, in key order), so another limited fetch that
+-- could use one of them waits until this one commits; each statement after
+-- that sees the jobs every earlier fetch locked. A candidate is taken only if
+-- each of its limits (its task's, its queue's; its partition's) has a free
+-- slot and a free start, and then it is locked and counted at once. A denied
+-- job is left as it was (no attempt spent) and the fetch goes on with the
+-- next candidate, so one full key holds up no other. At most 1,000
+-- candidates are looked at per fetch.
+--
+-- Each start is timed with clock_timestamp() as its job is taken (and the
+-- job locked at that time). A window is counted 50 ms longer than the
+-- period, and the worker starts each job within 25 ms of its count or gives
+-- it back uncounted (py_uncount_starts), so that the time between the count
+-- and the task's start cannot bring one window of the period more starts
+-- than allowed.
+--
+-- Each partition value is keyed by py_limit_partition.
+create or replace function {{schema}}.py_fetch_limited_jobs(
+  task_ids int[], forbidden_flags text[], job_limit int, pool_id text,
+  now_at timestamptz default null
+)
+returns table (
+  id bigint, job_queue_id int, task_id int, payload json, priority smallint,
+  run_at timestamptz, attempts smallint, max_attempts smallint, last_error text,
+  created_at timestamptz, updated_at timestamptz, key text, locked_at timestamptz,
+  locked_by text, revision int, flags jsonb, is_available boolean, queue_name text,
+  timeout interval
+)
+language plpgsql
+volatile
+set plan_cache_mode = force_generic_plan
+set jit = off
+as $fn$
+#variable_conflict use_column
+declare
+  v_now timestamptz := coalesce(now_at, now());
+  v_clock timestamptz;
+  v_locked_at timestamptz;
+  v_margin constant interval := interval '50 milliseconds';
+  v_paused_queues text[];
+  v_paused_tasks text[];
+  v_identifiers text[];
+  -- The limits this fetch may use (locked), one array per column.
+  v_kinds text[];
+  v_names text[];
+  v_by text[];
+  v_running int[];
+  v_starts int[];
+  v_periods interval[];
+  -- Limits without partitions found full before the scan.
+  v_full_tasks text[] := '{}';
+  v_full_queues text[] := '{}';
+  -- The keys (limit index/partition value) met by this fetch, each with its
+  -- limit, partition value, jobs running and starts in the window.
+  v_keys text[] := '{}';
+  v_key_limit int[] := '{}';
+  v_key_part text[] := '{}';
+  v_key_running int[] := '{}';
+  v_key_starts int[] := '{}';
+  -- What this fetch took: (key, job, time) for each of a job's keys.
+  v_new_key int[] := '{}';
+  v_new_job bigint[] := '{}';
+  v_new_at timestamptz[] := '{}';
+  v_ids bigint[];
+  v_ats timestamptz[];
+  v_pos int;
+  v_i int;
+  v_part text;
+  -- The candidate's keys.
+  v_mine int[];
+  v_key text;
+  v_ok boolean;
+  v_taken bigint[] := '{}';
+  v_task_ids int[];
+  v_scan int;
+  v_queue_ids int[];
+  c record;
+  s record;
+begin
+  if job_limit < 1 then
+    return;
+  end if;
+  v_identifiers := array(
+    select t.identifier from {{schema}}._private_tasks as t where t.id = any(task_ids)
+  );
+  -- Lock the limits this fetch may use, in key order (no deadlock between two
+  -- fetches); a fetch that could use one of them waits here for this one.
+  select array_agg(l.kind order by l.kind, l.name), array_agg(l.name order by l.kind, l.name),
+    array_agg(l.partition_by order by l.kind, l.name),
+    array_agg(l.max_running order by l.kind, l.name),
+    array_agg(l.max_starts order by l.kind, l.name), array_agg(l.period order by l.kind, l.name)
+  into v_kinds, v_names, v_by, v_running, v_starts, v_periods
+  from (
+    select l.*
+    from {{schema}}._private_py_limits as l
+    where (l.kind = 'task' and l.name = any(v_identifiers)) or l.kind = 'queue'
+    order by l.kind, l.name
+    for update
+  ) as l;
+  if v_kinds is null then
+    return;
+  end if;
+  v_clock := clock_timestamp();
+  -- Locked when counted, on the database's clock (also with now_at): the
+  -- worker starts the job within 50 ms of it or gives it back uncounted.
+  v_locked_at := v_clock;
+  select array_agg(p.name) filter (where p.kind = 'queue'),
+    array_agg(p.name) filter (where p.kind = 'task')
+  into v_paused_queues, v_paused_tasks
+  from {{schema}}._private_py_pauses as p
+  where p.resume_at is null or p.resume_at > v_now;
+  -- Limits without partitions that are full now: their jobs are not looked at.
+  for i in 1 .. cardinality(v_kinds) loop
+    continue when v_by[i] is not null;
+    select st.running, st.starts into s
+    from {{schema}}._private_py_limit_state as st
+    where st.kind = v_kinds[i] and st.name = v_names[i] and st.partition = '';
+    continue when not found;
+    if (v_running[i] is not null and (
+          select count(*) from {{schema}}._private_jobs as j
+          where j.id = any(s.running) and j.locked_at is not null
+        ) >= v_running[i])
+      or (v_starts[i] is not null and (
+          select count(*) from unnest(s.starts) as x(at)
+          where x.at > v_clock - v_periods[i] - v_margin
+        ) >= v_starts[i])
+    then
+      if v_kinds[i] = 'task' then
+        v_full_tasks := v_full_tasks || v_names[i];
+      else
+        v_full_queues := v_full_queues || v_names[i];
+      end if;
+    end if;
+  end loop;
+
+  -- The tasks whose own limit is not full, and the named queues under a
+  -- limit not full (paused ones left alone).
+  v_task_ids := array(
+    select t.id
+    from {{schema}}._private_tasks as t
+    where t.id = any(task_ids)
+      and t.identifier = any(array(
+        select v_names[i] from generate_subscripts(v_names, 1) as i where v_kinds[i] = 'task'
+      ))
+      and t.identifier <> all(v_full_tasks)
+      and not coalesce('*' = any(v_paused_tasks) or t.identifier = any(v_paused_tasks), false)
+  );
+  v_queue_ids := array(
+    select q.id
+    from {{schema}}._private_job_queues as q
+    where q.is_available
+      and q.queue_name = any(array(
+        select v_names[i] from generate_subscripts(v_names, 1) as i where v_kinds[i] = 'queue'
+      ))
+      and q.queue_name <> all(v_full_queues)
+      and not coalesce('*' = any(v_paused_queues) or q.queue_name = any(v_paused_queues), false)
+  );
+  -- Candidates in (priority, run_at, id) order: the jobs of those tasks, per
+  -- task through _private_py_jobs_task_order (no sort of a backlog), and the
+  -- jobs of those queues (only when a queue is limited: found through
+  -- jobs_main_index). Each scan locks as it goes and skips rows another fetch
+  -- is locking. Without partitions, a limit that is not full takes every
+  -- candidate until it is (then the loop ends or skips it), so job_limit
+  -- candidates are enough; with partitions, up to 1,000 are looked at, so
+  -- that full values hold up no other.
+  v_scan := case when exists (select from unnest(v_by) as b(field) where b.field is not null)
+    then 1000 else job_limit end;
+  for c in
+    select x.id, x.job_queue_id, x.payload, t.identifier, q.queue_name
+    from (
+      select j.id, j.job_queue_id, j.task_id, j.payload, j.priority, j.run_at
+      from unnest(v_task_ids) as lt(id)
+      cross join lateral (
+        select j.id, j.job_queue_id, j.task_id, j.payload, j.priority, j.run_at
+        from {{schema}}._private_jobs as j
+        where j.task_id = lt.id
+          and j.locked_at is null and j.attempts < j.max_attempts and j.run_at <= v_now
+          and (forbidden_flags is null or j.flags is null or not (j.flags ?| forbidden_flags))
+        order by j.priority, j.run_at, j.id
+        limit v_scan
+        for update of j skip locked
+      ) as j
+      union all
+      select j.id, j.job_queue_id, j.task_id, j.payload, j.priority, j.run_at
+      from (
+        select j.id, j.job_queue_id, j.task_id, j.payload, j.priority, j.run_at
+        from {{schema}}._private_jobs as j
+        where cardinality(v_queue_ids) > 0
+          and j.is_available = true and j.job_queue_id = any(v_queue_ids)
+          and j.task_id = any(task_ids) and j.task_id <> all(v_task_ids)
+          and j.run_at <= v_now
+          and (forbidden_flags is null or j.flags is null or not (j.flags ?| forbidden_flags))
+        order by j.priority, j.run_at, j.id
+        limit v_scan
+        for update of j skip locked
+      ) as j
+    ) as x
+    join {{schema}}._private_tasks as t on t.id = x.task_id
+    left join {{schema}}._private_job_queues as q on q.id = x.job_queue_id
+    where (x.job_queue_id is null or q.is_available)
+      and (q.queue_name is null or q.queue_name <> all(v_full_queues))
+      and not coalesce(
+        q.queue_name is not null
+          and ('*' = any(v_paused_queues) or q.queue_name = any(v_paused_queues)),
+        false
+      )
+    order by x.priority, x.run_at, x.id
+    limit v_scan
+  loop
+    -- Counted now: the job's start is timed as late as it can be.
+    v_clock := clock_timestamp();
+    v_locked_at := v_clock;
+    -- Check every limit of the candidate first. Each key (limit and
+    -- partition value) is read once a fetch: how many of its jobs run and
+    -- how many starts its window holds; what this fetch takes is counted in
+    -- memory, and written once, after the loop.
+    v_ok := true;
+    v_mine := '{}';
+    for i in 1 .. cardinality(v_kinds) loop
+      -- (a job without a queue: queue_name is null, so coalesce)
+      continue when not coalesce(
+        (v_kinds[i] = 'task' and v_names[i] = c.identifier)
+        or (v_kinds[i] = 'queue' and v_names[i] = c.queue_name),
+        false
+      );
+      v_part := case when v_by[i] is null then ''
+        else {{schema}}.py_limit_partition(c.payload, v_by[i]) end;
+      v_key := i || '/' || v_part;
+      v_pos := array_position(v_keys, v_key);
+      if v_pos is null then
+        select st.running, st.starts into s
+        from {{schema}}._private_py_limit_state as st
+        where st.kind = v_kinds[i] and st.name = v_names[i] and st.partition = v_part;
+        v_keys := v_keys || v_key;
+        v_key_limit := v_key_limit || i;
+        v_key_part := v_key_part || v_part;
+        v_key_running := v_key_running || case when found and v_running[i] is not null then (
+            select count(*)::int from {{schema}}._private_jobs as j
+            where j.id = any(s.running) and j.locked_at is not null
+          ) else 0 end;
+        v_key_starts := v_key_starts || case when found and v_starts[i] is not null then (
+            select count(*)::int from unnest(s.starts) as x(at)
+            where x.at > v_clock - v_periods[i] - v_margin
+          ) else 0 end;
+        v_pos := cardinality(v_keys);
+      end if;
+      if (v_running[i] is not null and v_key_running[v_pos] >= v_running[i])
+        or (v_starts[i] is not null and v_key_starts[v_pos] >= v_starts[i])
+      then
+        v_ok := false;
+        exit;
+      end if;
+      v_mine := v_mine || v_pos;
+    end loop;
+    continue when not v_ok;
+    -- Its named queue, if any, must be free: take it.
+    if c.job_queue_id is not null then
+      update {{schema}}._private_job_queues as q
+      set locked_at = v_locked_at, locked_by = pool_id
+      where q.id = c.job_queue_id and q.locked_at is null;
+      continue when not found;
+    end if;
+    update {{schema}}._private_jobs as j
+    set attempts = j.attempts + 1, locked_at = v_locked_at, locked_by = pool_id
+    where j.id = c.id;
+    v_taken := v_taken || c.id;
+    -- Count it in each of its limits.
+    foreach v_pos in array v_mine loop
+      v_key_running[v_pos] := v_key_running[v_pos] + 1;
+      v_key_starts[v_pos] := v_key_starts[v_pos] + 1;
+      v_new_key := v_new_key || v_pos;
+      v_new_job := v_new_job || c.id;
+      v_new_at := v_new_at || v_clock;
+    end loop;
+    exit when cardinality(v_taken) >= job_limit;
+  end loop;
+
+  -- Write each key's new starts and running jobs once (its starts stay in
+  -- the order they were made: the latest max_starts are kept).
+  for v_pos in 1 .. coalesce(cardinality(v_keys), 0) loop
+    v_ids := array(
+      select v_new_job[n] from generate_subscripts(v_new_key, 1) as n
+      where v_new_key[n] = v_pos order by n
+    );
+    continue when cardinality(v_ids) = 0;
+    v_ats := array(
+      select v_new_at[n] from generate_subscripts(v_new_key, 1) as n
+      where v_new_key[n] = v_pos order by n
+    );
+    v_i := v_key_limit[v_pos];
+    insert into {{schema}}._private_py_limit_state as st (
+      kind, name, partition, running, starts, started
+    )
+    values (v_kinds[v_i], v_names[v_i], v_key_part[v_pos],
+      case when v_running[v_i] is null then '{}'::bigint[] else v_ids end,
+      case when v_starts[v_i] is null then '{}'::timestamptz[]
+        else v_ats[greatest(1, cardinality(v_ats) - v_starts[v_i] + 1):] end,
+      case when v_starts[v_i] is null then '{}'::bigint[]
+        else v_ids[greatest(1, cardinality(v_ids) - v_starts[v_i] + 1):] end)
+    on conflict on constraint _private_py_limit_state_pkey do update
+    set running = case when v_running[v_i] is null then '{}'::bigint[] else
+        array(
+          select j.id from {{schema}}._private_jobs as j
+          where j.id = any(st.running) and j.locked_at is not null and j.id <> all(v_ids)
+        ) || v_ids
+      end,
+      starts = case when v_starts[v_i] is null then '{}'::timestamptz[] else
+        (st.starts || v_ats)[
+          greatest(1, cardinality(st.starts) + cardinality(v_ats) - v_starts[v_i] + 1):
+        ]
+      end,
+      started = case when v_starts[v_i] is null then '{}'::bigint[] else
+        (st.started || v_ids)[
+          greatest(1, cardinality(st.started) + cardinality(v_ids) - v_starts[v_i] + 1):
+        ]
+      end;
+  end loop;
+
+  return query
+  select j.id, j.job_queue_id, j.task_id, j.payload, j.priority, j.run_at, j.attempts,
+    j.max_attempts, j.last_error, j.created_at, j.updated_at, j.key, j.locked_at,
+    j.locked_by, j.revision, j.flags, j.is_available, q.queue_name, o.timeout
+  from {{schema}}._private_jobs as j
+  left join {{schema}}._private_job_queues as q on q.id = j.job_queue_id
+  left join {{schema}}._private_py_job_options as o on o.job_id = j.id
+  where j.id = any(v_taken)
+  order by j.priority, j.run_at, j.id;
+end;
+$fn$;
+
+-- Starts that did not happen: jobs a limit let start that the worker gives
+-- back instead (it could not start them within 50 ms of their count) are
+-- removed from the windows and the running sets, so they take no one's
+-- place. The worker then gives the jobs back as at shutdown.
+create or replace function {{schema}}.py_uncount_starts(job_ids bigint[])
+returns void
+language sql
+volatile
+as $fn$
+  update {{schema}}._private_py_limit_state as st
+  set running = array(
+      select r.id from unnest(st.running) as r(id) where r.id <> all(job_ids)
+    ),
+    starts = array(
+      select x.at from unnest(st.starts, st.started) as x(at, job_id)
+      where x.job_id <> all(job_ids)
+      order by x.at, x.job_id
+    ),
+    started = array(
+      select x.job_id from unnest(st.starts, st.started) as x(at, job_id)
+      where x.job_id <> all(job_ids)
+      order by x.at, x.job_id
+    )
+  where st.started && job_ids or st.running && job_ids
+$fn$;
+
+-- When a limited fetch that came back short may find more: the earliest
+-- moment one of the rate limits of these tasks (or of any queue) that is
+-- full now has room for `wanted` starts (the worker's free slots: one fetch
+-- then takes several, instead of one fetch a start); null: none is full by
+-- its rate (a freed slot comes with a job's completion instead). A limit
+-- counts as full here if it was within the last 100 ms, so that the fetch
+-- that found it full moments ago is followed by another (the moment may be
+-- past: the worker fetches at once).
+create or replace function {{schema}}.py_limits_next_start(task_ids int[], wanted int default 1)
+returns timestamptz
+language sql
+stable
+as $fn$
+  select min(f.freed_at + l.period + interval '50 milliseconds')
+  from {{schema}}._private_py_limits as l
+  join {{schema}}._private_py_limit_state as st on st.kind = l.kind and st.name = l.name
+  cross join lateral (
+    select count(*) as n
+    from unnest(st.starts) as y(at)
+    where y.at > clock_timestamp() - l.period - interval '150 milliseconds'
+  ) as w
+  cross join lateral (
+    -- The (n - max_starts + wanted)-th oldest of the n starts in the window
+    -- (at most the newest): once it leaves, `wanted` may start.
+    select r.at as freed_at
+    from unnest(st.starts) as r(at)
+    where r.at > clock_timestamp() - l.period - interval '150 milliseconds'
+    order by r.at
+    offset least(w.n, w.n - l.max_starts + greatest(wanted, 1)) - 1
+    limit 1
+  ) as f
+  where l.max_starts is not null and w.n >= l.max_starts
+    and (l.kind = 'queue' or l.kind = 'task' and l.name in (
+      select t.identifier from {{schema}}._private_tasks as t where t.id = any(task_ids)
+    ))
+$fn$;
+
+-- An operation limit, taken inside a task (helpers.limit(name, partition)):
+-- the job holder (running) takes a slot and a start of the operation's limit
+-- (kind 'operation'), for that partition value ('' if none). Returns null
+-- when taken; else the seconds after which it may be (a full rate: until
+-- its oldest start leaves the window; full slots: 1 second), or -1 when no
+-- such limit exists. The start is counted now; the slot is the holder's
+-- until py_limit_release, or until the holder's job is no longer locked
+-- (its worker died). Serialised on the limit's row.
+--
+-- The partition is keyed by py_limit_key. A holder already in the running set (the job's
+-- nested block, or a block whose release was lost) is granted at once,
+-- without a second slot or start.
+create or replace function {{schema}}.py_limit_acquire(name text, partition text, holder bigint)
+returns float8
+language plpgsql
+volatile
+as $fn$
+declare
+  v_limit {{schema}}._private_py_limits;
+  v_part text := {{schema}}.py_limit_key(coalesce(py_limit_acquire.partition, ''));
+  v_clock timestamptz;
+  v_running bigint[] := '{}';
+  v_wait float8;
+  v_count int;
+  v_first timestamptz;
+  s record;
+begin
+  select l.* into v_limit
+  from {{schema}}._private_py_limits as l
+  where l.kind = 'operation' and l.name = py_limit_acquire.name
+  for update;
+  if not found then
+    return -1;
+  end if;
+  v_clock := clock_timestamp();
+  select st.running, st.starts, st.started into s
+  from {{schema}}._private_py_limit_state as st
+  where st.kind = 'operation' and st.name = v_limit.name and st.partition = v_part;
+  if found then
+    v_running := array(
+      select j.id from {{schema}}._private_jobs as j
+      where j.id = any(s.running) and j.locked_at is not null
+    );
+    if holder = any(v_running) then
+      return null;
+    end if;
+    if v_limit.max_running is not null and cardinality(v_running) >= v_limit.max_running then
+      v_wait := 1.0;
+    end if;
+    if v_limit.max_starts is not null then
+      select count(*), min(x.at) into v_count, v_first
+      from unnest(s.starts) as x(at)
+      where x.at > v_clock - v_limit.period;
+      if v_count >= v_limit.max_starts then
+        v_wait := greatest(
+          coalesce(v_wait, 0), extract(epoch from v_first + v_limit.period - v_clock)
+        );
+      end if;
+    end if;
+  end if;
+  if v_wait is not null then
+    return v_wait;
+  end if;
+  insert into {{schema}}._private_py_limit_state as st (
+    kind, name, partition, running, starts, started
+  )
+  values ('operation', v_limit.name, v_part,
+    case when v_limit.max_running is null then '{}'::bigint[] else array[holder] end,
+    case when v_limit.max_starts is null then '{}'::timestamptz[] else array[v_clock] end,
+    case when v_limit.max_starts is null then '{}'::bigint[] else array[holder] end)
+  on conflict on constraint _private_py_limit_state_pkey do update
+  set running = case when v_limit.max_running is null then '{}'::bigint[]
+      else v_running || holder end,
+    starts = case when v_limit.max_starts is null then '{}'::timestamptz[] else
+      st.starts[greatest(1, cardinality(st.starts) - v_limit.max_starts + 2):] || v_clock
+    end,
+    started = case when v_limit.max_starts is null then '{}'::bigint[] else
+      st.started[greatest(1, cardinality(st.started) - v_limit.max_starts + 2):] || holder
+    end;
+  return null;
+end;
+$fn$;
+
+-- The holder's slot of an operation limit is free again (its start counts
+-- on); the partition keyed as py_limit_acquire keys it.
+create or replace function {{schema}}.py_limit_release(name text, partition text, holder bigint)
+returns void
+language sql
+volatile
+as $fn$
+  update {{schema}}._private_py_limit_state as st
+  set running = array_remove(st.running, holder)
+  where st.kind = 'operation' and st.name = py_limit_release.name
+    and st.partition = {{schema}}.py_limit_key(coalesce(py_limit_release.partition, ''))
+$fn$;
+
+-- ==========================================================================
+-- The worker's fetch (py/000003.sql, 000005.sql, 000009.sql, 000014.sql,
+-- 000015.sql, 000017.sql): py_get_jobs for workers of earlier versions,
+-- py_fetch_jobs for this one.
+--
+-- Order: a language sql function is checked when it is created, so one it
+-- calls comes first (py_limit_key before py_limit_release, say); the tables
+-- all exist by the time this file runs.
+-- ==========================================================================
+
+-- Lock up to job_limit runnable jobs for the pool pool_id: available, due, of
+-- the tasks task_ids, without forbidden flags, and either queue-less or in an
+-- available named queue. At most one job per named queue is taken, and its
+-- queue is locked in the same statement, so a named queue runs strictly one
+-- job at a time across every worker (Python or Node). Rows another worker is
+-- locking right now are skipped, not waited for. Returns the locked jobs with
+-- their queue names (the worker's statements.get_jobs).
+--
+-- A function, for its SET clauses: its statement is planned once per session
+-- (a generic plan, ~0.3 ms saved on every fetch) and only as index scans in
+-- index order. A plan made from statistics is only as good as they are: a
+-- table analyzed while nearly empty and then filled with a million rows led
+-- ordinary planning to bitmap-scan and sort every job of the task, ~500 ms
+-- per fetch until the next ANALYZE. The settings hold only while the function
+-- runs, so they also work through a pgBouncer in transaction mode.
+create or replace function {{schema}}.py_get_jobs(
+  task_ids int[], forbidden_flags text[], job_limit int, pool_id text
+)
+returns table (
+  id bigint, job_queue_id int, task_id int, payload json, priority smallint,
+  run_at timestamptz, attempts smallint, max_attempts smallint, last_error text,
+  created_at timestamptz, updated_at timestamptz, key text, locked_at timestamptz,
+  locked_by text, revision int, flags jsonb, is_available boolean, queue_name text
+)
+language plpgsql
+volatile
+set plan_cache_mode = force_generic_plan
+set enable_seqscan = off
+set enable_bitmapscan = off
+set jit = off
+as $fn$
+#variable_conflict use_column
+begin
+  return query
+  -- Named queues are locked before any of their jobs (as Node's fetch does),
+  -- so a job row of a named queue is only ever locked by the fetch holding
+  -- its queue. Locking a job first would let a concurrent fetch skip that
+  -- locked row, take the queue, and run the next job of the queue before it.
+  -- Read only when a candidate job is in a named queue: queue-less workloads
+  -- never lock (or scan) the queues table.
+  with queues as materialized (
+    select q.id
+    from {{schema}}._private_job_queues as q
+    where q.is_available = true
+    for update skip locked
+  ),
+  candidates as (
+    -- Per task, through _private_py_jobs_task_order: due jobs of other tasks,
+    -- however many, are never scanned. And per priority: the task's
+    -- priorities are found one index descent each (a loose index scan), so
+    -- each priority's due jobs are a bounded range and its future jobs,
+    -- however many, are never walked either. Each scan locks as it goes and
+    -- skips rows another worker is locking right now (not waiting for them),
+    -- so it still fills the limit; rows beyond the overall limit are unlocked
+    -- when the statement ends.
+    select c.id, c.job_queue_id, c.priority, c.run_at
+    from unnest(task_ids) as t (id)
+    cross join lateral (
+      with recursive priorities (priority) as (
+        (
+          select j.priority
+          from {{schema}}._private_jobs as j
+          where j.task_id = t.id and j.locked_at is null and j.attempts < j.max_attempts
+          order by j.priority
+          limit 1
+        )
+        union all
+        select (
+          select j.priority
+          from {{schema}}._private_jobs as j
+          where j.task_id = t.id and j.locked_at is null and j.attempts < j.max_attempts
+            and j.priority > p.priority
+          order by j.priority
+          limit 1
+        )
+        from priorities as p
+        where p.priority is not null
+      )
+      select p.priority from priorities as p where p.priority is not null
+    ) as p
+    cross join lateral (
+      select j.id, j.job_queue_id, j.priority, j.run_at
+      from {{schema}}._private_jobs as j
+      where j.task_id = t.id
+        and j.priority = p.priority
+        and j.locked_at is null and j.attempts < j.max_attempts
+        and j.run_at <= now()
+        and (j.job_queue_id is null or j.job_queue_id in (select queues.id from queues))
+        and (forbidden_flags is null or j.flags is null or not (j.flags ?| forbidden_flags))
+      -- id breaks ties (one add_jobs call gives every job the same run_at), so
+      -- a named queue runs its jobs in the order they were added; the index
+      -- holds the same order, so nothing is sorted.
+      order by j.run_at, j.id
+      limit job_limit
+      for update of j skip locked
+    ) as c
+    order by c.priority, c.run_at, c.id
+    limit job_limit
+  ),
+  chosen as (
+    -- The first candidate of each named queue is the head of that queue: no
+    -- other fetch can lock its rows while this one holds the queue.
+    select distinct on (c.job_queue_id, case when c.job_queue_id is null then c.id end)
+      c.id, c.job_queue_id
+    from candidates as c
+    order by c.job_queue_id, case when c.job_queue_id is null then c.id end,
+      c.priority, c.run_at, c.id
+  ),
+  lock_queues as (
+    update {{schema}}._private_job_queues as q
+    set locked_at = now(), locked_by = pool_id
+    from chosen
+    where q.id = chosen.job_queue_id
+  )
+  -- "= any(array(...))": an index scan on the primary key, never a join that
+  -- could hash the whole jobs table.
+  update {{schema}}._private_jobs as j
+  set attempts = j.attempts + 1, locked_at = now(), locked_by = pool_id
+  where j.id = any(array(select chosen.id from chosen))
+  returning j.id, j.job_queue_id, j.task_id, j.payload, j.priority, j.run_at, j.attempts,
+    j.max_attempts, j.last_error, j.created_at, j.updated_at, j.key, j.locked_at,
+    j.locked_by, j.revision, j.flags, j.is_available,
+    case when j.job_queue_id is not null then
+      (select q.queue_name from {{schema}}._private_job_queues as q where q.id = j.job_queue_id)
+    end;
+end;
+$fn$;
+
+-- The worker's fetch on the application's clock (use_local_time, graphile-worker's
+-- useNodeTime): py_get_jobs with a fifth argument, now_at, the worker's own
+-- time, used where the four-argument py_get_jobs (above)
+-- uses the database's now(): which jobs are due (run_at <= now_at) and the
+-- locked_at of the jobs and named queues it locks, as graphile-worker's fetch
+-- does with useNodeTime.
+--
+-- A separate overload rather than a changed py_get_jobs: a worker without the
+-- option sends exactly the statement it sent before, and workers of an older
+-- version keep calling the four-argument function while newer ones start.
+-- The body is the four-argument one with now() replaced by now_at and nothing
+-- else (tests/test_local_time.py compares the two in the database); see
+-- the four-argument one for why it is written this way.
+create or replace function {{schema}}.py_get_jobs(
+  task_ids int[], forbidden_flags text[], job_limit int, pool_id text, now_at timestamptz
+)
+returns table (
+  id bigint, job_queue_id int, task_id int, payload json, priority smallint,
+  run_at timestamptz, attempts smallint, max_attempts smallint, last_error text,
+  created_at timestamptz, updated_at timestamptz, key text, locked_at timestamptz,
+  locked_by text, revision int, flags jsonb, is_available boolean, queue_name text
+)
+language plpgsql
+volatile
+set plan_cache_mode = force_generic_plan
+set enable_seqscan = off
+set enable_bitmapscan = off
+set jit = off
+as $fn$
+#variable_conflict use_column
+begin
+  return query
+  -- Named queues are locked before any of their jobs (as Node's fetch does),
+  -- so a job row of a named queue is only ever locked by the fetch holding
+  -- its queue. Locking a job first would let a concurrent fetch skip that
+  -- locked row, take the queue, and run the next job of the queue before it.
+  -- Read only when a candidate job is in a named queue: queue-less workloads
+  -- never lock (or scan) the queues table.
+  with queues as materialized (
+    select q.id
+    from {{schema}}._private_job_queues as q
+    where q.is_available = true
+    for update skip locked
+  ),
+  candidates as (
+    -- Per task, through _private_py_jobs_task_order: due jobs of other tasks,
+    -- however many, are never scanned. And per priority: the task's
+    -- priorities are found one index descent each (a loose index scan), so
+    -- each priority's due jobs are a bounded range and its future jobs,
+    -- however many, are never walked either. Each scan locks as it goes and
+    -- skips rows another worker is locking right now (not waiting for them),
+    -- so it still fills the limit; rows beyond the overall limit are unlocked
+    -- when the statement ends.
+    select c.id, c.job_queue_id, c.priority, c.run_at
+    from unnest(task_ids) as t (id)
+    cross join lateral (
+      with recursive priorities (priority) as (
+        (
+          select j.priority
+          from {{schema}}._private_jobs as j
+          where j.task_id = t.id and j.locked_at is null and j.attempts < j.max_attempts
+          order by j.priority
+          limit 1
+        )
+        union all
+        select (
+          select j.priority
+          from {{schema}}._private_jobs as j
+          where j.task_id = t.id and j.locked_at is null and j.attempts < j.max_attempts
+            and j.priority > p.priority
+          order by j.priority
+          limit 1
+        )
+        from priorities as p
+        where p.priority is not null
+      )
+      select p.priority from priorities as p where p.priority is not null
+    ) as p
+    cross join lateral (
+      select j.id, j.job_queue_id, j.priority, j.run_at
+      from {{schema}}._private_jobs as j
+      where j.task_id = t.id
+        and j.priority = p.priority
+        and j.locked_at is null and j.attempts < j.max_attempts
+        and j.run_at <= now_at
+        and (j.job_queue_id is null or j.job_queue_id in (select queues.id from queues))
+        and (forbidden_flags is null or j.flags is null or not (j.flags ?| forbidden_flags))
+      -- id breaks ties (one add_jobs call gives every job the same run_at), so
+      -- a named queue runs its jobs in the order they were added; the index
+      -- holds the same order, so nothing is sorted.
+      order by j.run_at, j.id
+      limit job_limit
+      for update of j skip locked
+    ) as c
+    order by c.priority, c.run_at, c.id
+    limit job_limit
+  ),
+  chosen as (
+    -- The first candidate of each named queue is the head of that queue: no
+    -- other fetch can lock its rows while this one holds the queue.
+    select distinct on (c.job_queue_id, case when c.job_queue_id is null then c.id end)
+      c.id, c.job_queue_id
+    from candidates as c
+    order by c.job_queue_id, case when c.job_queue_id is null then c.id end,
+      c.priority, c.run_at, c.id
+  ),
+  lock_queues as (
+    update {{schema}}._private_job_queues as q
+    set locked_at = now_at, locked_by = pool_id
+    from chosen
+    where q.id = chosen.job_queue_id
+  )
+  -- "= any(array(...))": an index scan on the primary key, never a join that
+  -- could hash the whole jobs table.
+  update {{schema}}._private_jobs as j
+  set attempts = j.attempts + 1, locked_at = now_at, locked_by = pool_id
+  where j.id = any(array(select chosen.id from chosen))
+  returning j.id, j.job_queue_id, j.task_id, j.payload, j.priority, j.run_at, j.attempts,
+    j.max_attempts, j.last_error, j.created_at, j.updated_at, j.key, j.locked_at,
+    j.locked_by, j.revision, j.flags, j.is_available,
+    case when j.job_queue_id is not null then
+      (select q.queue_name from {{schema}}._private_job_queues as q where q.id = j.job_queue_id)
+    end;
+end;
+$fn$;
+
+-- The worker's fetch, with each job's own timeout: py_fetch_jobs.
+--
+-- py_get_jobs and its five-argument twin on the worker's clock (above), with one column more: the job's timeout from
+-- _private_py_job_options (add_job(..., timeout=...)), null for a job added
+-- without one. The worker learns it with the job, in the same statement:
+-- no round trip more per fetch. The lookup is one probe of the options'
+-- primary key per fetched job (a subquery in the RETURNING list: with the
+-- function's settings an index scan, whatever the table holds), made only
+-- while the table has any row: options are written only when given, and the
+-- rows of finished jobs are deleted within minutes, so a queue whose jobs
+-- have none pays one look per fetch. Measured (tests/fetch_cost.py
+-- --fetch-only, 50 jobs per fetch, about 19 us of server time per job): the
+-- look costs 0.18 us per job (0.9%), where a probe per job cost 0.42 us
+-- (2.2%); with 100,000 rows of other jobs' options, 0.9 us (4.7%).
+--
+-- A new name, not a changed py_get_jobs: a function's result type cannot
+-- change in place, and a worker of an older version, whose session has
+-- prepared "select * from py_get_jobs(...)", would fail every fetch with
+-- "cached plan must not change result type" if it were dropped and made
+-- again. Those workers keep calling py_get_jobs while newer ones start
+-- (a rolling upgrade); it stays, unchanged, until a later migration drops it.
+--
+-- One function for both clocks: now_at (the worker's time, use_local_time)
+-- or, when null, the database's now(), read once into v_now. The body is
+-- py_get_jobs' with now() read from v_now and the timeout added, nothing
+-- else (tests/test_timeouts.py compares them in the database); see
+-- py_get_jobs for why it is written this way.
+--
+-- Paused queues and tasks are left alone (py/000014.sql: workers running it
+-- honour pauses; workers of versions before pauses call py_get_jobs, which
+-- does not); limited tasks and queues are left to py_fetch_limited_jobs
+-- (py/000015.sql).
+--
+-- It locks the named queues of the jobs it chose by primary key, and none
+-- when no chosen job has a queue (py/000017.sql). Its join to the chosen jobs
+-- was planned as a hash of the whole queues table at every fetch: 1.7 ms of
+-- a 5.6 ms fetch with 10,000 named queues (all locked, 2 due jobs each) ahead
+-- of the runnable jobs (tests/benchmark.py's gw_scale_queues case).
+create or replace function {{schema}}.py_fetch_jobs(
+  task_ids int[], forbidden_flags text[], job_limit int, pool_id text,
+  now_at timestamptz default null
+)
+returns table (
+  id bigint, job_queue_id int, task_id int, payload json, priority smallint,
+  run_at timestamptz, attempts smallint, max_attempts smallint, last_error text,
+  created_at timestamptz, updated_at timestamptz, key text, locked_at timestamptz,
+  locked_by text, revision int, flags jsonb, is_available boolean, queue_name text,
+  timeout interval
+)
+language plpgsql
+volatile
+set plan_cache_mode = force_generic_plan
+set enable_seqscan = off
+set enable_bitmapscan = off
+set jit = off
+as $fn$
+#variable_conflict use_column
+declare
+  v_now timestamptz := coalesce(now_at, now());
+  -- Named queues and tasks left alone: paused, or limited (null: none).
+  v_paused_queues text[];
+  v_paused_tasks text[];
+begin
+  -- Pauses and limits: one look at each empty table when nothing is paused
+  -- or limited. Paused and limited tasks leave task_ids; paused and limited
+  -- queues are not locked below, so none of their jobs is a candidate
+  -- (limited ones are py_fetch_limited_jobs'). Expired pauses (resume_at
+  -- passed) count for nothing, whether or not the upkeep has deleted them yet.
+  if exists (select from {{schema}}._private_py_pauses)
+    or exists (select from {{schema}}._private_py_limits)
+  then
+    select array_agg(p.name) filter (where p.kind = 'queue'),
+      array_agg(p.name) filter (where p.kind = 'task')
+    into v_paused_queues, v_paused_tasks
+    from (
+      select p.kind, p.name
+      from {{schema}}._private_py_pauses as p
+      where p.resume_at is null or p.resume_at > v_now
+      union all
+      select l.kind, l.name from {{schema}}._private_py_limits as l
+    ) as p;
+    if v_paused_tasks is not null then
+      task_ids := array(
+        select t.id
+        from {{schema}}._private_tasks as t
+        where t.id = any(task_ids)
+          and not ('*' = any(v_paused_tasks) or t.identifier = any(v_paused_tasks))
+      );
+    end if;
+  end if;
+  return query
+  -- Named queues are locked before any of their jobs (as Node's fetch does),
+  -- so a job row of a named queue is only ever locked by the fetch holding
+  -- its queue. Locking a job first would let a concurrent fetch skip that
+  -- locked row, take the queue, and run the next job of the queue before it.
+  -- Read only when a candidate job is in a named queue: queue-less workloads
+  -- never lock (or scan) the queues table.
+  with queues as materialized (
+    select q.id
+    from {{schema}}._private_job_queues as q
+    where q.is_available = true
+      and (v_paused_queues is null
+        or not ('*' = any(v_paused_queues) or q.queue_name = any(v_paused_queues)))
+    for update skip locked
+  ),
+  candidates as (
+    -- Per task, through _private_py_jobs_task_order: due jobs of other tasks,
+    -- however many, are never scanned. And per priority: the task's
+    -- priorities are found one index descent each (a loose index scan), so
+    -- each priority's due jobs are a bounded range and its future jobs,
+    -- however many, are never walked either. Each scan locks as it goes and
+    -- skips rows another worker is locking right now (not waiting for them),
+    -- so it still fills the limit; rows beyond the overall limit are unlocked
+    -- when the statement ends.
+    select c.id, c.job_queue_id, c.priority, c.run_at
+    from unnest(task_ids) as t (id)
+    cross join lateral (
+      with recursive priorities (priority) as (
+        (
+          select j.priority
+          from {{schema}}._private_jobs as j
+          where j.task_id = t.id and j.locked_at is null and j.attempts < j.max_attempts
+          order by j.priority
+          limit 1
+        )
+        union all
+        select (
+          select j.priority
+          from {{schema}}._private_jobs as j
+          where j.task_id = t.id and j.locked_at is null and j.attempts < j.max_attempts
+            and j.priority > p.priority
+          order by j.priority
+          limit 1
+        )
+        from priorities as p
+        where p.priority is not null
+      )
+      select p.priority from priorities as p where p.priority is not null
+    ) as p
+    cross join lateral (
+      select j.id, j.job_queue_id, j.priority, j.run_at
+      from {{schema}}._private_jobs as j
+      where j.task_id = t.id
+        and j.priority = p.priority
+        and j.locked_at is null and j.attempts < j.max_attempts
+        and j.run_at <= v_now
+        and (j.job_queue_id is null or j.job_queue_id in (select queues.id from queues))
+        and (forbidden_flags is null or j.flags is null or not (j.flags ?| forbidden_flags))
+      -- id breaks ties (one add_jobs call gives every job the same run_at), so
+      -- a named queue runs its jobs in the order they were added; the index
+      -- holds the same order, so nothing is sorted.
+      order by j.run_at, j.id
+      limit job_limit
+      for update of j skip locked
+    ) as c
+    order by c.priority, c.run_at, c.id
+    limit job_limit
+  ),
+  chosen as (
+    -- The first candidate of each named queue is the head of that queue: no
+    -- other fetch can lock its rows while this one holds the queue.
+    select distinct on (c.job_queue_id, case when c.job_queue_id is null then c.id end)
+      c.id, c.job_queue_id
+    from candidates as c
+    order by c.job_queue_id, case when c.job_queue_id is null then c.id end,
+      c.priority, c.run_at, c.id
+  ),
+  lock_queues as (
+    -- By primary key, and only the queues chosen: joined to "chosen" instead,
+    -- the planner could hash the whole queues table each fetch, even when no
+    -- chosen job has a queue (1.7 ms with 10,000 queues).
+    update {{schema}}._private_job_queues as q
+    set locked_at = v_now, locked_by = pool_id
+    where q.id = any(array(
+      select chosen.job_queue_id from chosen where chosen.job_queue_id is not null
+    ))
+  )
+  -- "= any(array(...))": an index scan on the primary key, never a join that
+  -- could hash the whole jobs table.
+  update {{schema}}._private_jobs as j
+  set attempts = j.attempts + 1, locked_at = v_now, locked_by = pool_id
+  where j.id = any(array(select chosen.id from chosen))
+  returning j.id, j.job_queue_id, j.task_id, j.payload, j.priority, j.run_at, j.attempts,
+    j.max_attempts, j.last_error, j.created_at, j.updated_at, j.key, j.locked_at,
+    j.locked_by, j.revision, j.flags, j.is_available,
+    case when j.job_queue_id is not null then
+      (select q.queue_name from {{schema}}._private_job_queues as q where q.id = j.job_queue_id)
+    end,
+    -- The job's own timeout, if it has one: a primary-key lookup per job,
+    -- made only while any job has options (one look per fetch: an initplan).
+    case when (select exists (select from {{schema}}._private_py_job_options)) then
+      (select o.timeout from {{schema}}._private_py_job_options as o where o.job_id = j.id)
+    end;
+end;
+$fn$;
