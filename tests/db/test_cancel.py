@@ -434,7 +434,10 @@ def test_sql_and_python_name_the_channels_alike(db: str, schema: str) -> None:
     from worker_cli.schema.migrate import compose_script
 
     function = "create function pg_temp.channel(kind text) returns text language plpgsql as $fn$"
-    script = (Path(__file__).resolve().parents[2] / "migrations" / "py" / "000008.sql").read_text()
+    script = (
+        Path(__file__).resolve().parents[2] / "migrations" / "py" / "functions.sql"
+    ).read_text()
+    script = script[script.index("function {{schema}}.py_channel(") :]
     body = script[script.index("declare") : script.index("$fn$;")]
     with psycopg.connect(db, autocommit=True) as conn:
         conn.execute(compose_script(function + "\n" + body + "$fn$", schema))

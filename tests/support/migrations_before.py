@@ -17,7 +17,7 @@ import psycopg
 from worker_cli.schema.migrate import MigrationFiles, compose_script, migrate
 
 #: The migration files as they were before the functions file (issue 42).
-FILES_BEFORE = Path(__file__).resolve().parent / "fixtures" / "migrations_before_issue_42"
+FILES_BEFORE = Path(__file__).resolve().parents[1] / "fixtures" / "migrations_before_issue_42"
 #: The last Python revision of FILES_BEFORE.
 LATEST_BEFORE = 21
 
