@@ -46,10 +46,9 @@ from ..errors import ConfigurationError, GraphileWorkerError
 from ..schema.cleanup import CleanupTask
 from ..schema.lifecycle import finished_channel
 from ..schema.migrate import MigrationReport
-from .async_waiting import (
-    AsyncWaitListener,
-    wait_async,
-)  # sync: from .sync_waiting import SyncWaitListener, wait_blocking
+
+# sync-only: from .sync_waiting import SyncWaitListener, wait_blocking
+from .async_waiting import AsyncWaitListener, wait_async  # async-only
 from .job import Job
 from .job_spec import AddJobOptions, JobKeyMode, JobSpec, TaskSpec
 from .limits import Limit, LimitInfo
