@@ -1,12 +1,13 @@
-"""Waiting for a job: ``wait_for_job``, what both facades share, and the
-asyncio listener.
+"""Waiting for a job: ``wait_for_job``, what both facades share, and the two
+listeners (an asyncio task, a thread).
 
 Race-free by construction, in this order:
 
 1. the utilities' listener LISTENs on ``<schema>:py:finished``
    (:func:`~worker_cli.schema.lifecycle.finished_channel`): one connection
    per utilities object serves all its waiters (:class:`AsyncWaitListener`
-   here; :mod:`.sync_waiting` for the blocking twin);
+   for asyncio, :class:`SyncWaitListener` blocking: no mechanical twin of
+   each other, so both are written here);
 2. the waiter registers its interest: the job's row in
    ``_private_py_job_options`` gets ``notify_on_finish`` (committed at once);
 3. it reads the job's state (``py_job_status``) and returns if it is done.
@@ -22,6 +23,9 @@ reconnects every waiter reads again. A job id nobody can see reads
 ``unknown``; as it may belong to a transaction not committed yet, it is read
 again for :data:`VISIBILITY_GRACE` seconds (or until a shorter timeout) before
 ``unknown`` is returned.
+
+The wait loop itself is :func:`~.async_waiting.wait_async`, and its blocking
+twin :func:`~.sync_waiting.wait_blocking`, generated from it.
 """
 
 from __future__ import annotations
@@ -30,35 +34,35 @@ import asyncio
 import inspect
 import logging
 import math
+import select
+import socket
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager, suppress
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager, suppress
 from typing import Any, Literal, Protocol
 
 import psycopg
 from psycopg import sql
-from psycopg_pool import AsyncConnectionPool
+from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from ..db.connections import worker_conninfo
-from ..db.drivers import autocommit_mode_async, run_plan_async
 from ..db.retry import RECONNECT, Backoff, one_line
 from ..errors import ConfigurationError, GraphileWorkerError, JobSpecError
 from .in_task import in_worker_task
 from .results import FINAL_STATES, JobResult, check_job_id
-from .utils_plans import UtilsPlans
 
 __all__ = [
     "POLL",
     "VISIBILITY_GRACE",
     "AsyncWaitListener",
+    "SyncWaitListener",
     "Until",
     "WaitTimeout",
     "Waiting",
     "check_wait",
     "listen_statement",
     "resolve",
-    "wait_async",
 ]
 
 logger = logging.getLogger("graphile_worker")
@@ -73,6 +77,9 @@ POLL = Backoff((1.0, 2.0, 3.0, 4.0, 5.0), jitter=0.1)
 #: ``application_name`` of the listener's connection (unless the
 #: connection string sets one).
 APPLICATION_NAME = "graphile-worker waiter"
+#: Seconds :meth:`SyncWaitListener.close` waits for the thread at most (it may
+#: be inside a connection attempt, bounded by ``connect_timeout``).
+_JOIN_TIMEOUT = 15.0
 
 
 class WaitTimeout(TimeoutError, GraphileWorkerError):
@@ -334,32 +341,109 @@ class AsyncWaitListener:
                 await asyncio.sleep(delay)
 
 
-async def wait_async(
-    pool: AsyncConnectionPool[Any],
-    plans: UtilsPlans,
-    listener: AsyncWaitListener,
-    waiting: Waiting,
-) -> JobResult:
-    """``WorkerUtils.wait_for_job``: LISTEN, register, read; then read again
-    on each notification naming the job, and at each safety poll."""
-    job_id = waiting.job_id
-    async with listener.watch(job_id) as wake:
-        await listener.ready(waiting.remaining())
-        registered = False
-        while True:
-            wake.clear()  # before reading: a notification from now on wakes the wait
-            record = None
+class SyncWaitListener:
+    """The LISTEN connection serving every waiter of one SyncWorkerUtils: a
+    daemon thread, started at the first wait, reconnecting with the
+    :data:`~worker_cli.db.retry.RECONNECT` backoff, ended (and joined) by
+    :meth:`close`."""
+
+    def __init__(self, pool: ConnectionPool[Any], channel: str) -> None:
+        self._pool = pool
+        self._channel = channel
+        self.watchers = Watchers()
+        self._start_lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._tried = threading.Event()
+        self._stop = threading.Event()
+        # Written to by close(): wakes the thread out of select().
+        self._wake_r, self._wake_w = socket.socketpair()
+        self.listening = False
+
+    @contextmanager
+    def watch(self, job_id: int) -> Iterator[threading.Event]:
+        """An event set when a notification names ``job_id`` (or the listener
+        reconnects), for the block; the listener starts if it has not."""
+        event = threading.Event()
+        self.watchers.add(job_id, event)
+        try:
+            with self._start_lock:
+                if self._stop.is_set():
+                    raise RuntimeError("these utilities are closed")
+                if self._thread is None:
+                    self._thread = threading.Thread(
+                        target=self._run, name="graphile-worker waiter", daemon=True
+                    )
+                    self._thread.start()
+            yield event
+        finally:
+            self.watchers.remove(job_id, event)
+
+    def ready(self, within: float | None) -> None:
+        """Wait (at most ``within`` seconds) for the first attempt to LISTEN."""
+        self._tried.wait(within)
+
+    def close(self) -> None:
+        """Stop the thread and wait for it (its connection closes)."""
+        with self._start_lock:
+            self._stop.set()
+            thread = self._thread
+        with suppress(OSError):
+            self._wake_w.send(b"x")
+        if thread is not None:
+            thread.join(_JOIN_TIMEOUT)
+            if thread.is_alive():
+                logger.warning("Waiting for jobs: the listener thread did not stop in time")
+                return
+        self._wake_r.close()
+        self._wake_w.close()
+
+    def _connect(self) -> psycopg.Connection[Any]:
+        conninfo = self._pool.conninfo
+        kwargs = self._pool.kwargs
+        conninfo = (conninfo() if callable(conninfo) else conninfo) or ""
+        kwargs = dict((kwargs() if callable(kwargs) else kwargs) or {})
+        kwargs["autocommit"] = True
+        return psycopg.Connection.connect(worker_conninfo(conninfo, APPLICATION_NAME), **kwargs)
+
+    def _run(self) -> None:
+        failures = 0
+        while not self._stop.is_set():
             try:
-                async with (
-                    pool.connection(waiting.read_timeout()) as conn,
-                    autocommit_mode_async(conn),
-                ):
-                    plan = plans.wait_step(job_id, register=not registered)
-                    registered, record = await run_plan_async(conn, plan)
-            except psycopg.OperationalError as exc:  # an outage: read again later
-                logger.debug("Waiting for job %d: could not read it: %s", job_id, one_line(exc))
-            decision = waiting.next(record)
-            if isinstance(decision, JobResult):
-                return decision
-            with suppress(TimeoutError):
-                await asyncio.wait_for(wake.wait(), decision)
+                with self._connect() as conn:
+                    # Notifications psycopg reads while running LISTEN land here.
+                    conn.add_notify_handler(lambda notify: self.watchers.notified(notify.payload))
+                    conn.execute(listen_statement(self._channel))
+                    self.listening = True
+                    if failures:
+                        logger.info("Waiting for jobs: listening again")
+                    failures = 0
+                    self._tried.set()
+                    self.watchers.wake_all()
+                    self._pump(conn)
+            except Exception as exc:  # never ends by itself: waiters rely on it
+                self.listening = False
+                self._tried.set()
+                if self._stop.is_set():
+                    break
+                failures += 1
+                delay = RECONNECT.delay(failures)
+                logger.warning(
+                    "Waiting for jobs: LISTEN connection lost (%s); reconnecting in %.1fs",
+                    one_line(exc),
+                    delay,
+                )
+                self._stop.wait(delay)
+        self.listening = False
+
+    def _pump(self, conn: psycopg.Connection[Any]) -> None:
+        """Hand the notifications arriving on ``conn`` to the watchers until
+        :meth:`close`; a lost connection raises."""
+        pgconn = conn.pgconn
+        wake = self._wake_r.fileno()
+        while not self._stop.is_set():
+            ready, _, _ = select.select([conn.fileno(), wake], [], [])
+            if wake in ready:
+                return
+            pgconn.consume_input()  # raises OperationalError once the connection is lost
+            while (notify := pgconn.notifies()) is not None:
+                self.watchers.notified(notify.extra.decode(errors="replace"))

@@ -5,20 +5,29 @@
     async with make_worker_utils(connection_string=URL) as utils:
         job = await utils.add_job("send_email", {"to": "a@b.c"}, queue_name="mail")
 
-This module is the asyncio facade; :mod:`worker_cli.jobs.sync_worker_utils` is its
-blocking twin, method for method. Neither holds any logic of its own: each
-method asks :class:`~worker_cli.jobs.utils_plans.UtilsPlans` for a plan (the
-checked arguments, the statements and the decoding of their rows, written
-once for both) and runs it with its driver (:mod:`worker_cli.db.drivers`) on a
-connection of its pool, or on the caller's connection (``connection=``),
-whose transaction it joins. Only the choice of connection and the waiting
-differ between the twins.
+:mod:`worker_cli.jobs.worker_utils` is the asyncio facade;
+:mod:`worker_cli.jobs.sync_worker_utils` is its blocking twin, generated from it
+by ``tools/async_to_sync.py``: the same methods, keyword arguments and return
+types, name for name. The twin is for Django, Flask, scripts and a web
+server's worker threads: no event loop is started, and one utilities object
+may be used from any number of threads at once (its
+``psycopg_pool.ConnectionPool`` hands each call a connection of its own; on a
+given connection the calls take turns).
+
+Neither holds any logic of its own: each method asks
+:class:`~worker_cli.jobs.utils_plans.UtilsPlans` for a plan (the checked
+arguments, the statements and the decoding of their rows, written once for
+both) and runs it with its driver (:mod:`worker_cli.db.drivers`) on a
+connection of its pool, or on the caller's connection (``connection=``), whose
+transaction it joins. Only the choice of connection and the waiting
+(:mod:`.async_waiting`) differ between the twins.
 """
 
 from __future__ import annotations
 
-import asyncio
-import logging
+import asyncio  # async-only
+import logging  # async-only
+import threading
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
 from datetime import datetime, timedelta
@@ -28,41 +37,45 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from ..config.database import load_dotenv_file, resolve_connection_string, resolve_schema
+from ..db import held_connection
 from ..db.connections import check_connection, connect
 from ..db.drivers import autocommit_mode_async, run_plan_async
 from ..db.given_connection import check_given_connection, check_given_pool
-from ..db.held_connection import holding_connection, lent_connection, own_pool, pool_connection
 from ..db.plan import Plan
 from ..errors import ConfigurationError, GraphileWorkerError
 from ..schema.cleanup import CleanupTask
 from ..schema.lifecycle import finished_channel
 from ..schema.migrate import MigrationReport
-from .flow_control import AsyncFlowControl
+
+# sync-only: from .sync_waiting import SyncWaitListener, wait_blocking
+from .async_waiting import AsyncWaitListener, wait_async  # async-only
 from .job import Job
-from .job_records import AsyncJobRecords
 from .job_spec import AddJobOptions, JobKeyMode, JobSpec, TaskSpec
+from .limits import Limit, LimitInfo
+from .pauses import Pause
 from .payloads import NamedPayload, job_identity
-from .results import JobResult, JobState
+from .results import AttemptError, JobResult, JobState
 from .unique import UniqueJobResult, UniqueSpec
 from .utils_plans import UtilsPlans
-from .waiting import AsyncWaitListener, Until, Waiting, check_wait, wait_async
+from .waiting import Until, Waiting, check_wait
 
 __all__ = [
     "CleanupTask",
     "WorkerUtils",
     "make_worker_utils",
     "quick_add_job",
-    "sweep_unique_locks",
+    "sweep_unique_locks",  # async-only
 ]
 
-logger = logging.getLogger("graphile_worker")
+logger = logging.getLogger("graphile_worker")  # async-only
 
 T = TypeVar("T")
 
 
-class WorkerUtils(AsyncFlowControl, AsyncJobRecords):
+class WorkerUtils:
     """Job administration over a connection pool, or over the caller's
-    connection (``connection``); see :func:`make_worker_utils`."""
+    connection (``connection``); see :func:`make_worker_utils`. Safe to share
+    between asyncio tasks."""
 
     def __init__(
         self,
@@ -83,11 +96,14 @@ class WorkerUtils(AsyncFlowControl, AsyncJobRecords):
         self._plans = UtilsPlans(schema, use_local_time=use_local_time)
         # The LISTEN connection of wait_for_job (started at the first wait).
         self._listener: AsyncWaitListener | None = None
+        # Held to start or stop the listener (threads share a SyncWorkerUtils).
+        self._listener_lock = threading.Lock()
 
     async def close(self) -> None:
         """Stop what ``wait_for_job`` started (its LISTEN connection); the pool
         is left open. ``make_worker_utils`` calls it on exit."""
-        listener, self._listener = self._listener, None
+        with self._listener_lock:
+            listener, self._listener = self._listener, None
         if listener is not None:
             await listener.close()
 
@@ -113,7 +129,7 @@ class WorkerUtils(AsyncFlowControl, AsyncJobRecords):
         see :mod:`worker_cli.db.held_connection`)."""
         if self._given is not None:
             return nullcontext(self._given)
-        return lent_connection(self.pool)
+        return held_connection.lent_connection(self.pool)
 
     def holding_connection(self) -> AbstractAsyncContextManager[psycopg.AsyncConnection[Any]]:
         """A connection for the block, which this pool's methods called inside it
@@ -121,7 +137,7 @@ class WorkerUtils(AsyncFlowControl, AsyncJobRecords):
         ``connection=``, that connection."""
         if self._given is not None:
             return nullcontext(self._given)
-        return holding_connection(self.pool)
+        return held_connection.holding_connection(self.pool)
 
     @overload
     async def add_job(
@@ -260,6 +276,20 @@ class WorkerUtils(AsyncFlowControl, AsyncJobRecords):
         each id with its state after the call."""
         return await self._run(self._plans.cancel_jobs(job_ids, reason))
 
+    async def get_job_status(self, job_id: int) -> JobState:
+        """The state of a job (see :data:`~worker_cli.jobs.results.JobState`)."""
+        return (await self._run(self._plans.job_result(job_id))).state
+
+    async def get_job_result(self, job_id: int) -> JobResult:
+        """What is known of a job: its state, times, last error and, once it has
+        succeeded, its result (``.result``; see :class:`JobResult`)."""
+        return await self._run(self._plans.job_result(job_id))
+
+    async def get_job_errors(self, job_id: int) -> list[AttemptError]:
+        """Every failed attempt of a job that a Python worker recorded (kept 7
+        days), oldest first; empty for a job that never failed on one."""
+        return await self._run(self._plans.job_errors(job_id))
+
     async def wait_for_job(
         self,
         job_id: int,
@@ -277,10 +307,12 @@ class WorkerUtils(AsyncFlowControl, AsyncJobRecords):
         check_wait(
             job_id, timeout, until, allow_in_task=allow_in_task, given=self._given is not None
         )
-        if self._listener is None:
-            self._listener = AsyncWaitListener(self.pool, finished_channel(self.schema))
+        with self._listener_lock:
+            if self._listener is None:
+                self._listener = AsyncWaitListener(self.pool, finished_channel(self.schema))
+            listener = self._listener
         waiting = Waiting(job_id, timeout, until)
-        return await wait_async(self.pool, self._plans, self._listener, waiting)
+        return await wait_async(self.pool, self._plans, listener, waiting)
 
     async def complete_jobs(self, job_ids: Sequence[int]) -> list[Job]:
         """Mark jobs as done (delete them); locked jobs are skipped unless stale."""
@@ -310,6 +342,57 @@ class WorkerUtils(AsyncFlowControl, AsyncJobRecords):
     async def force_unlock_workers(self, worker_ids: Sequence[str]) -> None:
         """Release every job and queue locked by these worker pools (crashed ones)."""
         await self._run(self._plans.force_unlock_workers(worker_ids))
+
+    async def pause(
+        self,
+        *,
+        queue: str | None = None,
+        task: str | None = None,
+        until: datetime | timedelta | float | None = None,
+        reason: str | None = None,
+        hold_queue_lock: bool = False,
+    ) -> Pause:
+        """Pause a named queue or a task identifier (``*``: every queue, or
+        every task) across every Python worker: their jobs do not start until
+        :meth:`resume`, or ``until`` (an aware datetime, or how long: a
+        timedelta or seconds). Running jobs finish; jobs can still be added.
+        ``hold_queue_lock`` keeps Node workers off the queue too (README,
+        "Pause and resume"). Pausing again replaces ``until``, ``reason`` and
+        the hold. Returns the pause."""
+        return await self._run(self._plans.pause(queue, task, until, reason, hold_queue_lock))
+
+    async def resume(self, *, queue: str | None = None, task: str | None = None) -> bool:
+        """End a pause (see :meth:`pause`); whether there was one."""
+        return await self._run(self._plans.resume(queue, task))
+
+    async def list_pauses(self) -> list[Pause]:
+        """The pauses in force, by kind and name."""
+        return await self._run(self._plans.list_pauses())
+
+    async def set_limit(
+        self,
+        limit: Limit,
+        *,
+        queue: str | None = None,
+        task: str | None = None,
+        operation: str | None = None,
+    ) -> LimitInfo:
+        """Limit a task, a named queue, or an operation tasks do in their body
+        (``helpers.limit``), across every Python worker (README, "Concurrency
+        and rate limits"): ``Limit(max_running=..., max_starts=..., per=...,
+        partition_by=...)``; replaces its limit if it had one, live. Returns
+        the limit as stored, with its use."""
+        return await self._run(self._plans.set_limit(limit, queue, task, operation))
+
+    async def remove_limit(
+        self, *, queue: str | None = None, task: str | None = None, operation: str | None = None
+    ) -> bool:
+        """Remove a task's, a queue's or an operation's limit; whether it had one."""
+        return await self._run(self._plans.remove_limit(queue, task, operation))
+
+    async def list_limits(self) -> list[LimitInfo]:
+        """Every limit, with how much of it is in use now."""
+        return await self._run(self._plans.list_limits())
 
     async def cleanup(
         self,
@@ -351,7 +434,7 @@ class WorkerUtils(AsyncFlowControl, AsyncJobRecords):
         if autocommit:
             async with self.pool.connection() as conn, autocommit_mode_async(conn):
                 return await run_plan_async(conn, plan)
-        async with pool_connection(self.pool) as conn:
+        async with held_connection.pool_connection(self.pool) as conn:
             return await run_plan_async(conn, plan)
 
 
@@ -395,7 +478,7 @@ async def make_worker_utils(
     conninfo = resolve_connection_string(connection_string)
     kwargs: dict[str, Any] = {"prepare_threshold": None} if no_prepared_statements else {}
     await check_connection(conninfo)
-    new_pool: AsyncConnectionPool[Any] = own_pool(
+    new_pool: AsyncConnectionPool[Any] = held_connection.own_pool(
         AsyncConnectionPool(
             conninfo,
             min_size=1,
@@ -468,6 +551,7 @@ async def quick_add_job(
         return result
 
 
+# async-only: begin
 async def sweep_unique_locks(utils: WorkerUtils) -> None:
     """The worker's periodic sweep: delete expired locks; a failure is logged, not raised."""
     try:
@@ -477,3 +561,6 @@ async def sweep_unique_locks(utils: WorkerUtils) -> None:
         return
     if deleted:
         logger.info("Deleted %d expired unique-job lock(s)", deleted)
+
+
+# async-only: end
