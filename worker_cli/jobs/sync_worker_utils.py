@@ -41,8 +41,8 @@ from ..db.held_connection import (
 )
 from ..db.plan import Plan
 from ..errors import ConfigurationError
+from ..schema.channels import finished_channel
 from ..schema.cleanup import CleanupTask
-from ..schema.lifecycle import finished_channel
 from ..schema.migrate import MigrationReport
 from .flow_control import SyncFlowControl
 from .job import Job

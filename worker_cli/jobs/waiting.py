@@ -4,7 +4,7 @@ asyncio listener.
 Race-free by construction, in this order:
 
 1. the utilities' listener LISTENs on ``<schema>:py:finished``
-   (:func:`~worker_cli.schema.lifecycle.finished_channel`): one connection
+   (:func:`~worker_cli.schema.channels.finished_channel`): one connection
    per utilities object serves all its waiters (:class:`AsyncWaitListener`
    here; :mod:`.sync_waiting` for the blocking twin);
 2. the waiter registers its interest: the job's row in
@@ -44,6 +44,7 @@ from ..db.connections import worker_conninfo
 from ..db.drivers import autocommit_mode_async, run_plan_async
 from ..db.retry import RECONNECT, Backoff, one_line
 from ..errors import ConfigurationError, GraphileWorkerError, JobSpecError
+from ..sql import listen as listen_sql
 from .in_task import in_worker_task
 from .results import FINAL_STATES, JobResult, check_job_id
 from .utils_plans import UtilsPlans
@@ -190,7 +191,7 @@ class Waiting:
 
 def listen_statement(channel: str) -> sql.Composed:
     """``LISTEN "<channel>"``."""
-    return sql.SQL("listen {}").format(sql.Identifier(channel))
+    return sql.SQL(listen_sql.LISTEN).format(sql.Identifier(channel))
 
 
 def parse_ids(payload: str) -> list[int]:

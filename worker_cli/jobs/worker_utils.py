@@ -34,8 +34,8 @@ from ..db.given_connection import check_given_connection, check_given_pool
 from ..db.held_connection import holding_connection, lent_connection, own_pool, pool_connection
 from ..db.plan import Plan
 from ..errors import ConfigurationError, GraphileWorkerError
+from ..schema.channels import finished_channel
 from ..schema.cleanup import CleanupTask
-from ..schema.lifecycle import finished_channel
 from ..schema.migrate import MigrationReport
 from .flow_control import AsyncFlowControl
 from .job import Job
