@@ -1,7 +1,7 @@
 """Every dashboard statement stays bounded on a large queue: EXPLAINed on
 200,000 jobs (and 20,000 named queues, 200,000 finished jobs in the history),
 none scans ``_private_jobs`` or the history sequentially, and each reads the
-index its comment in ``worker_cli/dashboard/queries.py`` names."""
+index its comment in ``worker_cli/sql/dashboard.py`` names."""
 
 from __future__ import annotations
 
