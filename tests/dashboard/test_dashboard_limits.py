@@ -222,7 +222,7 @@ def test_the_panel_reads_a_bounded_number_of_limits(
     rows_of = reads.Reader.rows
 
     async def spy(self: reads.Reader, statement: Any, **params: Any) -> list[dict[str, Any]]:
-        if statement is reads.queries.limits:
+        if statement is reads.limits_sql.LIMIT_USAGE:
             asked.append(params)
         return await rows_of(self, statement, **params)
 

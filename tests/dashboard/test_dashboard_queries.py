@@ -1,7 +1,7 @@
 """Every dashboard statement stays bounded on a large queue: EXPLAINed on
 200,000 jobs (and 20,000 named queues, 200,000 finished jobs in the history),
 none scans ``_private_jobs`` or the history sequentially, and each reads the
-index its comment in ``worker_cli/dashboard/queries.py`` names."""
+index its comment in ``worker_cli/sql/dashboard.py`` names."""
 
 from __future__ import annotations
 
@@ -16,7 +16,10 @@ from psycopg.types.json import Jsonb
 
 from worker_cli.dashboard import queries
 from worker_cli.dashboard.census import sample_percent
-from worker_cli.schema.statements import compose
+from worker_cli.sql import compose
+from worker_cli.sql import dashboard as dashboard_sql
+from worker_cli.sql import limits as limits_sql
+from worker_cli.sql import status as status_sql
 
 pytestmark = pytest.mark.db
 
@@ -171,19 +174,19 @@ NOW = datetime.now(UTC)
 CASES: list[tuple[str, LiteralString, dict[str, Any], dict[str, set[str]]]] = [
     (
         "oldest waiting",
-        queries.oldest_waiting,
+        dashboard_sql.OLDEST_WAITING,
         {},
         {"_private_jobs": {"jobs_main_index"}},
     ),
     (
         "latest failures",
-        queries.latest_failures,
+        dashboard_sql.LATEST_FAILURES,
         {"window": queries.WINDOW, "limit": 10},
         {"_private_jobs": {"jobs_pkey1"}},
     ),
     (
         "jobs, no filter",
-        queries.jobs_page,
+        dashboard_sql.JOBS_PAGE,
         {
             "before": 2**63 - 1,
             "window": queries.WINDOW,
@@ -196,7 +199,7 @@ CASES: list[tuple[str, LiteralString, dict[str, Any], dict[str, set[str]]]] = [
     ),
     (
         "jobs, every filter, from a cursor",
-        queries.jobs_page,
+        dashboard_sql.JOBS_PAGE,
         {
             "before": 150_000,
             "window": queries.WINDOW,
@@ -207,34 +210,34 @@ CASES: list[tuple[str, LiteralString, dict[str, Any], dict[str, set[str]]]] = [
         },
         {"_private_jobs": {"jobs_pkey1"}, "_private_job_queues": {"job_queues_queue_name_key"}},
     ),
-    ("a job", queries.job, {"id": 12345}, {"_private_jobs": {"jobs_pkey1"}}),
+    ("a job", dashboard_sql.JOB, {"id": 12345}, {"_private_jobs": {"jobs_pkey1"}}),
     (
         "limits and their use",
-        queries.limits,
+        limits_sql.LIMIT_USAGE,
         {"limit": 201, "partitions": 1001},
         {"_private_jobs": {"jobs_pkey1"}},
     ),
     (
         "stranded tasks",
-        queries.stranded,
+        status_sql.STRANDED_TASKS,
         {"tasks": 1000, "cap": 10_001},
         {"_private_jobs": {"_private_py_jobs_task_order"}},
     ),
     (
         "named queues",
-        queries.queues,
+        dashboard_sql.QUEUES,
         {"limit": 51},
         {"_private_job_queues": {"job_queues_queue_name_key"}},
     ),
     (
         "queue holders",
-        queries.queue_holders,
+        dashboard_sql.QUEUE_HOLDERS,
         {"window": queries.WINDOW},
         {"_private_job_queues": {"job_queues_pkey1"}},
     ),
     (
         "finished, no filter",
-        queries.finished_page,
+        dashboard_sql.FINISHED_PAGE,
         {
             "upper_id": None,
             "after": None,
@@ -249,7 +252,7 @@ CASES: list[tuple[str, LiteralString, dict[str, Any], dict[str, set[str]]]] = [
     ),
     (
         "finished, every filter, from a cursor",
-        queries.finished_page,
+        dashboard_sql.FINISHED_PAGE,
         {
             "upper_id": JOBS + 100_000,
             "after": NOW - timedelta(hours=20),
@@ -264,13 +267,13 @@ CASES: list[tuple[str, LiteralString, dict[str, Any], dict[str, set[str]]]] = [
     ),
     (
         "latest finished",
-        queries.latest_finished,
+        dashboard_sql.LATEST_FINISHED,
         {},
         {"_private_py_job_history": {HISTORY_INDEX}},
     ),
     (
         "a finished job",
-        queries.finished_job,
+        dashboard_sql.FINISHED_JOB,
         {"id": JOBS + 12345, "cut": 1_000_000},
         {"_private_py_job_history": {"_private_py_job_history_pkey"}},
     ),
@@ -315,7 +318,7 @@ def test_no_statement_scans_the_jobs_sequentially(
 
 @pytest.mark.parametrize("percent", [100.0, 1.0])
 def test_the_counts_read_a_sample_of_the_jobs(big_queue: str, percent: float) -> None:
-    nodes = explain(big_queue, queries.census, percent=percent)
+    nodes = explain(big_queue, dashboard_sql.CENSUS, percent=percent)
     assert scans(nodes, "_private_jobs") == ["Sample Scan"]
 
 
@@ -324,12 +327,12 @@ def test_the_sample_is_bounded_on_a_large_table(big_queue: str) -> None:
     and the pages actually read stay near the bound."""
     with psycopg.connect(big_queue) as conn:
         [(pages,)] = conn.execute(
-            compose(queries.jobs_pages, "graphile_worker"), {"schema": "graphile_worker"}
+            compose(dashboard_sql.JOBS_PAGES, "graphile_worker"), {"schema": "graphile_worker"}
         ).fetchall()
         percent = sample_percent(pages)
         assert percent < 100
         query = psycopg.sql.SQL("explain (analyze, buffers, format json) ") + compose(
-            queries.census, "graphile_worker"
+            dashboard_sql.CENSUS, "graphile_worker"
         )
         [(result,)] = conn.execute(query, {"percent": percent}).fetchall()
     [sample] = [n for n in plan_nodes(result[0]["Plan"]) if n["Node Type"] == "Sample Scan"]
@@ -347,7 +350,7 @@ def test_a_deep_page_of_the_finished_view_reads_only_its_window(big_queue: str) 
     )
     with psycopg.connect(big_queue) as conn:
         query = psycopg.sql.SQL("explain (analyze, format json) ") + compose(
-            queries.finished_page, "graphile_worker"
+            dashboard_sql.FINISHED_PAGE, "graphile_worker"
         )
         [(result,)] = conn.execute(query, params).fetchall()
     [scan] = [
@@ -407,11 +410,11 @@ def test_the_finished_view_is_bounded_by_a_generic_plan_too(
 #: The statements about small tables (one row per pool, crontab line, task or pause),
 #: and exactly what each reads: never the jobs or the history.
 SMALL: list[tuple[str, LiteralString, dict[str, Any], set[str]]] = [
-    ("pool alive", queries.pool_alive, {"pool_id": "pool-1"}, {"_private_py_heartbeats"}),
-    ("heartbeats", queries.heartbeats, {"limit": 500}, {"_private_py_heartbeats"}),
-    ("crontab", queries.crontab, {"limit": 500}, {"_private_known_crontabs"}),
-    ("tasks", queries.task_identifiers, {"limit": 500}, {"_private_tasks"}),
-    ("pauses", queries.pauses, {"limit": 201}, {"_private_py_pauses"}),
+    ("pool alive", dashboard_sql.POOL_ALIVE, {"pool_id": "pool-1"}, {"_private_py_heartbeats"}),
+    ("heartbeats", dashboard_sql.HEARTBEATS, {"limit": 500}, {"_private_py_heartbeats"}),
+    ("crontab", dashboard_sql.CRONTAB, {"limit": 500}, {"_private_known_crontabs"}),
+    ("tasks", dashboard_sql.TASK_IDENTIFIERS, {"limit": 500}, {"_private_tasks"}),
+    ("pauses", dashboard_sql.PAUSES, {"limit": 201}, {"_private_py_pauses"}),
 ]
 
 
@@ -436,11 +439,11 @@ def test_the_limits_statement_reads_a_bounded_number_of_limits_and_partitions(
     those (each partition's running jobs: the ones still locked)."""
     with psycopg.connect(big_queue) as conn:
         query = psycopg.sql.SQL("explain (analyze, format json) ") + compose(
-            queries.limits, "graphile_worker"
+            limits_sql.LIMIT_USAGE, "graphile_worker"
         )
         params = {"limit": 201, "partitions": 1001}
         [(result,)] = conn.execute(query, params).fetchall()
-        found = conn.execute(compose(queries.limits, "graphile_worker"), params).fetchall()
+        found = conn.execute(compose(limits_sql.LIMIT_USAGE, "graphile_worker"), params).fetchall()
     nodes = list(plan_nodes(result[0]["Plan"]))
     assert result[0]["Plan"]["Actual Rows"] == 201
     states = [n for n in nodes if n.get("Relation Name") == "_private_py_limit_state"]
@@ -474,9 +477,11 @@ def test_the_stranded_statement_counts_at_most_its_cap_per_priority(big_queue: s
             "'{task_1}')"
         )
         params = {"tasks": 1000, "cap": 101}
-        found = conn.execute(compose(queries.stranded, "graphile_worker"), params).fetchall()
+        found = conn.execute(
+            compose(status_sql.STRANDED_TASKS, "graphile_worker"), params
+        ).fetchall()
         query = psycopg.sql.SQL("explain (analyze, format json) ") + compose(
-            queries.stranded, "graphile_worker"
+            status_sql.STRANDED_TASKS, "graphile_worker"
         )
         [(result,)] = conn.execute(query, params).fetchall()
         conn.rollback()

@@ -21,6 +21,8 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import Select
 
 from worker_cli.dashboard import create_app, throughput
+from worker_cli.sql import compose
+from worker_cli.sql import dashboard as dashboard_sql
 
 pytestmark = pytest.mark.db
 
@@ -264,15 +266,13 @@ def test_the_chart_reads_the_newest_rows_by_primary_key(db: str) -> None:
 
     import psycopg
 
-    from worker_cli.schema.statements import compose
-
     fill(db)
     params = {"read": 50_000, "task": None, "start": db_now(db), "end": db_now(db), "step": 60}
     with psycopg.connect(db, autocommit=True) as conn:
         conn.execute("set enable_seqscan = off")
         plan = conn.execute(
             psycopg.sql.SQL("explain (format json) ")
-            + compose(throughput.chart_buckets, "graphile_worker"),
+            + compose(dashboard_sql.CHART_BUCKETS, "graphile_worker"),
             params,
         ).fetchone()
     assert plan is not None

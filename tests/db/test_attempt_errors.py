@@ -39,8 +39,9 @@ from worker_cli import (
     run_once,
     task_options,
 )
-from worker_cli.dashboard import queries
-from worker_cli.schema import lifecycle, statements
+from worker_cli.sql import compose
+from worker_cli.sql import dashboard as dashboard_sql
+from worker_cli.sql import history as history_sql
 from worker_cli.worker.pruner import HistoryPruner
 
 pytestmark = pytest.mark.db
@@ -262,7 +263,7 @@ async def test_pruning_a_million_errors_reads_only_the_oldest(utils: WorkerUtils
         "'boom', true from generate_series(1, 1000000) as n",
     )
     rows(db, f"analyze {ERRORS}")
-    prune = statements.compose(lifecycle.prune_attempt_errors, "graphile_worker")
+    prune = compose(history_sql.PRUNE_ATTEMPT_ERRORS, "graphile_worker")
     params = {"lock_namespace": 1, "schema": "graphile_worker", "limit": 10_000}
     with psycopg.connect(db) as conn:
         [(plan,)] = conn.execute(
@@ -271,7 +272,7 @@ async def test_pruning_a_million_errors_reads_only_the_oldest(utils: WorkerUtils
         conn.rollback()  # the explained statement deleted: undo it
         [(page_plan,)] = conn.execute(
             psycopg.sql.SQL("explain (format json) ")
-            + statements.compose(queries.attempt_errors, "graphile_worker"),
+            + compose(dashboard_sql.ATTEMPT_ERRORS, "graphile_worker"),
             {"id": 500_000, "limit": 50, "cut": 20_000},
         ).fetchall()
     nodes = list(plan_nodes(plan[0]["Plan"]))

@@ -22,7 +22,8 @@ import pytest
 from dbhelpers import rows, value
 
 from worker_cli import Helpers, Runner, WorkerUtils, run, run_once
-from worker_cli.schema import statements
+from worker_cli.sql import compose
+from worker_cli.sql import fetch as fetch_sql
 from worker_cli.worker.fetcher import Fetcher
 
 pytestmark = pytest.mark.db
@@ -71,7 +72,7 @@ async def test_a_fetch_never_locks_a_job_of_a_named_queue_it_does_not_hold(
             "select id from graphile_worker._private_job_queues where queue_name = 'q' for update"
         )
         fetched = fetcher.execute(
-            statements.compose(statements.get_jobs, "graphile_worker"),
+            compose(fetch_sql.GET_JOBS, "graphile_worker"),
             {"task_ids": [task_id], "forbidden_flags": None, "limit": 10, "pool_id": "p"},
         ).fetchall()
         # This fetch took the queue-less jobs only, and left q's rows alone.

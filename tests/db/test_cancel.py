@@ -430,7 +430,7 @@ async def test_a_raising_task_of_a_cancelled_job_is_not_retried(
 
 @pytest.mark.parametrize("schema", ["graphile_worker", "a" * 55 + "_one", "é" * 31, "ä" * 60])
 def test_sql_and_python_name_the_channels_alike(db: str, schema: str) -> None:
-    from worker_cli.schema import lifecycle
+    from worker_cli.schema import channels
     from worker_cli.schema.migrate import compose_script
 
     function = "create function pg_temp.channel(kind text) returns text language plpgsql as $fn$"
@@ -443,7 +443,7 @@ def test_sql_and_python_name_the_channels_alike(db: str, schema: str) -> None:
         conn.execute(compose_script(function + "\n" + body + "$fn$", schema))
         for kind in ("cancel", "finished"):
             [(name,)] = conn.execute("select pg_temp.channel(%s)", (kind,)).fetchall()
-            assert name == lifecycle.channel(schema, kind)
+            assert name == channels.channel(schema, kind)
             assert len(name.encode()) <= 63
 
 

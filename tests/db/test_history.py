@@ -26,7 +26,8 @@ from worker_cli import (
     make_worker_utils,
     run_once,
 )
-from worker_cli.schema import lifecycle, statements
+from worker_cli.sql import compose
+from worker_cli.sql import history as history_sql
 from worker_cli.worker.pruner import HistoryPruner
 
 pytestmark = pytest.mark.db
@@ -300,7 +301,7 @@ async def test_pruning_a_million_rows_reads_only_what_it_deletes(
     utils: WorkerUtils, db: str
 ) -> None:
     fill_history(db, expired=20_000, kept=1_000_000)
-    statement = statements.compose(lifecycle.prune_history, "graphile_worker")
+    statement = compose(history_sql.PRUNE_HISTORY, "graphile_worker")
     params = {"lock_namespace": 1, "schema": "graphile_worker", "limit": 10_000, "scan": 10_000}
     with psycopg.connect(db) as conn:
         plan = "\n".join(

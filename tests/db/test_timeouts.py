@@ -637,7 +637,8 @@ async def test_a_long_jobs_lock_is_refreshed_so_no_stale_sweep_releases_it(
     locked again, and the 4-hour sweep (Node's rule, and ours) spares it."""
     import psycopg
 
-    from worker_cli.schema import statements
+    from worker_cli.sql import compose
+    from worker_cli.sql import fetch as fetch_sql
 
     job = await utils.add_job("long", {}, queue_name="q")
     started = asyncio.Event()
@@ -667,7 +668,7 @@ async def test_a_long_jobs_lock_is_refreshed_so_no_stale_sweep_releases_it(
             fresh = f"select locked_at > now() - interval '1 minute' from {JOBS} where id = %s"
             await until(lambda: value(db, fresh, (job.id,)), what="the job's lock refreshed")
             await until(lambda: value(db, queue_lock) > job_row(db, job.id)["created_at"])
-            sweep = statements.compose(statements.release_stale_locks, "graphile_worker")
+            sweep = compose(fetch_sql.RELEASE_STALE_LOCKS, "graphile_worker")
             with psycopg.connect(db, autocommit=True) as conn:
                 released = conn.execute(sweep, {"now": None, "lock_timeout": "4 hours"})
                 assert released.fetchone() == (0, 0)

@@ -38,7 +38,10 @@ from worker_cli import (
 from worker_cli.db.retry import Backoff
 from worker_cli.jobs import waiting, worker_utils
 from worker_cli.jobs.waiting import VISIBILITY_GRACE, Waiting
-from worker_cli.schema import failures, lifecycle, statements
+from worker_cli.schema import channels
+from worker_cli.sql import completion as completion_sql
+from worker_cli.sql import compose
+from worker_cli.sql import failure as failure_sql
 from worker_cli.worker.maintenance import Sweeper
 
 pytestmark = pytest.mark.db
@@ -102,13 +105,11 @@ def write_batch(db: str, statement: str, job_ids: list[int]) -> None:
             snoozes=[None] * n,
             max_snoozes=[None] * n,
         )
-    source = (
-        getattr(lifecycle, statement, None)
-        or getattr(failures, statement, None)
-        or getattr(statements, statement)
+    source = getattr(completion_sql, statement.upper(), None) or getattr(
+        failure_sql, statement.upper()
     )
     with psycopg.connect(db, autocommit=True) as conn:
-        conn.execute(statements.compose(source, "graphile_worker"), params)
+        conn.execute(compose(source, "graphile_worker"), params)
 
 
 def waited_for(db: str, job_ids: list[int], notify: bool = True) -> None:
@@ -189,11 +190,11 @@ async def test_jobs_nobody_waits_for_send_no_notification(utils: WorkerUtils, db
 
 async def test_a_schema_name_too_long_for_a_channel_gets_a_shortened_one(db: str) -> None:
     long_a, long_b = "a" * 55 + "_one", "a" * 55 + "_two"
-    channel_a, channel_b = lifecycle.finished_channel(long_a), lifecycle.finished_channel(long_b)
+    channel_a, channel_b = channels.finished_channel(long_a), channels.finished_channel(long_b)
     assert len(channel_a.encode()) <= 63 and channel_a.endswith(":py:finished")
     assert channel_a != channel_b
-    assert lifecycle.finished_channel("graphile_worker") == CHANNEL
-    assert len(lifecycle.finished_channel("é" * 31).encode()) <= 63  # cut between characters
+    assert channels.finished_channel("graphile_worker") == CHANNEL
+    assert len(channels.finished_channel("é" * 31).encode()) <= 63  # cut between characters
     # PostgreSQL takes it (a longer one would fail the worker's result statement).
     async with make_worker_utils(db, schema=long_a) as utils:
         await utils.migrate()

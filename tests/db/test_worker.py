@@ -17,7 +17,8 @@ from workers import Recorder, worker
 from worker_cli import Events, Helpers, Job, WorkerUtils, run, run_once
 from worker_cli.config.options import WorkerOptions
 from worker_cli.jobs.job import jobs_from_rows
-from worker_cli.schema import statements
+from worker_cli.sql import compose
+from worker_cli.sql import fetch as fetch_sql
 from worker_cli.tasks.loader import make_task_list
 from worker_cli.worker import WorkerPool
 from worker_cli.worker.fetcher import configure_fetch_connection
@@ -122,7 +123,7 @@ async def test_a_fetch_reads_only_its_jobs_when_statistics_are_stale(
     task_id = value(db, "select id from graphile_worker._private_tasks where identifier = 't'")
     with psycopg.connect(db) as conn:
         fetched = conn.execute(
-            statements.compose(statements.get_jobs, "graphile_worker"),
+            compose(fetch_sql.GET_JOBS, "graphile_worker"),
             {"task_ids": [task_id], "forbidden_flags": None, "limit": 15, "pool_id": "p"},
         ).fetchall()
         read = conn.execute(
@@ -325,11 +326,11 @@ async def test_both_fetch_forms_read_jobs_as_they_are_stored(
         await configure_fetch_connection(conn, no_prepared_statements=no_prepared_statements)
         async with conn.transaction(force_rollback=True):
             cur = await conn.cursor(binary=True).execute(
-                statements.compose(statements.get_jobs, "graphile_worker"), params
+                compose(fetch_sql.GET_JOBS, "graphile_worker"), params
             )
             binary = jobs_from_rows(await cur.fetchall(), names)
             cur = await conn.cursor(binary=True).execute(
-                statements.compose(statements.lost_fetch_jobs, "graphile_worker"),
+                compose(fetch_sql.LOST_FETCH_JOBS, "graphile_worker"),
                 {"pool_id": "pool-t", "known_ids": [binary[0].id]},
             )
             recovered = jobs_from_rows(await cur.fetchall(), names)

@@ -25,6 +25,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "worker_cli"
 #: from the layers below its own; worker and dashboard share a layer and
 #: import neither each other nor anything above.
 LAYERS: tuple[tuple[str, ...], ...] = (
+    ("sql",),
     ("config",),
     ("db",),
     ("schema",),

@@ -20,7 +20,7 @@ import click
 from ..errors import GraphileWorkerError
 from ..jobs.job_spec import SMALLINT_MAX, SMALLINT_MIN
 from ..jobs.last_error import storable
-from ..schema.admin_statements import STATES
+from ..sql import admin as admin_sql
 from .admin_jobs import Filters, Matches, Outcome, format_jobs, format_outcome, jobs_json, session
 from .common import CONTEXT_SETTINGS, connection_option, run_async, schema_option, shared
 from .params import aware_datetime
@@ -66,7 +66,7 @@ _task = click.option("--task", metavar="IDENTIFIER", help="Only jobs of this tas
 _queue = click.option("--queue", metavar="NAME", help="Only jobs in this named queue.")
 _state = click.option(
     "--state",
-    type=click.Choice(list(STATES)),
+    type=click.Choice(list(admin_sql.STATES)),
     help="Only jobs in this state, as `status` counts them (retrying: waiting or "
     "scheduled after a failed attempt).",
 )

@@ -6,7 +6,7 @@ matching 100,000 jobs never holds one long transaction).
 
 The database part (:class:`Filters`, :class:`Session`, ...) lives in
 :mod:`worker_cli.jobs.admin_batches`, shared with the dashboard's bulk
-actions; the statements are :mod:`worker_cli.schema.admin_statements`; the
+actions; the statements are :mod:`worker_cli.sql.admin`; the
 actions go through graphile-worker's admin functions, so a job a worker
 holds is left alone (and reported), as those functions leave it.
 """

@@ -111,8 +111,10 @@ async def _refuse_past(utils: WorkerUtils, until: datetime) -> None:
     """``--until`` must lie ahead of the database's clock (as the dashboard's
     form): a pause ending in the past would pause nothing, and would end a
     pause of the same queue or task in force."""
+    from ..sql import clock as clock_sql
+
     async with utils.connection() as conn:
-        cursor = await conn.execute("select now()")
+        cursor = await conn.execute(clock_sql.NOW)
         row = await cursor.fetchone()
     assert row is not None
     now: datetime = row[0]

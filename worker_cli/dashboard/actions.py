@@ -24,8 +24,8 @@ from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 
 from ..errors import JobSpecError
-from ..schema.admin_statements import ACTIONS as ADMIN_STATEMENTS
-from ..schema.statements import compose
+from ..sql import admin as admin_sql
+from ..sql import compose
 from .inputs import SMALLINT, BadInput, checked_text, parse_int, parse_job_id, parse_run_at
 from .security import Csrf, foreign_post
 
@@ -226,7 +226,8 @@ class _Actions:
         utils = await self.dashboard.utils()
         async with utils.connection() as conn:
             cursor = await conn.execute(
-                compose(ADMIN_STATEMENTS["fail"], utils.schema), {"ids": [job_id], "reason": reason}
+                compose(admin_sql.ACTIONS["fail"], utils.schema),
+                {"ids": [job_id], "reason": reason},
             )
             [(_, outcome)] = await cursor.fetchall()
         if outcome == "changed":

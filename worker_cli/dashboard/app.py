@@ -33,7 +33,7 @@ from ..db.connections import worker_conninfo
 from ..db.retry import one_line
 from ..db.timestamps import read_timestamps_leniently
 from ..jobs.worker_utils import WorkerUtils
-from ..schema.pauses import HELD_BY
+from ..sql import pauses as pauses_sql
 from . import actions, bulk_actions, crontab_page, limit_actions, pages, pause_actions, throughput
 from .error_chain import error_chain
 from .formatting import FILTERS
@@ -112,7 +112,7 @@ class Dashboard:
             },
             lifespan=self._lifespan,
         )
-        self.templates.globals.update(page="", notice=None, held_by=HELD_BY)
+        self.templates.globals.update(page="", notice=None, held_by=pauses_sql.HELD_BY)
         self._app = SecurityHeaders(inner, auth, self.hosts)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

@@ -122,7 +122,7 @@ class Census:
 
     @classmethod
     def from_rows(cls, percent: float, rows: Iterable[dict[str, Any]]) -> Census:
-        """Add up the sample's groups (``queries.census``), scaled."""
+        """Add up the sample's groups (``worker_cli.sql.dashboard.CENSUS``), scaled."""
         census = cls(percent)
         scale = census.scale
         for row in rows:

@@ -36,7 +36,8 @@ from starlette.routing import Route
 
 from ..config.zones import UTC_NAMES, zone_named
 from ..errors import ConfigurationError
-from ..schema.statements import compose
+from ..sql import compose
+from ..sql import cron as cron_sql
 from ..tasks.cron_zones import fire_instants, local_timestamp
 from ..tasks.crontab import CrontabError, ParsedCronItem, parse_crontab
 from .actions import READ_ONLY, checked_form, redirect, refused
@@ -52,17 +53,6 @@ UTC_ZONE = ZoneInfo("UTC")
 #: How far ahead a next run is looked for (a 29 February item waits up to
 #: eight years around 2100; an item no date matches, ``0 0 31 2 *``, never runs).
 HORIZON = timedelta(days=366 * 9)
-
-# The scheduler's add (statements.schedule_cron_jobs), for one item, without
-# advancing its _private_known_crontabs row.
-RUN_CRON_ITEM = """
-  select j.id, j.run_at <= now() as due
-  from {schema}.add_job(
-    %(task)s::text, %(payload)s::json, %(queue_name)s::text, %(run_at)s::timestamptz,
-    %(max_attempts)s::int, %(job_key)s::text, %(priority)s::int, null::text[],
-    %(job_key_mode)s::text
-  ) as j
-"""
 
 
 @dataclass(frozen=True)
@@ -278,7 +268,7 @@ class _CrontabPage:
         }
         utils = await self.dashboard.utils()
         async with utils.connection() as conn:
-            cursor = await conn.execute(compose(RUN_CRON_ITEM, utils.schema), params)
+            cursor = await conn.execute(compose(cron_sql.RUN_CRON_ITEM, utils.schema), params)
             job_id, due = await cursor.fetchone() or (None, False)
         logger.info("Dashboard: ran cron item %s now: job %s", item.identifier, job_id)
         if not due:  # its job key's pending job keeps its run_at (preserve_run_at)

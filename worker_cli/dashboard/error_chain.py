@@ -4,7 +4,7 @@ A job keeps one error (graphile-worker's ``last_error``; the history copies it
 once, when the job finishes): each failed attempt's error replaces the one
 before. An admin's permanent failure (``graphile-worker fail``, the
 dashboard's "Permanently fail") keeps the error it replaces, as
-``REASON (was: ERROR)`` (:mod:`worker_cli.schema.admin_statements`), so a job
+``REASON (was: ERROR)`` (:mod:`worker_cli.sql.admin`), so a job
 failed by hand after being retried by hand holds them nested:
 ``REASON (was: REASON (was: ERROR))``. :func:`error_chain` takes them apart,
 newest first, for the job's page (which shows the text as stored too).

@@ -1,6 +1,6 @@
 """The Finished view's filter and page: the finished jobs of the history
 (``_private_py_job_history``), newest job first, by a keyset on its primary
-key, ``job_id`` (:data:`.queries.finished_page`): the history has no index on
+key, ``job_id`` (:data:`worker_cli.sql.dashboard.FINISHED_PAGE`): the history has no index on
 the finish time, which every completed job would pay for. Jobs finish in
 about the order they were added; one that waited (scheduled, retried) is
 listed by when it was added, with its finish time shown.

@@ -1,5 +1,5 @@
 """What each page shows, read from the database (the statements are in
-:mod:`.queries`; every one of them is bounded).
+:mod:`worker_cli.sql.dashboard`; every one of them is bounded).
 
 Each function takes a connection inside a read-only, repeatable-read
 transaction (see :meth:`.app.Dashboard.reading`), so one page's figures come
@@ -18,7 +18,10 @@ from psycopg.rows import dict_row
 
 from ..observe.status import STRANDED_CAP
 from ..schema.migrate import MigrationFiles
-from ..schema.statements import compose
+from ..sql import compose
+from ..sql import dashboard as dashboard_sql
+from ..sql import limits as limits_sql
+from ..sql import status as status_sql
 from . import queries
 from .census import Census, Count, sample_percent
 from .finished import FinishedFilter, FinishedPage
@@ -199,7 +202,7 @@ class Reader:
 
     async def schema_problem(self) -> str | None:
         """Why the dashboard cannot show this schema, or None."""
-        found = await self.row(queries.installed, schema=self.schema)
+        found = await self.row(dashboard_sql.INSTALLED, schema=self.schema)
         if not found or not found["jobs"]:
             return (
                 f"the graphile-worker schema {self.schema!r} is not installed in this database "
@@ -207,7 +210,7 @@ class Reader:
             )
         applied = set()
         if found["py_migrations"]:
-            applied = set((await self.row(queries.py_migrations) or {}).get("ids") or [])
+            applied = set((await self.row(dashboard_sql.PY_MIGRATIONS) or {}).get("ids") or [])
         missing = [n for n in _py_revisions() if n not in applied]
         if missing:
             return (
@@ -220,17 +223,17 @@ class Reader:
     # --- pages ----------------------------------------------------------------
 
     async def census(self) -> Census:
-        found = await self.row(queries.jobs_pages, schema=self.schema)
+        found = await self.row(dashboard_sql.JOBS_PAGES, schema=self.schema)
         percent = sample_percent(int(found["pages"]) if found else 0)
-        return Census.from_rows(percent, await self.rows(queries.census, percent=percent))
+        return Census.from_rows(percent, await self.rows(dashboard_sql.CENSUS, percent=percent))
 
     async def overview(self) -> Overview:
-        now = await self.row(queries.now)
-        revision = await self.row(queries.revision)
+        now = await self.row(dashboard_sql.NOW)
+        revision = await self.row(dashboard_sql.REVISION)
         census = await self.census()
-        queues = await self.rows(queries.queues, limit=QUEUES_SHOWN + 1)
+        queues = await self.rows(dashboard_sql.QUEUES, limit=QUEUES_SHOWN + 1)
         failures = await self.rows(
-            queries.latest_failures, window=queries.WINDOW, limit=FAILURES_SHOWN
+            dashboard_sql.LATEST_FAILURES, window=queries.WINDOW, limit=FAILURES_SHOWN
         )
         pauses = await self.pauses(PAUSES_SHOWN + 1)
         limits = await self.limits(LIMITS_SHOWN + 1)
@@ -240,7 +243,7 @@ class Reader:
             now=now["now"],
             revision=revision["revision"] if revision else None,
             census=census,
-            oldest_waiting=await self.row(queries.oldest_waiting),
+            oldest_waiting=await self.row(dashboard_sql.OLDEST_WAITING),
             queues=queues[:QUEUES_SHOWN],
             queues_truncated=len(queues) > QUEUES_SHOWN,
             failures=[row for row in failures if row["id"] is not None],
@@ -257,7 +260,7 @@ class Reader:
         """Tasks with runnable jobs that no live Python pool handles (at most
         ``limit``), each with its runnable jobs up to STRANDED_CAP (``capped``:
         more) and the earliest run_at among them."""
-        found = await self.rows(queries.stranded, tasks=limit, cap=STRANDED_CAP + 1)
+        found = await self.rows(status_sql.STRANDED_TASKS, tasks=limit, cap=STRANDED_CAP + 1)
         for row in found:
             row["capped"] = row["runnable"] > STRANDED_CAP
             row["runnable"] = min(row["runnable"], STRANDED_CAP)
@@ -265,13 +268,13 @@ class Reader:
 
     async def pauses(self, limit: int = PAUSES_SHOWN) -> list[Row]:
         """The pauses in force, by kind and name (at most ``limit``)."""
-        return await self.rows(queries.pauses, limit=limit)
+        return await self.rows(dashboard_sql.PAUSES, limit=limit)
 
     async def limits(self, limit: int = LIMITS_SHOWN) -> list[Row]:
         """The limits, by kind and name (at most ``limit``), each with its use
         over its first PARTITIONS_READ partition values (``partitions_over``:
         it has more)."""
-        found = await self.rows(queries.limits, limit=limit, partitions=PARTITIONS_READ + 1)
+        found = await self.rows(limits_sql.LIMIT_USAGE, limit=limit, partitions=PARTITIONS_READ + 1)
         for row in found:
             row["partitions_over"] = row["partitions"] > PARTITIONS_READ
             row["partitions"] = min(row["partitions"], PARTITIONS_READ)
@@ -279,7 +282,7 @@ class Reader:
 
     async def jobs(self, job_filter: JobFilter) -> JobsPage:
         found = await self.rows(
-            queries.jobs_page,
+            dashboard_sql.JOBS_PAGE,
             before=job_filter.before,
             window=queries.WINDOW,
             limit=PAGE_SIZE + 1,
@@ -297,11 +300,11 @@ class Reader:
         return JobsPage(job_filter, rows, examined, lowest, None, False)
 
     async def job(self, job_id: int) -> Row | None:
-        return await self.row(queries.job, id=job_id)
+        return await self.row(dashboard_sql.JOB, id=job_id)
 
     async def finished(self, finished_filter: FinishedFilter) -> FinishedPage:
         found = await self.rows(
-            queries.finished_page,
+            dashboard_sql.FINISHED_PAGE,
             upper_id=finished_filter.cursor,
             after=finished_filter.after,
             before=finished_filter.before,
@@ -311,7 +314,7 @@ class Reader:
             state=finished_filter.state,
             preview_max=RESULT_PREVIEW_MAX,
         )
-        latest = await self.row(queries.latest_finished)
+        latest = await self.row(dashboard_sql.LATEST_FINISHED)
         examined = found[0]["examined"]
         rows = [row for row in found if row["id"] is not None]
         if len(rows) > PAGE_SIZE:
@@ -324,33 +327,34 @@ class Reader:
 
     async def finished_job(self, job_id: int) -> Row | None:
         """A finished job's history record, or None."""
-        return await self.row(queries.finished_job, id=job_id, cut=RESULT_READ)
+        return await self.row(dashboard_sql.FINISHED_JOB, id=job_id, cut=RESULT_READ)
 
     async def attempt_errors(self, job_id: int) -> list[Row]:
         """The job's attempt errors, newest first (at most ATTEMPT_ERRORS_SHOWN;
         each row says how many there are)."""
         return await self.rows(
-            queries.attempt_errors, id=job_id, limit=ATTEMPT_ERRORS_SHOWN, cut=ERROR_READ
+            dashboard_sql.ATTEMPT_ERRORS, id=job_id, limit=ATTEMPT_ERRORS_SHOWN, cut=ERROR_READ
         )
 
     async def task_identifiers(self) -> list[str]:
         return [
-            row["identifier"] for row in await self.rows(queries.task_identifiers, limit=LIST_LIMIT)
+            row["identifier"]
+            for row in await self.rows(dashboard_sql.TASK_IDENTIFIERS, limit=LIST_LIMIT)
         ]
 
     async def pools(self) -> PoolsPage:
-        now = await self.row(queries.now)
+        now = await self.row(dashboard_sql.NOW)
         assert now is not None
         census = await self.census()
         page = PoolsPage(now=now["now"], census=census)
         holders: dict[str, LockHolder] = {}
-        for beat in await self.rows(queries.heartbeats, limit=LIST_LIMIT):
+        for beat in await self.rows(dashboard_sql.HEARTBEATS, limit=LIST_LIMIT):
             holders[beat["pool_id"]] = LockHolder(beat["pool_id"], heartbeat=beat)
         for pool_id, held in census.holders.items():
             holder = holders.setdefault(pool_id, LockHolder(pool_id))
             holder.jobs = census.count(held.jobs)
             holder.locked_since = held.locked_since
-        for row in await self.rows(queries.queue_holders, window=queries.WINDOW):
+        for row in await self.rows(dashboard_sql.QUEUE_HOLDERS, window=queries.WINDOW):
             holder = holders.setdefault(row["locked_by"], LockHolder(row["locked_by"]))
             holder.queues = int(row["queues"])
             since = row["locked_since"]
@@ -364,12 +368,12 @@ class Reader:
         return page
 
     async def pool_alive(self, pool_id: str) -> Row | None:
-        return await self.row(queries.pool_alive, pool_id=pool_id)
+        return await self.row(dashboard_sql.POOL_ALIVE, pool_id=pool_id)
 
     async def crontab(self) -> list[Row]:
-        return await self.rows(queries.crontab, limit=LIST_LIMIT)
+        return await self.rows(dashboard_sql.CRONTAB, limit=LIST_LIMIT)
 
     async def now(self) -> datetime:
-        found = await self.row(queries.now)
+        found = await self.row(dashboard_sql.NOW)
         assert found is not None
         return found["now"]  # type: ignore[no-any-return]

@@ -38,12 +38,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any, LiteralString
+from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from ..sql import dashboard as dashboard_sql
 from .inputs import BadInput, checked_text, shown
 from .queries import WINDOW
 
@@ -72,93 +73,6 @@ CHART_READ = 50_000
 # The drawing, in SVG user units (the SVG scales to the panel's width).
 WIDTH, HEIGHT, WAIT_HEIGHT = 960, 180, 70
 LEFT, RIGHT, TOP, BOTTOM = 52, 8, 10, 22
-
-# The newest CHART_READ history rows and live jobs (each through its primary
-# key, backward), as events: completed, failed, cancelled, added, each at its
-# time, with the wait of a completed job; then counted per bucket from
-# %(start)s, %(step)s seconds each, up to %(end)s.
-chart_buckets: LiteralString = """
-  with h as materialized (
-    select h.job_id, h.state, h.task_identifier, h.created_at, h.run_at, h.started_at,
-      h.finished_at
-    from {schema}._private_py_job_history as h
-    order by h.job_id desc
-    limit %(read)s
-  ),
-  j as materialized (
-    select j.id, j.task_id, j.created_at, j.updated_at, j.attempts, j.max_attempts, j.locked_at
-    from {schema}._private_jobs as j
-    order by j.id desc
-    limit %(read)s
-  ),
-  jt as (
-    select j.*, t.identifier
-    from j join {schema}._private_tasks as t on t.id = j.task_id
-    where %(task)s::text is null or t.identifier = %(task)s::text
-  ),
-  ht as (
-    select h.* from h where %(task)s::text is null or h.task_identifier = %(task)s::text
-  ),
-  e as materialized (
-    select e.failed_at, e.retried, e.task_identifier
-    from {schema}._private_py_job_errors as e
-    order by e.id desc
-    limit %(read)s
-  ),
-  events as (
-    select h.finished_at as at,
-      case h.state when 'succeeded' then 'completed' else h.state end as kind,
-      case when h.state = 'succeeded' and h.started_at is not null and isfinite(h.run_at)
-        then greatest(extract(epoch from h.started_at - h.run_at), 0) end as wait
-    from ht as h
-    union all
-    select h.created_at, 'added', null from ht as h
-    union all
-    select j.created_at, 'added', null from jt as j
-    union all
-    select j.updated_at, 'failed', null from jt as j
-    where j.attempts >= j.max_attempts and j.locked_at is null
-    union all
-    select e.failed_at, 'retried', null from e
-    where e.retried and (%(task)s::text is null or e.task_identifier = %(task)s::text)
-  )
-  select floor(extract(epoch from e.at - %(start)s::timestamptz) / %(step)s)::int as bucket,
-    count(*) filter (where e.kind = 'completed') as completed,
-    count(*) filter (where e.kind = 'failed') as failed,
-    count(*) filter (where e.kind = 'cancelled') as cancelled,
-    count(*) filter (where e.kind = 'added') as added,
-    count(*) filter (where e.kind = 'retried') as retried,
-    max(e.wait)::float8 as max_wait
-  from events as e
-  where e.at >= %(start)s::timestamptz and e.at < %(end)s::timestamptz
-  group by 1
-  order by 1
-"""
-
-# How much of each table the chart read: the rows read, and the created_at of
-# the lowest id read (the primary keys, backward; two rows by id).
-chart_coverage: LiteralString = """
-  with h as (
-    select h.job_id from {schema}._private_py_job_history as h
-    order by h.job_id desc limit %(read)s
-  ),
-  j as (
-    select j.id from {schema}._private_jobs as j order by j.id desc limit %(read)s
-  ),
-  e as (
-    select e.id from {schema}._private_py_job_errors as e order by e.id desc limit %(read)s
-  )
-  select
-    (select count(*) from h) as history_read,
-    (select x.created_at from {schema}._private_py_job_history as x
-      where x.job_id = (select min(h.job_id) from h)) as history_from,
-    (select count(*) from j) as live_read,
-    (select x.created_at from {schema}._private_jobs as x
-      where x.id = (select min(j.id) from j)) as live_from,
-    (select count(*) from e) as errors_read,
-    (select x.failed_at from {schema}._private_py_job_errors as x
-      where x.id = (select min(e.id) from e)) as errors_from
-"""
 
 
 @dataclass(frozen=True)
@@ -330,7 +244,12 @@ async def read_chart(reader: Reader, choice: ChartChoice, now: datetime) -> Char
     start = end - timedelta(seconds=step * count)
     buckets = [Bucket(start + timedelta(seconds=step * i)) for i in range(count)]
     found = await reader.rows(
-        chart_buckets, read=CHART_READ, task=choice.task, start=start, end=end, step=step
+        dashboard_sql.CHART_BUCKETS,
+        read=CHART_READ,
+        task=choice.task,
+        start=start,
+        end=end,
+        step=step,
     )
     for row in found:
         if 0 <= row["bucket"] < count:
@@ -339,7 +258,7 @@ async def read_chart(reader: Reader, choice: ChartChoice, now: datetime) -> Char
             bucket.cancelled, bucket.added = row["cancelled"], row["added"]
             bucket.retried = row["retried"]
             bucket.max_wait = row["max_wait"]
-    cover = await reader.row(chart_coverage, read=CHART_READ)
+    cover = await reader.row(dashboard_sql.CHART_COVERAGE, read=CHART_READ)
     assert cover is not None
     complete_from = _complete_from(cover, start)
     chart = Chart(choice, start, buckets, complete_from, history_empty=not cover["history_read"])

@@ -7,7 +7,7 @@ A filter's matches are counted (with those a worker holds, and the highest
 id: an action goes no further), then walked by id, :data:`BATCH` ids at a
 time, each batch a statement (and, on an autocommit connection, a
 transaction) of its own: a filter matching 100,000 jobs never holds one long
-transaction. The statements are :mod:`worker_cli.schema.admin_statements`;
+transaction. The statements are :mod:`worker_cli.sql.admin`;
 the actions go through graphile-worker's admin functions, so a job a worker
 holds is left alone (and reported), as those functions leave it.
 """
@@ -21,7 +21,9 @@ from typing import Any, LiteralString
 
 import psycopg
 
-from ..schema import admin_statements, statements
+from ..sql import admin as admin_sql
+from ..sql import compose
+from ..sql import jobs as jobs_sql
 
 __all__ = ["BATCH", "Filters", "Matches", "Outcome", "Session"]
 
@@ -111,45 +113,45 @@ class Session:
         self.schema = schema
 
     async def rows(self, statement: LiteralString, params: dict[str, Any]) -> list[tuple[Any, ...]]:
-        cursor = await self.conn.execute(statements.compose(statement, self.schema), params)
+        cursor = await self.conn.execute(compose(statement, self.schema), params)
         return await cursor.fetchall()
 
     async def list_jobs(self, filters: Filters, limit: int) -> list[dict[str, Any]]:
         """Up to ``limit`` matching jobs, newest first, as dicts."""
-        statement = admin_statements.list_jobs(filters.state)
+        statement = admin_sql.LIST_JOBS[filters.state]
         cursor = await self.conn.execute(
-            statements.compose(statement, self.schema), {**filters.params(), "limit": limit}
+            compose(statement, self.schema), {**filters.params(), "limit": limit}
         )
         names = [column.name for column in cursor.description or ()]
         return [dict(zip(names, row, strict=True)) for row in await cursor.fetchall()]
 
     async def matches(self, filters: Filters) -> Matches:
         [(count, held, upto)] = await self.rows(
-            admin_statements.count_jobs(filters.state), filters.params()
+            admin_sql.COUNT_JOBS[filters.state], filters.params()
         )
         return Matches(int(count), int(held), int(upto))
 
     async def job_id_by_key(self, key: str) -> int | None:
-        found = await self.rows(admin_statements.job_id_by_key, {"key": key})
+        found = await self.rows(admin_sql.JOB_ID_BY_KEY, {"key": key})
         return int(found[0][0]) if found else None
 
     async def unique_installed(self) -> bool:
-        found = await self.rows(statements.unique_tables_installed, {"schema": self.schema})
+        found = await self.rows(jobs_sql.UNIQUE_TABLES_INSTALLED, {"schema": self.schema})
         return bool(found and found[0][0])
 
     async def action(self, action: str) -> LiteralString:
         """The statement of ``action`` (``remove`` also releases the removed
         jobs' uniqueness locks where the schema has them)."""
         if action == "remove" and await self.unique_installed():
-            return admin_statements.ACTIONS["remove+unique"]
-        return admin_statements.ACTIONS[action]
+            return admin_sql.ACTIONS["remove+unique"]
+        return admin_sql.ACTIONS[action]
 
     async def remove_by_key(self, outcome: Outcome, key: str) -> bool:
         """``remove --key``: graphile-worker's remove_job; whether there was a job."""
         statement = (
-            admin_statements.remove_by_key_releasing
+            admin_sql.REMOVE_BY_KEY_RELEASING
             if await self.unique_installed()
-            else admin_statements.remove_by_key
+            else admin_sql.REMOVE_BY_KEY
         )
         found = await self.rows(statement, {"key": key})
         for job_id, held in found:
@@ -171,7 +173,7 @@ class Session:
         order: the next :data:`BATCH` matching ids, then the action on them,
         until none is left (a job changed leaves the filter or lies behind)."""
         after = 0
-        choose = admin_statements.next_batch(filters.state)
+        choose = admin_sql.NEXT_BATCH[filters.state]
         while True:
             found = await self.rows(
                 choose, {**filters.params(), "after": after, "upto": upto, "batch": BATCH}

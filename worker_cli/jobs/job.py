@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any, NamedTuple
 
-from ..schema.statements import JOB_COLUMNS
+from ..sql import JOB_COLUMNS
 
 __all__ = [
     "Job",
@@ -71,7 +71,7 @@ def decode_jobs(
     *,
     first: int = 0,
 ) -> list[Job]:
-    """Jobs from rows holding :data:`~worker_cli.schema.statements.JOB_COLUMNS` from
+    """Jobs from rows holding :data:`~worker_cli.sql.JOB_COLUMNS` from
     column ``first`` on, read with :func:`read_payloads_raw` (the payloads are
     parsed in one go).
 

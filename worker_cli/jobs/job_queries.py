@@ -21,8 +21,9 @@ from psycopg import errors as pg_errors
 
 from ..db.plan import Plan, Row, Sent, execute, fetch, query, send, transaction
 from ..errors import JobSpecError
-from ..schema import statements
 from ..schema.probe import schema_required
+from ..sql import compose
+from ..sql import jobs as jobs_sql
 from .job import Job, decode_jobs, task_and_queue_ids
 from .job_options import OptionRows, spec_options
 from .job_spec import JobSpec, encode_payload
@@ -49,13 +50,13 @@ def execute_statement(
 ) -> Plan[None]:
     """Run one statement that returns nothing we read."""
     with schema_required(schema):
-        yield from execute(statements.compose(statement, schema), params)
+        yield from execute(compose(statement, schema), params)
 
 
 def jobs(schema: str, statement: LiteralString, params: Mapping[str, Any]) -> Plan[list[Job]]:
-    """The jobs returned by one statement (its rows: statements.JOB_COLUMNS)."""
+    """The jobs returned by one statement (its rows: JOB_COLUMNS)."""
     with schema_required(schema):
-        rows = yield from query(statements.compose(statement, schema), params, raw_payloads=True)
+        rows = yield from query(compose(statement, schema), params, raw_payloads=True)
         return (yield from _jobs(schema, rows))
 
 
@@ -65,9 +66,7 @@ def unique_results(
     """The results of ``add_unique_job(s)``, in the order of their rows."""
     with schema_required(schema):
         try:
-            rows = yield from query(
-                statements.compose(statement, schema), params, raw_payloads=True
-            )
+            rows = yield from query(compose(statement, schema), params, raw_payloads=True)
             if not rows:
                 return []
             tasks, queues = yield from _names(schema, rows, first=JOB_COLUMNS_FROM)
@@ -132,8 +131,8 @@ def _send_chunk(
     options: OptionRows | None = params.pop("options")
     if options == "replaced" and not (yield from options_installed()):
         options = None  # no job can have options: nothing to clear
-    add_jobs, trace = carry(statements.add_jobs, options=options)
-    statement = statements.compose(add_jobs, schema)
+    add_jobs, trace = carry(jobs_sql.ADD_JOBS, options=options)
+    statement = compose(add_jobs, schema)
     return (yield from send(statement, {**params, **trace}, raw_payloads=True))
 
 
@@ -156,7 +155,7 @@ def _chunk_params(
 
 
 def _jobs(schema: str, rows: Sequence[Row]) -> Plan[list[Job]]:
-    """Jobs from rows of statements.JOB_COLUMNS read with raw payloads."""
+    """Jobs from rows of JOB_COLUMNS read with raw payloads."""
     if not rows:
         return []
     tasks, queues = yield from _names(schema, rows)
@@ -170,7 +169,7 @@ def _names(
     :func:`~worker_cli.jobs.job.task_and_queue_ids`), by id."""
     task_ids, queue_ids = task_and_queue_ids(rows, first=first)
     names = yield from query(
-        statements.compose(statements.job_names, schema),
+        compose(jobs_sql.JOB_NAMES, schema),
         {"task_ids": task_ids, "queue_ids": queue_ids},
     )
     tasks: dict[int, str] = {}

@@ -43,8 +43,8 @@ from ..db.drivers import autocommit_mode, run_plan
 from ..db.given_connection import check_given_connection, check_given_pool
 from ..db.plan import Plan
 from ..errors import ConfigurationError
+from ..schema.channels import finished_channel
 from ..schema.cleanup import CleanupTask
-from ..schema.lifecycle import finished_channel
 from ..schema.migrate import MigrationReport
 from .job import Job
 from .job_spec import AddJobOptions, JobKeyMode, JobSpec, TaskSpec

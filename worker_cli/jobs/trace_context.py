@@ -31,15 +31,15 @@ import random
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from functools import cache
 from typing import Any, LiteralString
 
 import psycopg
 
 from ..db.retry import one_line
-from ..schema import statements
+from ..sql import compose
+from ..sql import trace_contexts as trace_sql
+from ..sql.carried import OptionRows, carrying
 from .job import Job
-from .job_options import OptionRows, options_cte
 
 __all__ = ["JobContexts", "carry", "set_injector"]
 
@@ -84,60 +84,8 @@ def carry(
     if not carrier and options is None:
         return statement + order, {}
     params = {"trace_context": json.dumps(carrier)} if carrier else {}
-    return _carrying(statement, unique, bool(carrier), options) + order, params
+    return carrying(statement, unique, bool(carrier), options) + order, params
 
-
-@cache
-def _carrying(
-    statement: LiteralString, unique: bool, trace: bool, options: OptionRows | None
-) -> LiteralString:
-    # One WITH for both: a data-modifying CTE must be at the top level.
-    # A job updated through its job_key takes the context of the latest call.
-    job_id: LiteralString = "added.job_id" if unique else "added.id"
-    added: LiteralString = " where not added.conflict" if unique else ""
-    carried: LiteralString = (
-        """,
-  carried as (
-    insert into {schema}._private_py_job_trace_contexts (job_id, context)
-    select """
-        + job_id
-        + ", %(trace_context)s::jsonb from added"
-        + added
-        + """
-    on conflict (job_id) do update set context = excluded.context, added_at = now()
-  )"""
-        if trace
-        else ""
-    )
-    optioned = options_cte(options, unique) if options is not None else ""
-    return (
-        "with added as (\n" + statement + "\n  )" + carried + optioned + "\n  select * from added"
-    )
-
-
-# The carriers of the jobs a fetch locked, and the rows of the jobs that
-# succeeded since the previous fetch deleted (other ids: the fetched jobs are
-# not done). Primary-key lookups only.
-_READ = """
-  with done as (
-    delete from {schema}._private_py_job_trace_contexts
-    where job_id = any(%(done)s::bigint[])
-  )
-  select c.job_id, c.context
-  from {schema}._private_py_job_trace_contexts as c
-  where c.job_id = any(%(ids)s::bigint[])
-"""
-
-# Rows whose job is gone, a bounded number at a time. A row is written in
-# the same statement as its job, so one without a job row is left over.
-_COLLECT_GARBAGE = """
-  delete from {schema}._private_py_job_trace_contexts as c
-  where c.job_id in (
-    select o.job_id from {schema}._private_py_job_trace_contexts as o
-    where not exists (select 1 from {schema}._private_jobs as j where j.id = o.job_id)
-    limit %(limit)s
-  )
-"""
 
 #: Seconds between two collections of left-over rows: a random value in this range.
 GARBAGE_INTERVAL = (480.0, 600.0)
@@ -155,8 +103,8 @@ class JobContexts:
     """
 
     def __init__(self, schema: str, clock: Callable[[], float] = time.monotonic) -> None:
-        self._read = statements.compose(_READ, schema)
-        self._collect = statements.compose(_COLLECT_GARBAGE, schema)
+        self._read = compose(trace_sql.READ_CONTEXTS, schema)
+        self._collect = compose(trace_sql.COLLECT_CONTEXTS, schema)
         self._clock = clock
         self._carriers: dict[int, dict[str, str]] = {}
         self._succeeded: deque[int] = deque()

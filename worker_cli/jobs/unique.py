@@ -19,7 +19,7 @@ from datetime import timedelta
 from typing import Any, Literal, NamedTuple, TypeAlias
 
 from ..errors import JobSpecError
-from ..schema.statements import UNIQUE_RESULT_COLUMNS
+from ..sql import UNIQUE_RESULT_COLUMNS
 from .job import Job, decode_jobs
 
 __all__ = [

@@ -21,9 +21,6 @@ import psycopg
 
 from ..db.plan import Plan, query
 from ..errors import JobSpecError, LimitsBusyError
-from ..schema import lifecycle, statements
-from ..schema import limits as limit_statements
-from ..schema import pauses as pause_statements
 from ..schema.cleanup import (
     CLEANUP_STATEMENTS,
     CleanupTask,
@@ -32,6 +29,14 @@ from ..schema.cleanup import (
 )
 from ..schema.migrate import MigrationReport, migration_plan
 from ..schema.probe import schema_required, unique_installed
+from ..sql import cancel as cancel_sql
+from ..sql import cleanup as cleanup_sql
+from ..sql import compose
+from ..sql import history as history_sql
+from ..sql import jobs as jobs_sql
+from ..sql import limits as limits_sql
+from ..sql import pauses as pauses_sql
+from ..sql import waiting as waiting_sql
 from .job import Job
 from .job_options import OptionRows, OptionsTable, job_options, spec_options
 from .job_queries import encode_specs, execute_statement, insert_jobs, jobs, spec_record
@@ -59,7 +64,7 @@ __all__ = ["UtilsPlans", "add_job_params"]
 def add_job_params(
     identifier: str, payload: Any, options: TaskSpec, use_local_time: bool = False
 ) -> dict[str, Any]:
-    """The checked parameters of ``add_job`` (statements.add_job): the one place
+    """The checked parameters of ``add_job`` (jobs_sql.ADD_JOB): the one place
     they are built, for every way of adding one job. With ``use_local_time`` a
     missing ``run_at`` is this process's time (see :func:`local_run_at`)."""
     validate_identifier(identifier)
@@ -122,10 +127,10 @@ class UtilsPlans:
         beside = yield from self._options.writes(beside)
         # The caller's trace context, if any, beside it too.
         if not unique:
-            statement, trace = carry(statements.add_job, options=beside)
+            statement, trace = carry(jobs_sql.ADD_JOB, options=beside)
             [job] = yield from jobs(self.schema, statement, {**params, **trace})
             return job
-        statement, trace = carry(statements.add_unique_job, unique=True, options=beside)
+        statement, trace = carry(jobs_sql.ADD_UNIQUE_JOB, unique=True, options=beside)
         [result] = yield from unique_results_plan(self.schema, statement, {**params, **trace})
         return result
 
@@ -159,7 +164,7 @@ class UtilsPlans:
     ) -> Plan[list[UniqueJobResult]]:
         beside = yield from self._options.writes(beside)
         statement, trace = carry(
-            statements.add_unique_jobs, unique=True, order_by="spec_index", options=beside
+            jobs_sql.ADD_UNIQUE_JOBS, unique=True, order_by="spec_index", options=beside
         )
         return (yield from unique_results_plan(self.schema, statement, {**params, **trace}))
 
@@ -172,21 +177,21 @@ class UtilsPlans:
     def _remove_job(self, job_key: str) -> Plan[Job | None]:
         # A job an administrator removed no longer blocks its duplicates.
         statement = (
-            statements.remove_job_releasing_unique_lock
+            jobs_sql.REMOVE_JOB_RELEASING_UNIQUE_LOCK
             if (yield from self._unique_installed())
-            else statements.remove_job
+            else jobs_sql.REMOVE_JOB
         )
         found = yield from jobs(self.schema, statement, {"job_key": job_key})
         return found[0] if found else None
 
     def complete_jobs(self, job_ids: Sequence[int]) -> Plan[list[Job]]:
         """``complete_jobs``."""
-        return jobs(self.schema, statements.complete_jobs, {"job_ids": list(job_ids)})
+        return jobs(self.schema, jobs_sql.COMPLETE_JOBS, {"job_ids": list(job_ids)})
 
     def permanently_fail_jobs(self, job_ids: Sequence[int], reason: str | None) -> Plan[list[Job]]:
         """``permanently_fail_jobs``."""
         params = {"job_ids": list(job_ids), "error_message": reason}
-        return jobs(self.schema, statements.permanently_fail_jobs, params)
+        return jobs(self.schema, jobs_sql.PERMANENTLY_FAIL_JOBS, params)
 
     def reschedule_jobs(
         self,
@@ -208,7 +213,7 @@ class UtilsPlans:
             "attempts": attempts,
             "max_attempts": max_attempts,
         }
-        return jobs(self.schema, statements.reschedule_jobs, params)
+        return jobs(self.schema, jobs_sql.RESCHEDULE_JOBS, params)
 
     def job_result(self, job_id: int) -> Plan[JobResult]:
         """``get_job_result`` and ``get_job_status``: the record of one job."""
@@ -217,7 +222,7 @@ class UtilsPlans:
 
     def _job_result(self, job_id: int) -> Plan[JobResult]:
         with schema_required(self.schema):
-            statement = statements.compose(lifecycle.job_status, self.schema)
+            statement = compose(jobs_sql.JOB_STATUS, self.schema)
             rows = yield from query(statement, {"job_id": job_id}, lenient_times=True)
         return JobResult.from_row(rows[0])
 
@@ -228,7 +233,7 @@ class UtilsPlans:
 
     def _job_errors(self, job_id: int) -> Plan[list[AttemptError]]:
         with schema_required(self.schema):
-            statement = statements.compose(lifecycle.job_errors, self.schema)
+            statement = compose(jobs_sql.JOB_ERRORS, self.schema)
             rows = yield from query(statement, {"job_id": job_id})
         return [AttemptError(*row) for row in rows]
 
@@ -241,7 +246,7 @@ class UtilsPlans:
 
     def _cancel_jobs(self, job_ids: list[int], reason: str | None) -> Plan[dict[int, Any]]:
         with schema_required(self.schema):
-            statement = statements.compose(lifecycle.cancel_jobs, self.schema)
+            statement = compose(cancel_sql.CANCEL_JOBS, self.schema)
             rows = yield from query(statement, {"job_ids": job_ids, "reason": reason})
         states = {int(job_id): state for job_id, state in rows}
         return {job_id: states[job_id] for job_id in job_ids}
@@ -254,7 +259,7 @@ class UtilsPlans:
         registered = True
         if register:
             with schema_required(self.schema):
-                statement = statements.compose(lifecycle.register_waiter, self.schema)
+                statement = compose(waiting_sql.REGISTER_WAITER, self.schema)
                 rows = yield from query(statement, {"job_id": job_id})
             registered = bool(rows[0][0])
         return registered, (yield from self._job_result(job_id))
@@ -272,7 +277,7 @@ class UtilsPlans:
 
     def _pause(self, params: dict[str, Any]) -> Plan[Pause]:
         with schema_required(self.schema):
-            statement = statements.compose(pause_statements.pause, self.schema)
+            statement = compose(pauses_sql.PAUSE, self.schema)
             rows = yield from query(statement, params)
         return Pause.from_row(rows[0])
 
@@ -283,14 +288,14 @@ class UtilsPlans:
 
     def _resume(self, kind: str, name: str) -> Plan[bool]:
         with schema_required(self.schema):
-            statement = statements.compose(pause_statements.resume, self.schema)
+            statement = compose(pauses_sql.RESUME, self.schema)
             rows = yield from query(statement, {"kind": kind, "name": name})
         return bool(rows[0][0])
 
     def list_pauses(self) -> Plan[list[Pause]]:
         """``list_pauses``: the pauses in force."""
         with schema_required(self.schema):
-            statement = statements.compose(pause_statements.list_pauses, self.schema)
+            statement = compose(pauses_sql.LIST_PAUSES, self.schema)
             rows = yield from query(statement, {})
         return [Pause.from_row(row) for row in rows]
 
@@ -302,7 +307,7 @@ class UtilsPlans:
 
     def _set_limit(self, params: dict[str, Any]) -> Plan[LimitInfo]:
         with schema_required(self.schema):
-            statement = statements.compose(limit_statements.set_limit, self.schema)
+            statement = compose(limits_sql.SET_LIMIT, self.schema)
             try:
                 rows = yield from query(statement, params)
             except psycopg.errors.LockNotAvailable as exc:  # py_set_limit's 5 s wait
@@ -318,21 +323,21 @@ class UtilsPlans:
 
     def _remove_limit(self, kind: str, name: str) -> Plan[bool]:
         with schema_required(self.schema):
-            statement = statements.compose(limit_statements.remove_limit, self.schema)
+            statement = compose(limits_sql.REMOVE_LIMIT, self.schema)
             rows = yield from query(statement, {"kind": kind, "name": name})
         return bool(rows[0][0])
 
     def list_limits(self) -> Plan[list[LimitInfo]]:
         """``list_limits``: every limit and its use."""
         with schema_required(self.schema):
-            statement = statements.compose(limit_statements.list_limits, self.schema)
+            statement = compose(limits_sql.LIST_LIMITS, self.schema)
             rows = yield from query(statement, {})
         return [LimitInfo.from_row(row) for row in rows]
 
     def force_unlock_workers(self, worker_ids: Sequence[str]) -> Plan[None]:
         """``force_unlock_workers``."""
         params = {"worker_ids": list(worker_ids)}
-        return execute_statement(self.schema, statements.force_unlock_workers, params)
+        return execute_statement(self.schema, jobs_sql.FORCE_UNLOCK_WORKERS, params)
 
     def cleanup(
         self, tasks: Sequence[CleanupTask], *, task_identifiers_to_keep: Sequence[str]
@@ -352,13 +357,13 @@ class UtilsPlans:
             if name == "DELETE_PERMAFAILED_JOBS" and (yield from self._unique_installed()):
                 # A deleted job would otherwise look like a success to its lock;
                 # with the lifecycle installed, it is archived in the history.
-                statement = statements.delete_permafailed_jobs_releasing_unique_locks
+                statement = cleanup_sql.DELETE_PERMAFAILED_JOBS_RELEASING_UNIQUE_LOCKS
                 rows = yield from query(
-                    statements.compose(lifecycle.lifecycle_installed, self.schema),
+                    compose(history_sql.LIFECYCLE_INSTALLED, self.schema),
                     {"schema": self.schema},
                 )
                 if rows and rows[0][0]:
-                    statement = lifecycle.archive_permafailed_jobs
+                    statement = cleanup_sql.ARCHIVE_PERMAFAILED_JOBS
             yield from execute_statement(self.schema, statement, {"keep": keep})
 
     def gc_unique_locks(self) -> Plan[int]:

@@ -4,7 +4,7 @@ listeners (an asyncio task, a thread).
 Race-free by construction, in this order:
 
 1. the utilities' listener LISTENs on ``<schema>:py:finished``
-   (:func:`~worker_cli.schema.lifecycle.finished_channel`): one connection
+   (:func:`~worker_cli.schema.channels.finished_channel`): one connection
    per utilities object serves all its waiters (:class:`AsyncWaitListener`
    for asyncio, :class:`SyncWaitListener` blocking: no mechanical twin of
    each other, so both are written here);
@@ -49,6 +49,7 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool
 from ..db.connections import worker_conninfo
 from ..db.retry import RECONNECT, Backoff, one_line
 from ..errors import ConfigurationError, GraphileWorkerError, JobSpecError
+from ..sql import listen as listen_sql
 from .in_task import in_worker_task
 from .results import FINAL_STATES, JobResult, check_job_id
 
@@ -197,7 +198,7 @@ class Waiting:
 
 def listen_statement(channel: str) -> sql.Composed:
     """``LISTEN "<channel>"``."""
-    return sql.SQL("listen {}").format(sql.Identifier(channel))
+    return sql.SQL(listen_sql.LISTEN).format(sql.Identifier(channel))
 
 
 def parse_ids(payload: str) -> list[int]:

@@ -43,8 +43,8 @@ from ..db.drivers import autocommit_mode_async, run_plan_async
 from ..db.given_connection import check_given_connection, check_given_pool
 from ..db.plan import Plan
 from ..errors import ConfigurationError, GraphileWorkerError
+from ..schema.channels import finished_channel
 from ..schema.cleanup import CleanupTask
-from ..schema.lifecycle import finished_channel
 from ..schema.migrate import MigrationReport
 
 # sync-only: from .sync_waiting import SyncWaitListener, wait_blocking

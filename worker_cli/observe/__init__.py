@@ -2,7 +2,7 @@
 
 ``logs`` and ``line_handler`` (log lines, and the handler that writes a loop
 iteration's success lines together), ``debug_log``, ``events``, ``status``
-and ``status_statements`` (``graphile-worker status``), ``progress`` (the
+(``graphile-worker status``), ``progress`` (the
 ``--once`` progress line), ``metrics`` and ``queue_depth`` (Prometheus),
 ``tracing`` (OpenTelemetry), ``pool_view`` (what they read of a pool).
 

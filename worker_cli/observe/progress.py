@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING
 
 import psycopg
 
-from ..schema import statements
-from . import status_statements
+from ..sql import compose
+from ..sql import status as status_sql
 
 if TYPE_CHECKING:
     from .pool_view import ObservedPool
@@ -99,9 +99,7 @@ class ProgressReporter:
         try:
             async with utils.pool.connection() as conn:
                 cur = await conn.execute(
-                    statements.compose(
-                        status_statements.progress_remaining, self.pool.options.schema
-                    ),
+                    compose(status_sql.PROGRESS_REMAINING, self.pool.options.schema),
                     {"identifiers": list(self.pool.tasks), "cap": REMAINING_CAP},
                 )
                 row = await cur.fetchone()

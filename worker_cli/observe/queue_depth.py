@@ -40,10 +40,11 @@ from typing import TYPE_CHECKING, Any
 from psycopg_pool import AsyncConnectionPool
 
 from ..db.retry import one_line
-from ..schema import statements
-from ..schema.limits import limit_usage
+from ..sql import compose
+from ..sql import limits as limits_sql
+from ..sql import metrics as metrics_sql
+from ..sql import status as status_sql
 from .status import STRANDED_CAP, STRANDED_TASKS
-from .status_statements import STATE_COUNTS, stranded_tasks
 
 if TYPE_CHECKING:
     from .pool_view import ObservedPool
@@ -92,78 +93,6 @@ PAUSES_LIMIT = 1000
 #: each (beyond them, a partitioned limit's figures are lower bounds).
 LIMITS_LIMIT = 1000
 PARTITIONS_READ = 1000
-
-# At most %(limit)s rows of the jobs table, in their physical order (a
-# sequential scan that stops there, no index: the cost is bounded whatever the
-# queue holds), counted by task id and named queue id in the states of
-# `graphile-worker status` (status_statements.STATE_COUNTS: four that partition,
-# then retrying), then in all, with the earliest run_at of the waiting jobs.
-# Then each task id named, and each named queue: the worker's tasks (%(tasks)s)
-# by name, every other task as null; the %(queues)s named queues with the most
-# jobs read (then by name) by name, the others as %(other)s, no named queue as
-# ''. So at most (tasks + 1) * (%(queues)s + 2) rows, whatever names the table
-# holds. The oldest waiting job's age is null when none waits, and infinity
-# for a run_at of -infinity (PostgreSQL before 17 cannot subtract it).
-_DEPTH = (
-    """
-  with c (task_id, job_queue_id, waiting, scheduled, locked, permanently_failed, retrying,
-          total, oldest) as (
-    select
-      j.task_id, j.job_queue_id,"""
-    + STATE_COUNTS
-    + """,
-      count(*),
-      min(j.run_at) filter (
-        where j.locked_at is null and j.attempts < j.max_attempts and j.run_at <= now()
-      )
-    from (
-      select j.task_id, j.job_queue_id, j.run_at, j.attempts, j.max_attempts, j.locked_at
-      from {schema}._private_jobs as j
-      limit %(limit)s
-    ) as j
-    group by j.task_id, j.job_queue_id
-  ),
-  ranked as (
-    select c.job_queue_id,
-      row_number() over (order by sum(c.total) desc, q.queue_name) <= %(queues)s as labelled
-    from c
-    join {schema}._private_job_queues as q on q.id = c.job_queue_id
-    group by c.job_queue_id, q.queue_name
-  )
-  select
-    case when t.identifier = any(%(tasks)s::text[]) then t.identifier end,
-    case
-      when c.job_queue_id is null then ''
-      when r.labelled then q.queue_name
-      else %(other)s
-    end,
-    sum(c.waiting)::bigint, sum(c.scheduled)::bigint, sum(c.locked)::bigint,
-    sum(c.permanently_failed)::bigint, sum(c.retrying)::bigint, sum(c.total)::bigint,
-    case
-      when isfinite(min(c.oldest)) then extract(epoch from now() - min(c.oldest))::float8
-      when min(c.oldest) is not null then 'infinity'::float8
-    end
-  from c
-  join {schema}._private_tasks as t on t.id = c.task_id
-  left join ranked as r on r.job_queue_id = c.job_queue_id
-  left join {schema}._private_job_queues as q on q.id = c.job_queue_id and r.labelled
-  group by 1, 2
-"""
-)
-
-# The pauses in force (migrations/py/000014.sql: a small table, a row per
-# paused named queue or task; one whose resume_at has passed is over), at most
-# %(limit)s, by kind and name.
-_PAUSES = """
-  select p.kind, p.name
-  from {schema}._private_py_pauses as p
-  where p.resume_at is null or p.resume_at > now()
-  order by p.kind, p.name
-  limit %(limit)s
-"""
-
-# The query gives up rather than hold a connection for long.
-_TIMEOUT = "set local statement_timeout = 5000"
 
 #: The clock of the cache (a module global, so that a test can move it).
 _clock = time.monotonic
@@ -226,10 +155,10 @@ class QueueDepth:
         self._pool = pool
         self._loop = loop
         self._loop_thread = threading.get_ident()
-        self._statement = statements.compose(_DEPTH, pool.options.schema)
-        self._pauses = statements.compose(_PAUSES, pool.options.schema)
-        self._limits = statements.compose(limit_usage, pool.options.schema)
-        self._stranded = statements.compose(stranded_tasks, pool.options.schema)
+        self._statement = compose(metrics_sql.QUEUE_DEPTH, pool.options.schema)
+        self._pauses = compose(metrics_sql.PAUSES_IN_FORCE, pool.options.schema)
+        self._limits = compose(limits_sql.LIMIT_USAGE, pool.options.schema)
+        self._stranded = compose(status_sql.STRANDED_TASKS, pool.options.schema)
         self._lock = threading.Lock()
         self._figures: Depth | None = None
         self._read_at = -math.inf
@@ -305,7 +234,7 @@ class QueueDepth:
             "other": OTHER_QUEUES,
         }
         async with pool.connection() as conn, conn.transaction():
-            await conn.execute(_TIMEOUT)
+            await conn.execute(metrics_sql.STATEMENT_TIMEOUT)
             cur = await conn.execute(self._statement, params)
             rows = await cur.fetchall()
             cur = await conn.execute(self._pauses, {"limit": PAUSES_LIMIT})
@@ -327,7 +256,7 @@ class QueueDepth:
 
 
 def _groups(rows: list[tuple[Any, ...]]) -> dict[tuple[str, str], Group]:
-    """The rows of :data:`_DEPTH` by (task, queue); a worker's own task
+    """The rows of :data:`~worker_cli.sql.metrics.QUEUE_DEPTH` by (task, queue); a worker's own task
     named like the bucket of the others adds up with it."""
     groups: dict[tuple[str, str], Group] = {}
     for task, queue, *figures in rows:
@@ -346,7 +275,7 @@ def _groups(rows: list[tuple[Any, ...]]) -> dict[tuple[str, str], Group]:
 
 
 def _limit_use(row: tuple[Any, ...]) -> LimitUse:
-    """A row of :data:`~worker_cli.schema.limits.limit_usage` (its columns:
+    """A row of :data:`~worker_cli.sql.limits.LIMIT_USAGE` (its columns:
     kind, name, max_running, max_starts, period, partition_by, updated_at,
     running, busiest_running, recent_starts, busiest_starts, partitions)."""
     kind, name, max_running, max_starts = row[:4]

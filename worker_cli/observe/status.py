@@ -23,8 +23,9 @@ from ..config.database import resolve_connection_string, resolve_schema
 from ..db.connections import connect
 from ..db.retry import one_line
 from ..errors import GraphileWorkerError, SchemaNotInstalledError
-from ..schema import statements
-from . import status_statements
+from ..sql import clock as clock_sql
+from ..sql import compose
+from ..sql import status as status_sql
 
 __all__ = [
     "STRANDED_CAP",
@@ -133,7 +134,7 @@ async def read_status(connection_string: str | None = None, *, schema: str | Non
             await conn.set_isolation_level(IsolationLevel.REPEATABLE_READ)
             async with conn.transaction():
                 cur = await conn.execute(
-                    statements.compose(status_statements.status_installed, schema_name),
+                    compose(status_sql.INSTALLED, schema_name),
                     {"schema": schema_name},
                 )
                 installed = await cur.fetchone()
@@ -144,14 +145,14 @@ async def read_status(connection_string: str | None = None, *, schema: str | Non
                     )
 
                 async def fetch(statement: str) -> list[tuple[Any, ...]]:
-                    cursor = await conn.execute(statements.compose(statement, schema_name))
+                    cursor = await conn.execute(compose(statement, schema_name))
                     return await cursor.fetchall()
 
-                [(now,)] = await fetch(status_statements.status_now)
-                [(revision,)] = await fetch(status_statements.status_revision)
-                counts = await fetch(status_statements.status_counts)
-                oldest = await fetch(status_statements.status_oldest_waiting)
-                locked_queues = await fetch(status_statements.status_locked_queues)
+                [(now,)] = await fetch(clock_sql.NOW)
+                [(revision,)] = await fetch(status_sql.REVISION)
+                counts = await fetch(status_sql.COUNTS)
+                oldest = await fetch(status_sql.OLDEST_WAITING)
+                locked_queues = await fetch(status_sql.LOCKED_QUEUES)
                 stranded = await _read_stranded(conn, schema_name)
     except psycopg.Error as exc:
         reason = one_line(exc)
@@ -167,17 +168,17 @@ async def _read_stranded(
     """The stranded tasks; None when no Python pool has a heartbeat row (or
     the schema has no heartbeats table)."""
     cur = await conn.execute(
-        statements.compose(status_statements.status_heartbeats_installed, schema),
+        compose(status_sql.HEARTBEATS_INSTALLED, schema),
         {"schema": schema},
     )
     found = await cur.fetchone()
     if not found or not found[0]:
         return None
-    cur = await conn.execute(statements.compose(status_statements.status_any_heartbeat, schema))
+    cur = await conn.execute(compose(status_sql.ANY_HEARTBEAT, schema))
     if not await cur.fetchone():
         return None
     cur = await conn.execute(
-        statements.compose(status_statements.stranded_tasks, schema),
+        compose(status_sql.STRANDED_TASKS, schema),
         {"tasks": STRANDED_TASKS, "cap": STRANDED_CAP + 1},
     )
     return [stranded_task(*row) for row in await cur.fetchall()]

@@ -6,7 +6,8 @@ from collections.abc import Sequence
 from typing import Literal, LiteralString, TypeAlias
 
 from ..db.plan import Plan, query
-from . import statements
+from ..sql import cleanup as cleanup_sql
+from ..sql import compose
 
 __all__ = ["CLEANUP_STATEMENTS", "CleanupTask", "check_cleanup_tasks", "delete_unique_locks"]
 
@@ -17,11 +18,11 @@ CleanupTask: TypeAlias = Literal[
 #: Each task's statement, in the order they run.
 CLEANUP_STATEMENTS: dict[str, LiteralString] = {
     # Permafailed jobs first, so the queues and tasks they used can go too.
-    "DELETE_PERMAFAILED_JOBS": statements.delete_permafailed_jobs,
-    "GC_JOB_QUEUES": statements.gc_job_queues,
-    "GC_TASK_IDENTIFIERS": statements.gc_task_identifiers,
+    "DELETE_PERMAFAILED_JOBS": cleanup_sql.DELETE_PERMAFAILED_JOBS,
+    "GC_JOB_QUEUES": cleanup_sql.GC_JOB_QUEUES,
+    "GC_TASK_IDENTIFIERS": cleanup_sql.GC_TASK_IDENTIFIERS,
     # Not a statement: see delete_unique_locks.
-    "GC_UNIQUE_LOCKS": statements.gc_unique_locks,
+    "GC_UNIQUE_LOCKS": cleanup_sql.GC_UNIQUE_LOCKS,
 }
 
 #: Uniqueness locks deleted per transaction by delete_unique_locks.
@@ -44,7 +45,7 @@ def delete_unique_locks(schema: str) -> Plan[int]:
     batch is its own transaction (WorkerUtils runs it so on its own
     connections); inside the caller's transaction they all join it. Locks busy
     with a concurrent add are left for the next run."""
-    statement = statements.compose(statements.gc_unique_locks, schema)
+    statement = compose(cleanup_sql.GC_UNIQUE_LOCKS, schema)
     total = 0
     while True:
         rows = yield from query(statement, {"max_rows": GC_UNIQUE_BATCH})

@@ -40,7 +40,8 @@ from psycopg import sql
 from ..db.drivers import run_plan_async
 from ..db.plan import Plan, execute, protected, query, server_version, transaction
 from ..errors import IncompatibleSchemaError, MigrationError, UnsupportedPostgresError
-from . import statements
+from ..sql import compose
+from ..sql import migrations as migration_sql
 
 __all__ = [
     "BREAKING_REVISIONS",
@@ -229,7 +230,7 @@ def _read_state(schema: str) -> Plan[tuple[int, int | None] | None]:
     (Run :func:`~worker_cli.db.plan.protected`: the error caught here must not
     abort a transaction open on the caller's connection.)"""
     try:
-        rows = yield from query(statements.compose(statements.migration_state, schema))
+        rows = yield from query(compose(migration_sql.MIGRATION_STATE, schema))
     except (pg_errors.UndefinedTable, pg_errors.InvalidSchemaName):
         return None
     except pg_errors.UndefinedColumn:
@@ -243,7 +244,7 @@ def _read_state(schema: str) -> Plan[tuple[int, int | None] | None]:
 
 def _lock(schema: str) -> Plan[None]:
     yield from query(
-        statements.compose(statements.migration_lock, schema),
+        compose(migration_sql.MIGRATION_LOCK, schema),
         {"namespace": _LOCK_NAMESPACE, "schema": schema},
     )
 
@@ -265,9 +266,7 @@ def _notify_migrated(schema: str, numbers: Iterable[int]) -> Plan[None]:
             {"migrationNumber": number, "breaking": number in BREAKING_REVISIONS},
             separators=(",", ":"),
         )
-        yield from query(
-            statements.compose(statements.notify_migrated, schema), {"payload": payload}
-        )
+        yield from query(compose(migration_sql.NOTIFY_MIGRATED, schema), {"payload": payload})
 
 
 def _install_base(schema: str, files: MigrationFiles) -> Plan[bool]:
@@ -287,10 +286,10 @@ def _base_steps(schema: str, files: MigrationFiles) -> Plan[bool]:
     numbers = list(range(1, BASE_REVISION + 1))
     yield from _lock(schema)
     yield from _script(files.read("bootstrap.sql"), schema)
-    if (yield from _exists(statements.compose(statements.migrations_recorded, schema))):
+    if (yield from _exists(compose(migration_sql.MIGRATIONS_RECORDED, schema))):
         return False
     yield from execute(
-        statements.compose(statements.record_base_migrations, schema),
+        compose(migration_sql.RECORD_BASE_MIGRATIONS, schema),
         {"breaking": sorted(BREAKING_REVISIONS), "ids": numbers},
     )
     yield from _script(files.read("base.sql"), schema)
@@ -313,11 +312,11 @@ def _apply_revision(schema: str, files: MigrationFiles, number: int) -> Plan[boo
 
 def _revision_steps(schema: str, files: MigrationFiles, number: int) -> Plan[bool]:
     yield from _lock(schema)
-    if (yield from _exists(statements.compose(statements.migration_recorded, schema), id=number)):
+    if (yield from _exists(compose(migration_sql.MIGRATION_RECORDED, schema), id=number)):
         return False
     # The row goes in first, so a racing Node migrator waits on it.
     yield from execute(
-        statements.compose(statements.record_migration, schema),
+        compose(migration_sql.RECORD_MIGRATION, schema),
         {"id": number, "breaking": number in BREAKING_REVISIONS},
     )
     yield from _script(files.revision(number), schema)
@@ -346,7 +345,7 @@ def _apply_py_migrations(schema: str, files: MigrationFiles) -> Plan[list[int]]:
 
 def _py_migrations_done(schema: str) -> Plan[set[int]]:
     try:
-        rows = yield from query(statements.compose(statements.py_migrations_recorded, schema))
+        rows = yield from query(compose(migration_sql.PY_MIGRATIONS_RECORDED, schema))
     except pg_errors.UndefinedTable:
         return set()
     return {int(row[0]) for row in rows}
@@ -361,11 +360,9 @@ def _py_migration_steps(
     skipped with its functions: whoever applied it applied them."""
     yield from _lock(schema)
     yield from _script(files.read("py/record.sql"), schema)
-    if (
-        yield from _exists(statements.compose(statements.py_migration_recorded, schema), id=number)
-    ):
+    if (yield from _exists(compose(migration_sql.PY_MIGRATION_RECORDED, schema), id=number)):
         return False
-    yield from execute(statements.compose(statements.record_py_migration, schema), {"id": number})
+    yield from execute(compose(migration_sql.RECORD_PY_MIGRATION, schema), {"id": number})
     yield from _script(files.read(f"py/{number:06d}.sql"), schema)
     if with_functions:
         yield from _script(files.py_functions(), schema)

@@ -9,7 +9,8 @@ from psycopg import errors as pg_errors
 
 from ..db.plan import Plan, query
 from ..errors import SchemaNotInstalledError
-from . import statements
+from ..sql import compose
+from ..sql import jobs as jobs_sql
 
 __all__ = ["schema_required", "unique_installed"]
 
@@ -37,7 +38,5 @@ def schema_required(schema: str) -> Iterator[None]:
 
 def unique_installed(schema: str) -> Plan[bool]:
     """Whether ``schema`` has the unique-jobs table (Python migration 1)."""
-    rows = yield from query(
-        statements.compose(statements.unique_tables_installed, schema), {"schema": schema}
-    )
+    rows = yield from query(compose(jobs_sql.UNIQUE_TABLES_INSTALLED, schema), {"schema": schema})
     return bool(rows and rows[0][0])

@@ -34,7 +34,8 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from ..schema import limits, statements
+from ..sql import compose
+from ..sql import limits as limits_sql
 from .retry import Snooze
 
 if TYPE_CHECKING:
@@ -119,7 +120,7 @@ class OperationLimit:
             holds.depth[key] = depth + 1
 
     async def _acquire(self) -> None:
-        statement = statements.compose(limits.acquire, self._utils.schema)
+        statement = compose(limits_sql.ACQUIRE_OPERATION, self._utils.schema)
         async with self._utils.pool.connection() as conn:  # its own: committed at once
             cur = await conn.execute(statement, self._params)
             row = await cur.fetchone()
@@ -146,7 +147,7 @@ class OperationLimit:
             if depth:
                 holds.depth[key] = depth
                 return
-            statement = statements.compose(limits.release, self._utils.schema)
+            statement = compose(limits_sql.RELEASE_OPERATION, self._utils.schema)
             async with self._utils.pool.connection() as conn:  # its own: committed at once
                 await conn.execute(statement, self._params)
 

@@ -27,7 +27,8 @@ from typing import Protocol
 import psycopg
 
 from ..jobs.worker_utils import WorkerUtils
-from ..schema import lifecycle, statements
+from ..sql import cancel as cancel_sql
+from ..sql import compose
 from .stuck import StuckJobs
 
 __all__ = ["FORGET_AFTER", "CancelTarget", "CancelWatch"]
@@ -69,7 +70,7 @@ class CancelWatch:
         self._utils = utils
         self._target = target
         self._pool_id = pool_id
-        self._statement = statements.compose(lifecycle.cancel_requests, schema)
+        self._statement = compose(cancel_sql.CANCEL_REQUESTS, schema)
         self._poll_interval = poll_interval
         self._grace = grace
         self._wake = asyncio.Event()

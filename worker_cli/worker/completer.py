@@ -29,7 +29,8 @@ from psycopg_pool import AsyncConnectionPool
 from ..db.retry import retry_until_done
 from ..jobs.job import Job
 from ..observe.events import Events
-from ..schema import failures, statements
+from ..sql import compose
+from ..sql import failure as failure_sql
 from .outcome import Failure
 from .result_writer import HistorySettings, ResultWriter
 
@@ -70,7 +71,7 @@ class Completer:
         self._pool_id = pool_id
         #: The statements (and a refused result's isolation).
         self.writer = ResultWriter(db, schema=schema, pool_id=pool_id, history=history)
-        self._return = statements.compose(failures.return_jobs, schema)
+        self._return = compose(failure_sql.RETURN_JOBS, schema)
         self._delay = batch_delay
         #: Ids of the jobs the pool holds locked; written ones are removed.
         self._held = held

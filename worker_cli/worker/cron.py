@@ -4,7 +4,7 @@ Once per UTC minute it adds the jobs of the items that match that minute, with
 ``run_at`` = the minute and ``_cron: {"ts": ..., "backfilled": false}`` merged
 into the payload. ``_private_known_crontabs`` makes this safe with any number
 of workers, in Python or Node, running the same crontab (see
-``statements.schedule_cron_jobs``). At start, items the database already knew
+``cron_sql.SCHEDULE_CRON_JOBS``). At start, items the database already knew
 are backfilled over their ``fill`` period, oldest minute first; new items are
 recorded and not backfilled. A timer that fires early sleeps again; one that
 fires late (a paused process) catches up every missed minute, once each.
@@ -29,7 +29,8 @@ from psycopg_pool import AsyncConnectionPool
 
 from ..config.zones import UTC_NAMES, zone_named
 from ..db.retry import CRON, retry_until_done
-from ..schema import statements
+from ..sql import compose
+from ..sql import cron as cron_sql
 from ..tasks.cron_zones import ZoneTimetable, local_timestamp
 from ..tasks.crontab import ParsedCronItem
 
@@ -141,12 +142,12 @@ class CronScheduler:
     async def register_and_backfill(self, start: datetime) -> None:
         """Record new identifiers; backfill known items over their fill period."""
         async with self.pool.connection() as conn:
-            cur = await conn.execute(statements.compose(statements.known_crontabs, self.schema))
+            cur = await conn.execute(compose(cron_sql.KNOWN_CRONTABS, self.schema))
             known = {identifier: (since, last) async for identifier, since, last in cur}
             unknown = [item.identifier for item in self.items if item.identifier not in known]
             if unknown:
                 await conn.execute(
-                    statements.compose(statements.register_crontabs, self.schema),
+                    compose(cron_sql.REGISTER_CRONTABS, self.schema),
                     {"identifiers": unknown, "now": start},
                 )
         backfill = [
@@ -189,7 +190,7 @@ class CronScheduler:
         ]
         async with self.pool.connection() as conn:
             cur = await conn.execute(
-                statements.compose(statements.schedule_cron_jobs, self.schema),
+                compose(cron_sql.SCHEDULE_CRON_JOBS, self.schema),
                 {"specs": json.dumps(specs), "ts": ts},
             )
             added = [int(row[0]) async for row in cur]

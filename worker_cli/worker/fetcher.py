@@ -2,7 +2,7 @@
 
 It has a connection of its own (one fetch runs at a time, and an idle
 worker's first fetch does not wait for a pool checkout). A fetch is one
-autocommit statement (``statements.get_jobs``): its rows come back once its
+autocommit statement (``fetch_sql.GET_JOBS``): its rows come back once its
 locks are committed, so no job starts before its lock is visible to every
 other worker. How many jobs to fetch is :func:`local_queue.plan_fetch`.
 
@@ -37,7 +37,8 @@ from ..db.raw_json import read_payloads_raw
 from ..db.retry import DEFAULT, one_line
 from ..jobs.job import Job
 from ..observe.events import Events
-from ..schema import statements
+from ..sql import compose
+from ..sql import fetch as fetch_sql
 from .limited_fetch import LimitedFetch
 from .local_queue import LocalQueue, Rate, plan_fetch
 from .unreadable import Unreadable, read_jobs
@@ -126,8 +127,8 @@ class Fetcher:
         #: Given each fetch's jobs, returns those to queue (the others are
         #: held back by a pause: see :mod:`.pauses`).
         self._hold_back = hold_back
-        self._get_jobs = statements.compose(
-            statements.get_jobs_at if settings.use_local_time else statements.get_jobs,
+        self._get_jobs = compose(
+            fetch_sql.GET_JOBS_AT if settings.use_local_time else fetch_sql.GET_JOBS,
             settings.schema,
         )
         #: The second statement of each fetch: jobs under limits.
@@ -340,17 +341,17 @@ class Fetcher:
         if isinstance(self._lost, tuple):
             pid, backend_start = self._lost
             params = {"pid": pid, "backend_start": backend_start}
-            await conn.execute(statements.end_lost_fetch_session, params)
+            await conn.execute(fetch_sql.END_LOST_FETCH_SESSION, params)
             async with asyncio.timeout(_END_SESSION_TIMEOUT):
                 while True:
-                    cur = await conn.execute(statements.lost_fetch_session_gone, params)
+                    cur = await conn.execute(fetch_sql.LOST_FETCH_SESSION_GONE, params)
                     row = await cur.fetchone()
                     if row and row[0]:
                         break
                     await asyncio.sleep(0.01)
         pool_id = self._connections.pool_id
         cur = await conn.cursor(binary=True).execute(
-            statements.compose(statements.lost_fetch_jobs, self._settings.schema),
+            compose(fetch_sql.LOST_FETCH_JOBS, self._settings.schema),
             {"pool_id": pool_id, "known_ids": list(self._held)},
         )
         jobs, unreadable = await read_jobs(cur, self._task_ids, self._timeouts)
@@ -407,7 +408,7 @@ async def configure_fetch_connection(
     if no_prepared_statements:
         conn.prepare_threshold = None
         return None
-    cur = await conn.execute(statements.fetch_session)
+    cur = await conn.execute(fetch_sql.FETCH_SESSION)
     row = await cur.fetchone()
     return (conn.info.backend_pid, row[1] if row else None)
 
@@ -422,7 +423,7 @@ async def register_tasks(
     it, and it is not in this statement's snapshot either: the statement
     runs again for the missing ones, and then sees it.
     """
-    statement = statements.compose(statements.register_tasks, schema)
+    statement = compose(fetch_sql.REGISTER_TASKS, schema)
     task_ids: dict[int, str] = {}
     missing = list(tasks)
     for _ in range(_REGISTER_ATTEMPTS):

@@ -5,7 +5,7 @@ interval of 0 turns them off). A pool keeps a row in ``_private_py_heartbeats``
 and refreshes its ``beat_at`` every interval. At each beat it also declares
 dead every other pool that has not beaten for the timeout *that pool*
 declared: it deletes the row and releases the dead pool's jobs and named
-queues (``heartbeats.heartbeat_reap``). The attempt the dead pool counted when
+queues (``heartbeats_sql.HEARTBEAT_REAP``). The attempt the dead pool counted when
 it fetched a job stays counted, and ``last_error`` says the pool was declared
 dead.
 
@@ -60,7 +60,8 @@ from .._version import __version__
 from ..config.options import WorkerOptions
 from ..db.connections import WorkerConnections
 from ..db.retry import DEFAULT, one_line
-from ..schema import heartbeats, statements
+from ..sql import compose
+from ..sql import heartbeats as heartbeats_sql
 from .lock_refresh import LockRefresh
 
 __all__ = ["Heartbeat", "PoolReport"]
@@ -265,7 +266,7 @@ class Heartbeat:
             self._params["jobs_done"] = self._report.jobs_done()
             self._params["stuck_job_ids"] = list(self._report.stuck_job_ids())
         row = conn.execute(
-            statements.compose(heartbeats.heartbeat_beat, self._schema), self._params
+            compose(heartbeats_sql.HEARTBEAT_BEAT, self._schema), self._params
         ).fetchone()
         assert row is not None
         registered, now = row
@@ -285,7 +286,7 @@ class Heartbeat:
     def _reap(self) -> None:
         conn = self._connection()
         cur = conn.execute(
-            statements.compose(heartbeats.heartbeat_reap, self._schema),
+            compose(heartbeats_sql.HEARTBEAT_REAP, self._schema),
             {"pool_id": self.pool_id, "watching_since": self._watching_since},
         )
         released = 0
@@ -311,7 +312,7 @@ class Heartbeat:
         release) after its timeout."""
         try:
             self._connection().execute(
-                statements.compose(heartbeats.heartbeat_remove, self._schema),
+                compose(heartbeats_sql.HEARTBEAT_REMOVE, self._schema),
                 {"pool_id": self.pool_id},
             )
         except Exception as exc:

@@ -22,7 +22,8 @@ from typing import Any
 import psycopg
 
 from ..jobs.job import Job
-from ..schema import limits, statements
+from ..sql import compose
+from ..sql import limits as limits_sql
 from .start_deadlines import ClockBound, StartDeadlines
 
 __all__ = ["REREAD", "LimitedFetch", "Take"]
@@ -47,11 +48,11 @@ class LimitedFetch:
     """The limited part of one pool's fetches (see the module)."""
 
     def __init__(self, schema: str, *, use_local_time: bool, nudge: Callable[[], None]) -> None:
-        self._fetch = statements.compose(
-            limits.fetch_limited_at if use_local_time else limits.fetch_limited, schema
+        self._fetch = compose(
+            limits_sql.FETCH_LIMITED_AT if use_local_time else limits_sql.FETCH_LIMITED, schema
         )
-        self._exist = statements.compose(limits.limits_exist, schema)
-        self._next_start = statements.compose(limits.next_start, schema)
+        self._exist = compose(limits_sql.LIMITS_EXIST, schema)
+        self._next_start = compose(limits_sql.NEXT_START, schema)
         self._nudge = nudge
         #: Whether any task or queue limit exists (None: not known; read at
         #: the next fetch), and the tasks and queues whose limit counts starts.

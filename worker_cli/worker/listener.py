@@ -37,7 +37,8 @@ from psycopg_pool import AsyncConnectionPool
 from ..db.connections import WorkerConnections
 from ..db.retry import RECONNECT, one_line
 from ..observe.events import Events
-from ..schema import lifecycle, statements
+from ..schema import channels
+from ..sql import listen as listen_sql
 
 __all__ = ["Listener"]
 
@@ -70,7 +71,7 @@ class Listener:
         #: Sends the probe notification (None: no probe).
         self._probe_pool = probe_pool
         #: The channel of the probe (each probe has its own payload).
-        self._probe_channel = lifecycle.channel(schema, "probe")
+        self._probe_channel = channels.channel(schema, "probe")
         self._poll_interval = poll_interval
         #: The payload of the probe on its way (None: none, or it arrived).
         self._probe_token: str | None = None
@@ -78,10 +79,10 @@ class Listener:
         self._warned = False
         self._on_jobs = on_jobs
         #: The channel of cancel requests (migrations/py/000008.sql).
-        self._cancel_channel = lifecycle.channel(schema, "cancel")
+        self._cancel_channel = channels.channel(schema, "cancel")
         self._on_cancel = on_cancel
         #: The channel of pauses and resumes (migrations/py/000014.sql).
-        self._control_channel = lifecycle.channel(schema, "control")
+        self._control_channel = channels.channel(schema, "control")
         self._on_control = on_control
         self._on_breaking_migration = on_breaking_migration
         self._on_reconnected = on_reconnected
@@ -95,20 +96,20 @@ class Listener:
             self._events.emit("pool:listen:connecting", pool=self._owner)
             try:
                 async with await self._connections.connect("listen") as conn:
-                    await conn.execute(statements.listen_jobs_insert)
+                    await conn.execute(listen_sql.LISTEN_JOBS_INSERT)
                     if self._on_cancel is not None:
                         channel = sql.Identifier(self._cancel_channel)
-                        await conn.execute(sql.SQL("listen {}").format(channel))
+                        await conn.execute(sql.SQL(listen_sql.LISTEN).format(channel))
                         self._on_cancel("")  # requests made while we were not listening
                     if self._on_control is not None:
                         channel = sql.Identifier(self._control_channel)
-                        await conn.execute(sql.SQL("listen {}").format(channel))
+                        await conn.execute(sql.SQL(listen_sql.LISTEN).format(channel))
                         self._on_control()  # pauses made while we were not listening
                     if self._probe_pool is not None:
                         channel = sql.Identifier(self._probe_channel)
-                        await conn.execute(sql.SQL("listen {}").format(channel))
+                        await conn.execute(sql.SQL(listen_sql.LISTEN).format(channel))
                     # Last: what pg_stat_activity shows of a listening worker.
-                    await conn.execute(statements.listen_worker_migrate)
+                    await conn.execute(listen_sql.LISTEN_WORKER_MIGRATE)
                     if failures:
                         logger.info("Worker pool %s: listening again", pool_id)
                         await self._on_reconnected()
@@ -157,7 +158,7 @@ class Listener:
     async def _send_probe(self, pool: AsyncConnectionPool[Any], token: str) -> None:
         try:
             async with pool.connection() as sender:
-                await sender.execute("select pg_notify(%s, %s)", (self._probe_channel, token))
+                await sender.execute(listen_sql.NOTIFY_PROBE, (self._probe_channel, token))
         except psycopg.Error as exc:
             logger.warning(
                 "Worker pool %s: could not check that notifications arrive: %s",

@@ -6,7 +6,7 @@ longer than that (no timeout, the default, or a long one) would be released
 while it runs, and run a second time. So a pool sets ``locked_at`` of the jobs
 it holds (and of their named queues) to now again once their lock is older
 than ``lock_refresh_age`` (an hour; ``WorkerOptions.lock_refresh_age``),
-looking every half of that (``heartbeats.refresh_locks``: only its own locks,
+looking every half of that (``heartbeats_sql.REFRESH_LOCKS``: only its own locks,
 by their ids). A pool that is gone refreshes nothing: its jobs are released
 as before (by the heartbeat reaper, or the sweep).
 
@@ -32,7 +32,8 @@ import psycopg
 from ..config.options import WorkerOptions
 from ..db.retry import one_line
 from ..jobs.worker_utils import WorkerUtils
-from ..schema import heartbeats, statements
+from ..sql import compose
+from ..sql import heartbeats as heartbeats_sql
 
 __all__ = ["LockRefresh"]
 
@@ -52,7 +53,7 @@ class LockRefresh:
         use_local_time: bool = False,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._statement = statements.compose(heartbeats.refresh_locks, schema)
+        self._statement = compose(heartbeats_sql.REFRESH_LOCKS, schema)
         self._pool_id = pool_id
         self._age = age
         #: The ids of the jobs the pool holds (a set the event loop changes:

@@ -22,7 +22,9 @@ from datetime import UTC, datetime, timedelta
 import psycopg
 
 from ..jobs.worker_utils import WorkerUtils, sweep_unique_locks
-from ..schema import lifecycle, statements
+from ..sql import compose
+from ..sql import fetch as fetch_sql
+from ..sql import waiting as waiting_sql
 
 __all__ = ["OPTIONS_LIMIT", "Poller", "Sweeper"]
 
@@ -63,8 +65,8 @@ class Sweeper:
         on_released: Callable[[], None],
     ) -> None:
         self._utils = utils
-        self._release = statements.compose(statements.release_stale_locks, schema)
-        self._collect = statements.compose(lifecycle.collect_job_options, schema)
+        self._release = compose(fetch_sql.RELEASE_STALE_LOCKS, schema)
+        self._collect = compose(waiting_sql.COLLECT_JOB_OPTIONS, schema)
         self._timeout = stale_lock_timeout
         self._interval = interval
         self._on_released = on_released

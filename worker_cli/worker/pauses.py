@@ -28,7 +28,8 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from ..jobs.job import Job
-from ..schema import pauses, statements
+from ..sql import compose
+from ..sql import pauses as pauses_sql
 from .local_queue import LocalQueue
 
 __all__ = ["PauseSet", "PauseWatch", "Pauses"]
@@ -115,8 +116,8 @@ class PauseWatch:
         self._give_back = give_back
         self._nudge = nudge
         self._on_control = on_control
-        self._read = statements.compose(pauses.pool_pauses, settings.schema)
-        self._upkeep = statements.compose(pauses.upkeep, settings.schema)
+        self._read = compose(pauses_sql.POOL_PAUSES, settings.schema)
+        self._upkeep = compose(pauses_sql.HOLD_PAUSED_QUEUES, settings.schema)
         self._since_upkeep = UPKEEP_INTERVAL  # the first read runs it
 
     def notified(self) -> None:

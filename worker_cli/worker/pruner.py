@@ -27,7 +27,9 @@ import psycopg
 from psycopg import sql
 
 from ..jobs.worker_utils import WorkerUtils
-from ..schema import lifecycle, statements
+from ..sql import cancel as cancel_sql
+from ..sql import compose
+from ..sql import history as history_sql
 
 __all__ = ["BATCH", "MAX_BATCHES", "SCAN", "HistoryPruner"]
 
@@ -53,9 +55,9 @@ class HistoryPruner:
     def __init__(self, utils: WorkerUtils, *, schema: str, interval: tuple[float, float]) -> None:
         self._utils = utils
         self._schema = schema
-        self._statement = statements.compose(lifecycle.prune_history, schema)
-        self._finalize = statements.compose(lifecycle.finalize_cancelled, schema)
-        self._prune_errors = statements.compose(lifecycle.prune_attempt_errors, schema)
+        self._statement = compose(history_sql.PRUNE_HISTORY, schema)
+        self._finalize = compose(cancel_sql.FINALIZE_CANCELLED, schema)
+        self._prune_errors = compose(history_sql.PRUNE_ATTEMPT_ERRORS, schema)
         self._interval = interval
 
     async def run(self) -> None:

@@ -2,7 +2,7 @@
 
 Successes delete their jobs, and with history on record them in
 ``_private_py_job_history`` with their results, in the same statement (one
-commit for both; :data:`~worker_cli.schema.statements.complete_batch_recording`).
+commit for both; :data:`~worker_cli.sql.completion.COMPLETE_BATCH_RECORDING`).
 Failures record their errors and back off. Either statement ends with one
 NOTIFY listing the batch's jobs that someone waits for (``wait_for_job``;
 none when nobody waits). Writing is idempotent: a batch retried after a lost
@@ -31,7 +31,11 @@ from psycopg_pool import AsyncConnectionPool
 
 from ..jobs.job import Job
 from ..jobs.last_error import describe, storable
-from ..schema import failures, lifecycle, statements
+from ..schema import channels
+from ..sql import cancel as cancel_sql
+from ..sql import completion as completion_sql
+from ..sql import compose
+from ..sql import failure as failure_sql
 from .outcome import Failure
 
 __all__ = ["HistorySettings", "ResultWriter", "refused"]
@@ -94,25 +98,23 @@ class ResultWriter:
         forms: dict[tuple[bool, bool], LiteralString]
         if history is None:  # no results written: the first part does not matter
             forms = {
-                (True, True): statements.complete_batch,
-                (False, True): statements.complete_batch,
-                (True, False): statements.complete_batch_without_queues,
-                (False, False): statements.complete_batch_without_queues,
+                (True, True): completion_sql.COMPLETE_BATCH,
+                (False, True): completion_sql.COMPLETE_BATCH,
+                (True, False): completion_sql.COMPLETE_BATCH_WITHOUT_QUEUES,
+                (False, False): completion_sql.COMPLETE_BATCH_WITHOUT_QUEUES,
             }
         else:
             forms = {
-                (True, True): lifecycle.complete_batch_recording,
-                (False, True): lifecycle.complete_batch_recording_no_results,
-                (True, False): lifecycle.complete_batch_recording_without_queues,
-                (False, False): lifecycle.complete_batch_recording_no_results_without_queues,
+                (True, True): completion_sql.COMPLETE_BATCH_RECORDING,
+                (False, True): completion_sql.COMPLETE_BATCH_RECORDING_NO_RESULTS,
+                (True, False): completion_sql.COMPLETE_BATCH_RECORDING_WITHOUT_QUEUES,
+                (False, False): completion_sql.COMPLETE_BATCH_RECORDING_NO_RESULTS_WITHOUT_QUEUES,
             }
-        self._complete = {
-            form: statements.compose(statement, schema) for form, statement in forms.items()
-        }
-        self._fail = statements.compose(failures.fail_batch, schema)
+        self._complete = {form: compose(statement, schema) for form, statement in forms.items()}
+        self._fail = compose(failure_sql.FAIL_BATCH, schema)
         #: Where the waiters of finished jobs are told (wait_for_job).
-        self._channel = lifecycle.finished_channel(schema)
-        self._request_cancels = statements.compose(lifecycle.request_cancels, schema)
+        self._channel = channels.finished_channel(schema)
+        self._request_cancels = compose(cancel_sql.REQUEST_CANCELS, schema)
         #: Results of succeeded jobs waiting to be written: job id -> (JSON
         #: text, why it was not kept); only jobs that returned something.
         self._results: dict[int, tuple[str | None, str | None]] = {}

@@ -31,7 +31,9 @@ from psycopg_pool import AsyncConnectionPool
 
 from ..db.retry import retry_until_done
 from ..jobs.job import Job
-from ..schema import limits, statements
+from ..sql import clock as clock_sql
+from ..sql import compose
+from ..sql import limits as limits_sql
 
 __all__ = ["START_WITHIN", "ClockBound", "StartDeadlines"]
 
@@ -57,7 +59,7 @@ class ClockBound:
         if time.monotonic() - self._read_at < _CLOCK_EVERY:
             return
         sent = time.time()
-        cur = await conn.execute("select extract(epoch from clock_timestamp())::float8")
+        cur = await conn.execute(clock_sql.CLOCK_EPOCH)
         row = await cur.fetchone()
         if row is not None:
             # The reading was taken after ``sent``: the database's clock is at
@@ -78,7 +80,7 @@ class StartDeadlines:
         nudge: Callable[[], None],
     ) -> None:
         self._db = db
-        self._uncount = statements.compose(limits.uncount_starts, schema)
+        self._uncount = compose(limits_sql.UNCOUNT_STARTS, schema)
         self._give_back = give_back
         #: There may be jobs to fetch (those given back, for one).
         self._nudge = nudge

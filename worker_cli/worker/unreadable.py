@@ -29,7 +29,7 @@ from psycopg.pq import Format
 from ..db.timestamps import EARLIEST, LATEST
 from ..errors import UnreadableJobError
 from ..jobs.job import Job, jobs_from_rows
-from ..schema.statements import JOB_COLUMNS
+from ..sql import JOB_COLUMNS
 
 __all__ = ["Unreadable", "read_jobs"]
 

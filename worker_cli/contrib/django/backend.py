@@ -26,7 +26,8 @@ from django.tasks.signals import task_enqueued
 from django.utils import timezone
 
 from ...config.database import schema_name_problem
-from . import statements
+from ...sql import django as django_sql
+from ...sql import render
 from .names import MAX_QUEUE_NAME, identifier_of
 from .results import StoredResult, django_time
 from .storable import json_text
@@ -130,7 +131,7 @@ class GraphileWorkerBackend(BaseTaskBackend):  # type: ignore[misc]
         payload = json.dumps({"result_id": result_id, "task": task.module_path})
         with self._cursor() as cursor:
             cursor.execute(
-                statements.render(statements.enqueue, self.schema),
+                render(django_sql.ENQUEUE, self.schema),
                 [
                     result_id,
                     self.alias,
@@ -176,7 +177,7 @@ class GraphileWorkerBackend(BaseTaskBackend):  # type: ignore[misc]
         except (TypeError, ValueError, AttributeError):  # checked here: a bad cast
             raise TaskResultDoesNotExist(result_id) from None  # would break a transaction
         with self._cursor() as cursor:
-            cursor.execute(statements.render(statements.read_result, self.schema), [key])
+            cursor.execute(render(django_sql.READ_RESULT, self.schema), [key])
             row = cursor.fetchone()
         if row is None:
             raise TaskResultDoesNotExist(result_id)

@@ -11,7 +11,7 @@ from django.conf import settings
 from django.core import checks
 from django.db import DatabaseError, connections
 
-from . import statements
+from ...sql import django as django_sql
 from .names import MAX_QUEUE_NAME
 
 __all__ = ["check_backend"]
@@ -77,7 +77,7 @@ def check_backend(
 def _check_schema(backend: BackendSettings) -> list[Any]:
     try:
         with connections[backend.database].cursor() as cursor:
-            cursor.execute(statements.results_table_exists, [backend.schema])
+            cursor.execute(django_sql.RESULTS_TABLE_EXISTS, [backend.schema])
             (installed,) = cursor.fetchone()
     except DatabaseError as exc:
         return [

@@ -8,9 +8,10 @@ from __future__ import annotations
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+from ...sql import compose
+from ...sql import django as django_sql
 from ...tasks.crontab import ParsedCronItem, parse_crontab
 from ...tasks.helpers import Helpers
-from . import statements
 
 __all__ = ["PRUNE_TASK", "make_prune_task", "prune_cron_items"]
 
@@ -36,7 +37,7 @@ def make_prune_task(schema: str) -> Callable[[Any, Helpers], Coroutine[Any, Any,
         deleted = 0
         async with helpers.with_pg_client() as conn:
             for _ in range(MAX_BATCHES):
-                cursor = await conn.execute(statements.compose(statements.prune, schema), [seconds])
+                cursor = await conn.execute(compose(django_sql.PRUNE, schema), [seconds])
                 deleted += cursor.rowcount
                 if cursor.rowcount < 1000:
                     break

@@ -22,9 +22,10 @@ from django.db import close_old_connections
 from django.tasks.base import TaskContext, TaskResult
 from django.tasks.signals import task_finished, task_started
 
+from ...sql import compose
+from ...sql import django as django_sql
 from ...tasks.helpers import Helpers
 from ...tasks.retry import Cancel, Discard
-from . import statements
 from .results import StoredResult, django_time, lost_attempt
 from .storable import MAX_ERRORS, error_of, errors_json, json_text, kept_errors, storable_text
 
@@ -41,14 +42,14 @@ def make_task_runner(schema: str, sender: type) -> Callable[[Any, Helpers], None
 
         def mark_failed(status: str, error: dict[str, str]) -> Any:
             row = one_row(
-                statements.mark_failed, status, errors_json([error]), MAX_ERRORS, result_id
+                django_sql.MARK_FAILED, status, errors_json([error]), MAX_ERRORS, result_id
             )
             return None if row is None else row[0]
 
         result_id = _result_id(payload)
         job = helpers.job
         row = one_row(
-            statements.mark_running,
+            django_sql.MARK_RUNNING,
             errors_json([lost_attempt()]),
             MAX_ERRORS,
             storable_text(helpers.worker_id),
@@ -56,7 +57,7 @@ def make_task_runner(schema: str, sender: type) -> Callable[[Any, Helpers], None
             result_id,
         )
         if row is None:
-            _not_run_again(helpers, one_row(statements.read_status, result_id), result_id)
+            _not_run_again(helpers, one_row(django_sql.READ_STATUS, result_id), result_id)
             return
         try:
             stored = StoredResult.from_row(row)
@@ -73,7 +74,7 @@ def make_task_runner(schema: str, sender: type) -> Callable[[Any, Helpers], None
             task_started.send(sender=sender, task_result=running)
             value, value_json = json_text(_call(task, stored, running, helpers), "return")
             # A return value the server refuses is this attempt's failure.
-            done_row = one_row(statements.mark_successful, value_json, result_id)
+            done_row = one_row(django_sql.MARK_SUCCESSFUL, value_json, result_id)
         except BaseException as exc:  # whatever the task raised (SystemExit too)
             # No attempt follows the last one, a cancel, or a task's Discard or Cancel.
             final = (
@@ -172,5 +173,5 @@ async def _one_row(
 ) -> tuple[Any, ...] | None:
     """``statement`` run on the worker's pool; its first row (None: no row)."""
     async with helpers.with_pg_client() as conn:
-        cursor = await conn.execute(statements.compose(statement, schema), params)
+        cursor = await conn.execute(compose(statement, schema), params)
         return await cursor.fetchone()

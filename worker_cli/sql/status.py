@@ -1,14 +1,15 @@
-"""The read-only statements of the operators' views: ``graphile-worker status``
-and the ``--once`` progress line (templates over the schema name, composed
-with :func:`worker_cli.schema.statements.compose`, as every other statement)."""
+"""The read-only statements of ``graphile-worker status`` and the ``--once``
+progress line. The jobs' states are counted as the admin commands, the
+dashboard and the metrics name them: every job is exactly one of waiting
+(due now), scheduled (run_at in the future), locked (being run, or held by a
+crashed worker), permanently failed (attempts used up); retrying are the
+waiting and scheduled jobs attempted before."""
 
 from __future__ import annotations
 
-from typing import LiteralString
-
 # Due, unlocked jobs of the given tasks, counted up to %(cap)s rows (the
 # --once progress line; the jobs' main index holds exactly the available ones).
-progress_remaining = """
+PROGRESS_REMAINING = """
   select count(*) from (
     select 1
     from {schema}._private_jobs as j
@@ -24,19 +25,21 @@ progress_remaining = """
 
 # Whether the schema holds graphile-worker's jobs and migrations tables (the
 # schema name is a bound parameter here: a value, not an identifier).
-status_installed = """
+INSTALLED = """
   select to_regclass(format('%%I._private_jobs', %(schema)s::text)) is not null
     and to_regclass(format('%%I.migrations', %(schema)s::text)) is not null
 """
 
-status_revision = "select max(id) from {schema}.migrations"
+REVISION = "select max(id) from {schema}.migrations"
 
-# The jobs of a group (rows aliased j) in each state, in this order: waiting
-# (due now), scheduled (run_at in the future), locked (being run, or held by a
-# crashed worker), permanently failed (attempts used up); every job is in
-# exactly one of them. Then retrying: the waiting and scheduled jobs that have
-# been attempted before. The metrics' queue depth counts the same.
-STATE_COUNTS: LiteralString = """
+# The jobs in each state by task and named queue; observe/status.py
+# adds the groups up. now() is the transaction's start, so all the status
+# statements (run in one read-only repeatable-read transaction) agree.
+COUNTS = """
+  select
+    t.identifier,
+    q.queue_name,
+    count(*),
     count(*) filter (
       where j.locked_at is null and j.attempts < j.max_attempts and j.run_at <= now()
     ),
@@ -47,30 +50,17 @@ STATE_COUNTS: LiteralString = """
     count(*) filter (where j.locked_at is null and j.attempts >= j.max_attempts),
     count(*) filter (
       where j.locked_at is null and j.attempts < j.max_attempts and j.attempts > 0
-    )"""
-
-# The jobs in each state (STATE_COUNTS) by task and named queue; status.py
-# adds the groups up. now() is the transaction's start, so all the status
-# statements (run in one read-only repeatable-read transaction) agree.
-status_counts = (
-    """
-  select
-    t.identifier,
-    q.queue_name,
-    count(*),"""
-    + STATE_COUNTS
-    + """
+    )
   from {schema}._private_jobs as j
   join {schema}._private_tasks as t on t.id = j.task_id
   left join {schema}._private_job_queues as q on q.id = j.job_queue_id
   group by t.identifier, q.queue_name
 """
-)
 
 # The job that has been due the longest without being taken, and for how many
 # seconds (null for a run_at of -infinity: PostgreSQL before 17 cannot subtract
 # it, and no age would mean anything).
-status_oldest_waiting = """
+OLDEST_WAITING = """
   select j.id, t.identifier, q.queue_name, j.run_at,
     case when isfinite(j.run_at) then extract(epoch from now() - j.run_at) end
   from {schema}._private_jobs as j
@@ -82,24 +72,22 @@ status_oldest_waiting = """
 """
 
 # Named queues that are locked (one of their jobs is running), with the holder.
-status_locked_queues = """
+LOCKED_QUEUES = """
   select q.queue_name, q.locked_by,
     case when isfinite(q.locked_at) then extract(epoch from now() - q.locked_at) end
   from {schema}._private_job_queues as q
   where q.locked_at is not null
 """
 
-status_now = "select now()"
-
 # Whether the schema has the Python pools' heartbeats (migrations/py/000002.sql;
 # a schema only Node's migrations installed has none).
-status_heartbeats_installed = """
+HEARTBEATS_INSTALLED = """
   select to_regclass(format('%%I._private_py_heartbeats', %(schema)s::text)) is not null
 """
 
 # Whether any Python pool has a heartbeat row, live or not (the heartbeats'
 # primary key, one row at most).
-status_any_heartbeat = "select 1 from {schema}._private_py_heartbeats limit 1"
+ANY_HEARTBEAT = "select 1 from {schema}._private_py_heartbeats limit 1"
 
 # Stranded tasks: tasks with runnable jobs (not locked, attempts left, due)
 # that no live Python pool runs. A pool is live while its heartbeat is not
@@ -118,8 +106,8 @@ status_any_heartbeat = "select 1 from {schema}._private_py_heartbeats limit 1"
 # most %(cap)s of them counted. So a task's future jobs, however many, are
 # never walked, and `runnable` is at most %(cap)s (counts past it are cut
 # there). oldest_age is null for a run_at of -infinity (as in
-# status_oldest_waiting).
-stranded_tasks = """
+# OLDEST_WAITING).
+STRANDED_TASKS = """
   with live as materialized (
     select h.task_identifiers
     from {schema}._private_py_heartbeats as h

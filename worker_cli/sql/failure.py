@@ -1,70 +1,11 @@
 """The statements that fail a pool's jobs or give them back (the completer's,
-through :mod:`worker_cli.worker.result_writer`), with what both do to a job
-that has a cancel request: record it as cancelled. Templates over the schema
-name, composed with :func:`.statements.compose`."""
+through :mod:`worker_cli.worker.result_writer`). Both record a job that has a
+cancel request as cancelled instead: its row deleted, a history row
+(state cancelled, kept 1 day) listed in the expiry ledger
+(migrations/py/000011.sql, at most 1,000 ids a ledger row), its uniqueness
+lock and its request deleted."""
 
 from __future__ import annotations
-
-from typing import LiteralString
-
-from .ledger import expiry_ledger
-from .statements import notify_waiters
-
-__all__ = ["fail_batch", "return_jobs"]
-
-
-def _cancelled(
-    source: LiteralString, message: LiteralString, timed_out: LiteralString = "false"
-) -> LiteralString:
-    """CTEs deleting the jobs of ``source`` (a CTE with an ``id`` column) that
-    have a cancel request, recording them in the history as cancelled (last
-    error ``message``, whether it had timed out ``timed_out``), releasing
-    their uniqueness locks and requests; the CTE ``cancelled`` returns them
-    (with ``job_queue_id``)."""
-    return (
-        """
-  cancelled as (
-    delete from {schema}._private_jobs as j
-    using """
-        + source
-        + """, {schema}._private_py_cancellations as c
-    where j.id = """
-        + source
-        + """.id and c.job_id = j.id and j.locked_by = %(pool_id)s
-    returning j.*, """
-        + message
-        + """ as message, """
-        + timed_out
-        + """ as timed_out, c.requested_at, c.reason
-  ),
-  recorded as (
-    insert into {schema}._private_py_job_history (
-      job_id, state, task_identifier, queue_name, key, priority, attempts, max_attempts,
-      revision, flags, last_error, created_at, run_at, started_at, finished_at, pool_id,
-      cancel_requested_at, cancel_reason, timed_out, expires_at
-    )
-    select d.id, 'cancelled', t.identifier, q.queue_name, d.key, d.priority, d.attempts,
-      d.max_attempts, d.revision, d.flags, d.message, d.created_at, d.run_at, d.locked_at,
-      now(), %(pool_id)s, d.requested_at, d.reason, d.timed_out, now() + interval '1 day'
-    from cancelled as d
-    join {schema}._private_tasks as t on t.id = d.task_id
-    left join {schema}._private_job_queues as q on q.id = d.job_queue_id
-    on conflict (job_id) do nothing
-    returning job_id, expires_at
-  ),
-"""
-        + expiry_ledger("recorded")
-        + """,
-  released as (
-    delete from {schema}._private_py_unique_locks as l
-    where l.job_id in (select cancelled.id from cancelled)
-  ),
-  answered as (
-    delete from {schema}._private_py_cancellations as c
-    where c.job_id in (select cancelled.id from cancelled)
-  ),"""
-    )
-
 
 # Failure: record the error, back off, release the lock. The backoff is
 # graphile-worker's, exp(min(attempts, 10)) seconds after greatest(now(),
@@ -79,13 +20,12 @@ def _cancelled(
 # at shutdown, and is counted in the job's options; past %(max_snoozes)s it
 # is a failure. A job with a cancel request (py_cancel_jobs, a timeout whose
 # task says on_timeout="cancel", a task raising Cancel) is not retried: it is
-# deleted and recorded as cancelled (_cancelled), timed out or not
+# deleted and recorded as cancelled, timed out or not
 # (timed_out). Each failed attempt (not a snooze) appends its error to
 # _private_py_job_errors (migrations/py/000018.sql): last_error keeps only the
 # newest. The waiters of the jobs (notify_on_finish) are told, in one
 # notification.
-fail_batch = (
-    """
+FAIL_BATCH = """
   with failure as (
     select f.*,
       f.snooze is not null and (f.max_snoozes is null or coalesce(o.snoozes, 0) < f.max_snoozes)
@@ -102,9 +42,45 @@ fail_batch = (
     ) as f(id, message, items, permanent, timed_out, delay, snooze, max_snoozes)
     left join {schema}._private_py_job_options as o on o.job_id = f.id
     left join {schema}._private_jobs as cur on cur.id = f.id
-  ),"""
-    + _cancelled("failure", "failure.message", "failure.timed_out")
-    + """
+  ),
+  cancelled as (
+    delete from {schema}._private_jobs as j
+    using failure, {schema}._private_py_cancellations as c
+    where j.id = failure.id and c.job_id = j.id and j.locked_by = %(pool_id)s
+    returning j.*, failure.message as message, failure.timed_out as timed_out, c.requested_at,
+        c.reason
+  ),
+  recorded as (
+    insert into {schema}._private_py_job_history (
+      job_id, state, task_identifier, queue_name, key, priority, attempts, max_attempts,
+      revision, flags, last_error, created_at, run_at, started_at, finished_at, pool_id,
+      cancel_requested_at, cancel_reason, timed_out, expires_at
+    )
+    select d.id, 'cancelled', t.identifier, q.queue_name, d.key, d.priority, d.attempts,
+      d.max_attempts, d.revision, d.flags, d.message, d.created_at, d.run_at, d.locked_at,
+      now(), %(pool_id)s, d.requested_at, d.reason, d.timed_out, now() + interval '1 day'
+    from cancelled as d
+    join {schema}._private_tasks as t on t.id = d.task_id
+    left join {schema}._private_job_queues as q on q.id = d.job_queue_id
+    on conflict (job_id) do nothing
+    returning job_id, expires_at
+  ),
+
+  expiry as (
+    insert into {schema}._private_py_job_history_expiry (expires_at, job_ids)
+    select min(r.expires_at), array_agg(r.job_id)
+    from (select s.job_id, s.expires_at, (row_number() over () - 1) / 1000 as chunk
+          from recorded as s) as r
+    group by r.chunk
+  ),
+  released as (
+    delete from {schema}._private_py_unique_locks as l
+    where l.job_id in (select cancelled.id from cancelled)
+  ),
+  answered as (
+    delete from {schema}._private_py_cancellations as c
+    where c.job_id in (select cancelled.id from cancelled)
+  ),
   failed as (
     update {schema}._private_jobs as j
     set last_error = case
@@ -162,19 +138,57 @@ fail_batch = (
     select o.job_id, o.notify_on_finish
     from {schema}._private_py_job_options as o
     where o.job_id = any(%(job_ids)b::bigint[])
-  )"""
-    + notify_waiters
-)
+  )
+  select pg_notify(%(channel)s, array_to_string(w.ids[i:i + 299], ','))
+  from (
+    select array_agg(f.job_id) as ids from finished as f where f.notify_on_finish
+  ) as w
+  cross join generate_series(1, coalesce(cardinality(w.ids), 0), 300) as i
+"""
 
 # Give back fetched jobs that never started (shutdown), restoring the attempt;
 # one with a cancel request is recorded as cancelled instead (never run).
-return_jobs = (
-    """
+RETURN_JOBS = """
   with given as (
     select unnest(%(job_ids)b::bigint[]) as id
-  ),"""
-    + _cancelled("given", "j.last_error")
-    + """
+  ),
+  cancelled as (
+    delete from {schema}._private_jobs as j
+    using given, {schema}._private_py_cancellations as c
+    where j.id = given.id and c.job_id = j.id and j.locked_by = %(pool_id)s
+    returning j.*, j.last_error as message, false as timed_out, c.requested_at, c.reason
+  ),
+  recorded as (
+    insert into {schema}._private_py_job_history (
+      job_id, state, task_identifier, queue_name, key, priority, attempts, max_attempts,
+      revision, flags, last_error, created_at, run_at, started_at, finished_at, pool_id,
+      cancel_requested_at, cancel_reason, timed_out, expires_at
+    )
+    select d.id, 'cancelled', t.identifier, q.queue_name, d.key, d.priority, d.attempts,
+      d.max_attempts, d.revision, d.flags, d.message, d.created_at, d.run_at, d.locked_at,
+      now(), %(pool_id)s, d.requested_at, d.reason, d.timed_out, now() + interval '1 day'
+    from cancelled as d
+    join {schema}._private_tasks as t on t.id = d.task_id
+    left join {schema}._private_job_queues as q on q.id = d.job_queue_id
+    on conflict (job_id) do nothing
+    returning job_id, expires_at
+  ),
+
+  expiry as (
+    insert into {schema}._private_py_job_history_expiry (expires_at, job_ids)
+    select min(r.expires_at), array_agg(r.job_id)
+    from (select s.job_id, s.expires_at, (row_number() over () - 1) / 1000 as chunk
+          from recorded as s) as r
+    group by r.chunk
+  ),
+  released as (
+    delete from {schema}._private_py_unique_locks as l
+    where l.job_id in (select cancelled.id from cancelled)
+  ),
+  answered as (
+    delete from {schema}._private_py_cancellations as c
+    where c.job_id in (select cancelled.id from cancelled)
+  ),
   returned as (
     update {schema}._private_jobs as j
     set attempts = greatest(0, j.attempts - 1), locked_at = null, locked_by = null
@@ -190,4 +204,3 @@ return_jobs = (
     )
     and q.locked_by = %(pool_id)s
 """
-)

@@ -1,29 +1,27 @@
-"""The statements of limits (Python-only objects of migrations/py/000015.sql
-and 000020.sql): setting, removing and listing them, and the worker's fetch
-under them. Templates over the schema name, composed with
-:func:`.statements.compose`."""
+"""Limits (migrations/py/000015.sql and 000020.sql): setting, removing and
+listing them, the worker's fetch under them, and operation limits."""
 
 from __future__ import annotations
 
-__all__ = [
-    "acquire",
-    "fetch_limited",
-    "fetch_limited_at",
-    "limit_usage",
-    "limits_exist",
-    "list_limits",
-    "next_start",
-    "release",
-    "remove_limit",
-    "set_limit",
-    "uncount_starts",
-]
+# Set (or replace) one limit; the stored limit and its use (read by
+# py_limit_use, migrations/py/000020.sql: this statement's own snapshot would
+# not see the running jobs py_set_limit has just counted).
+SET_LIMIT = """
+  select l.kind, l.name, l.max_running, l.max_starts, l.period, l.partition_by, l.updated_at,
+      u.running, u.recent_starts, u.partitions
+  from {schema}.py_set_limit(
+    %(kind)s::text, %(name)s::text, %(max_running)s::int, %(max_starts)s::int,
+    %(period)s::interval, %(partition_by)s::text
+  ) as l
+  cross join lateral {schema}.py_limit_use(l.kind, l.name, l.period) as u
+"""
 
-_COLUMNS = "l.kind, l.name, l.max_running, l.max_starts, l.period, l.partition_by, l.updated_at"
+# Remove one limit: whether there was one.
+REMOVE_LIMIT = "select {schema}.py_remove_limit(%(kind)s::text, %(name)s::text)"
 
-# How much of each limit is in use: its jobs still running (locked), its
-# starts in the current window, its partitions.
-_USAGE = """
+# Every limit and its use, by kind and name.
+LIST_LIMITS = """
+    select l.kind, l.name, l.max_running, l.max_starts, l.period, l.partition_by, l.updated_at,
     (select count(*) from {schema}._private_py_limit_state as s
       cross join lateral unnest(s.running) as r(id)
       join {schema}._private_jobs as j on j.id = r.id and j.locked_at is not null
@@ -33,38 +31,10 @@ _USAGE = """
       where s.kind = l.kind and s.name = l.name and x.at > clock_timestamp() - l.period)::int,
     (select count(*) from {schema}._private_py_limit_state as s
       where s.kind = l.kind and s.name = l.name)::int
-"""
 
-# Set (or replace) one limit; the stored limit and its use (read by
-# py_limit_use, migrations/py/000020.sql: this statement's own snapshot would
-# not see the running jobs py_set_limit has just counted).
-set_limit = (
-    """
-  select """
-    + _COLUMNS
-    + """, u.running, u.recent_starts, u.partitions
-  from {schema}.py_set_limit(
-    %(kind)s::text, %(name)s::text, %(max_running)s::int, %(max_starts)s::int,
-    %(period)s::interval, %(partition_by)s::text
-  ) as l
-  cross join lateral {schema}.py_limit_use(l.kind, l.name, l.period) as u
-"""
-)
-
-# Remove one limit: whether there was one.
-remove_limit = "select {schema}.py_remove_limit(%(kind)s::text, %(name)s::text)"
-
-# Every limit and its use, by kind and name.
-list_limits = (
-    "  select "
-    + _COLUMNS
-    + ","
-    + _USAGE
-    + """
   from {schema}._private_py_limits as l
   order by l.kind, l.name
 """
-)
 
 # The limits and their use, bounded, for the dashboard's panel and the
 # metrics: at most %(limit)s limits (by kind and name, the primary key of
@@ -75,10 +45,8 @@ list_limits = (
 # max_running ids). Per limit: its jobs running and its starts in the current
 # window over the partitions read, the busiest partition's of each, and how
 # many partitions were read (more than the caller shows: there are more).
-limit_usage = (
-    "  select "
-    + _COLUMNS
-    + """,
+LIMIT_USAGE = """
+    select l.kind, l.name, l.max_running, l.max_starts, l.period, l.partition_by, l.updated_at,
     coalesce(u.running, 0)::int as running, coalesce(u.busiest_running, 0)::int as busiest_running,
     coalesce(u.recent_starts, 0)::int as recent_starts,
     coalesce(u.busiest_starts, 0)::int as busiest_starts, u.partitions::int as partitions
@@ -102,26 +70,25 @@ limit_usage = (
   ) as u
   order by l.kind, l.name
 """
-)
 
 # The limits of tasks and queues (the pool then fetches limited jobs too),
 # and whether each limits starts (its jobs then have a start deadline).
-limits_exist = """
+LIMITS_EXIST = """
   select l.kind, l.name, l.max_starts is not null
   from {schema}._private_py_limits as l
   where l.kind in ('task', 'queue')
 """
 
 # Lock up to %(limit)s runnable jobs of limited tasks and queues (see
-# py_fetch_limited_jobs); the columns of statements.get_jobs.
-fetch_limited = """
+# py_fetch_limited_jobs); the columns of fetch.GET_JOBS.
+FETCH_LIMITED = """
   select * from {schema}.py_fetch_limited_jobs(
     %(task_ids)s::int[], %(forbidden_flags)s::text[], %(limit)s::int, %(pool_id)s::text
   )
 """
 
 # The same on the worker's clock (use_local_time).
-fetch_limited_at = """
+FETCH_LIMITED_AT = """
   select * from {schema}.py_fetch_limited_jobs(
     %(task_ids)s::int[], %(forbidden_flags)s::text[], %(limit)s::int, %(pool_id)s::text,
     %(now)s::timestamptz
@@ -130,21 +97,21 @@ fetch_limited_at = """
 
 # Seconds until a full rate limit of these tasks (or of a queue) has room for
 # %(wanted)s starts again (null: none is full by its rate).
-next_start = """
+NEXT_START = """
   select extract(epoch from {schema}.py_limits_next_start(%(task_ids)s::int[], %(wanted)s::int)
     - clock_timestamp())::float8
 """
 
 # Remove the starts of jobs given back without starting (py_uncount_starts).
-uncount_starts = "select {schema}.py_uncount_starts(%(job_ids)s::bigint[])"
+UNCOUNT_STARTS = "select {schema}.py_uncount_starts(%(job_ids)s::bigint[])"
 
 # An operation limit, inside a task (helpers.limit): null when taken, else the
 # seconds to wait (-1: no such limit).
-acquire = (
-    "select {schema}.py_limit_acquire(%(name)s::text, %(partition)s::text, %(holder)s::bigint)"
-)
+ACQUIRE_OPERATION = """
+  select {schema}.py_limit_acquire(%(name)s::text, %(partition)s::text, %(holder)s::bigint)
+"""
 
 # The holder's slot of an operation limit is free again.
-release = (
-    "select {schema}.py_limit_release(%(name)s::text, %(partition)s::text, %(holder)s::bigint)"
-)
+RELEASE_OPERATION = """
+  select {schema}.py_limit_release(%(name)s::text, %(partition)s::text, %(holder)s::bigint)
+"""

@@ -1,7 +1,6 @@
 """The heartbeat's statements (migrations/py/000002.sql and 000004.sql;
 :mod:`worker_cli.worker.heartbeat`), and the refresh of long jobs' locks that
-runs with it (:mod:`worker_cli.worker.lock_refresh`), composed with
-:func:`.statements.compose`."""
+runs with it (:mod:`worker_cli.worker.lock_refresh`)."""
 
 from __future__ import annotations
 
@@ -10,7 +9,7 @@ from __future__ import annotations
 # previous beat's counter and time are kept, for the dashboard's rate). Returns
 # whether the pool had to register (its first beat, or another pool declared it
 # dead meanwhile and released its jobs), and the database's time of the beat.
-heartbeat_beat = """
+HEARTBEAT_BEAT = """
   with beat as (
     update {schema}._private_py_heartbeats as h
     set beat_at = now(),
@@ -48,7 +47,7 @@ heartbeat_beat = """
 # to the job's attempt errors, _private_py_job_errors); run_at is kept, so
 # a job of a named queue stays ahead of the jobs behind it. Only locked_by
 # values that had a heartbeat row are touched, never Node's.
-heartbeat_reap = """
+HEARTBEAT_REAP = """
   with dead as (
     delete from {schema}._private_py_heartbeats as h
     where greatest(h.beat_at, %(watching_since)s::timestamptz) < now() - h.timeout
@@ -91,7 +90,9 @@ heartbeat_reap = """
 """
 
 # A pool stopping cleanly (every result written) forgets its heartbeat.
-heartbeat_remove = "delete from {schema}._private_py_heartbeats where pool_id = %(pool_id)s"
+HEARTBEAT_REMOVE = """
+  delete from {schema}._private_py_heartbeats where pool_id = %(pool_id)s
+"""
 
 # Long jobs keep their locks (worker_cli/worker/lock_refresh.py): the jobs of
 # %(job_ids)s that this pool holds, locked longer ago than %(age)s, and their
@@ -101,7 +102,7 @@ heartbeat_remove = "delete from {schema}._private_py_heartbeats where pool_id = 
 # its sweep and its admin functions, which then go on treating the job as
 # running. Primary-key lookups for the jobs. %(now)s: the worker's clock with
 # use_local_time, else null (the database's).
-refresh_locks = """
+REFRESH_LOCKS = """
   with jobs as (
     update {schema}._private_jobs as j
     set locked_at = coalesce(%(now)s::timestamptz, now())

@@ -1,0 +1,500 @@
+"""The statements of the admin subcommands (``graphile-worker jobs``,
+``retry``, ``reschedule``, ``fail``, ``remove``) and the dashboard's bulk
+actions.
+
+Jobs are chosen by filters (task, named queue, state, key, ids; a null
+parameter turns a filter off) and listed, counted, or walked by id in
+batches: one statement per ``--state`` (none, or one of :data:`STATES`),
+each written whole. The actions go through graphile-worker's own admin
+functions (``reschedule_jobs``, ``permanently_fail_jobs``,
+``complete_jobs``), so a job locked by a worker (less than 4 hours ago) is
+left alone exactly as those functions leave it; each action statement takes
+one batch of ids and returns each id, in the order given, with what became
+of it: changed; locked (a worker holds it: left alone); missing (no such
+job); unchanged (the action does not apply to it). The job rows read there
+are those from before the statement.
+"""
+
+from __future__ import annotations
+
+from typing import LiteralString
+
+#: The states ``--state`` takes, as ``graphile-worker status`` counts them:
+#: every job is exactly one of waiting, scheduled, locked and
+#: permanently_failed; retrying is the waiting and scheduled jobs attempted
+#: before.
+STATES: tuple[str, ...] = ("waiting", "scheduled", "locked", "permanently_failed", "retrying")
+
+# Up to %(limit)s jobs matching the filters, newest (highest id) first, with
+# their task, queue and state (jobs_pkey1, backward); by state (None: any).
+LIST_JOBS: dict[str | None, LiteralString] = {
+    None: """
+  select j.id, t.identifier as task_identifier, q.queue_name, case
+      when j.locked_at is not null then 'locked'
+      when j.attempts >= j.max_attempts then 'permanently_failed'
+      when j.run_at <= now() then 'waiting'
+      else 'scheduled' end as state,
+    (j.locked_at is null and j.attempts < j.max_attempts and j.attempts > 0) as retrying,
+    j.attempts, j.max_attempts, j.priority, j.run_at, j.created_at, j.key,
+    j.locked_by, j.locked_at, j.last_error
+  from {schema}._private_jobs as j
+  join {schema}._private_tasks as t on t.id = j.task_id
+  left join {schema}._private_job_queues as q on q.id = j.job_queue_id
+  where
+    (%(task)s::text is null or j.task_id = (
+      select t.id from {schema}._private_tasks as t where t.identifier = %(task)s::text))
+    and (%(queue)s::text is null or j.job_queue_id = (
+      select q.id from {schema}._private_job_queues as q where q.queue_name = %(queue)s::text))
+    and (%(key)s::text is null or j.key = %(key)s::text)
+    and (%(ids)s::bigint[] is null or j.id = any(%(ids)s::bigint[]))
+  order by j.id desc
+  limit %(limit)s
+""",
+    "waiting": """
+  select j.id, t.identifier as task_identifier, q.queue_name, case
+      when j.locked_at is not null then 'locked'
+      when j.attempts >= j.max_attempts then 'permanently_failed'
+      when j.run_at <= now() then 'waiting'
+      else 'scheduled' end as state,
+    (j.locked_at is null and j.attempts < j.max_attempts and j.attempts > 0) as retrying,
+    j.attempts, j.max_attempts, j.priority, j.run_at, j.created_at, j.key,
+    j.locked_by, j.locked_at, j.last_error
+  from {schema}._private_jobs as j
+  join {schema}._private_tasks as t on t.id = j.task_id
+  left join {schema}._private_job_queues as q on q.id = j.job_queue_id
+  where
+    (%(task)s::text is null or j.task_id = (
+      select t.id from {schema}._private_tasks as t where t.identifier = %(task)s::text))
+    and (%(queue)s::text is null or j.job_queue_id = (
+      select q.id from {schema}._private_job_queues as q where q.queue_name = %(queue)s::text))
+    and (%(key)s::text is null or j.key = %(key)s::text)
+    and (%(ids)s::bigint[] is null or j.id = any(%(ids)s::bigint[]))
+    and (j.locked_at is null and j.attempts < j.max_attempts and j.run_at <= now())
+  order by j.id desc
+  limit %(limit)s
+""",
+    "scheduled": """
+  select j.id, t.identifier as task_identifier, q.queue_name, case
+      when j.locked_at is not null then 'locked'
+      when j.attempts >= j.max_attempts then 'permanently_failed'
+      when j.run_at <= now() then 'waiting'
+      else 'scheduled' end as state,
+    (j.locked_at is null and j.attempts < j.max_attempts and j.attempts > 0) as retrying,
+    j.attempts, j.max_attempts, j.priority, j.run_at, j.created_at, j.key,
+    j.locked_by, j.locked_at, j.last_error
+  from {schema}._private_jobs as j
+  join {schema}._private_tasks as t on t.id = j.task_id
+  left join {schema}._private_job_queues as q on q.id = j.job_queue_id
+  where
+    (%(task)s::text is null or j.task_id = (
+      select t.id from {schema}._private_tasks as t where t.identifier = %(task)s::text))
+    and (%(queue)s::text is null or j.job_queue_id = (
+      select q.id from {schema}._private_job_queues as q where q.queue_name = %(queue)s::text))
+    and (%(key)s::text is null or j.key = %(key)s::text)
+    and (%(ids)s::bigint[] is null or j.id = any(%(ids)s::bigint[]))
+    and (j.locked_at is null and j.attempts < j.max_attempts and j.run_at > now())
+  order by j.id desc
+  limit %(limit)s
+""",
+    "locked": """
+  select j.id, t.identifier as task_identifier, q.queue_name, case
+      when j.locked_at is not null then 'locked'
+      when j.attempts >= j.max_attempts then 'permanently_failed'
+      when j.run_at <= now() then 'waiting'
+      else 'scheduled' end as state,
+    (j.locked_at is null and j.attempts < j.max_attempts and j.attempts > 0) as retrying,
+    j.attempts, j.max_attempts, j.priority, j.run_at, j.created_at, j.key,
+    j.locked_by, j.locked_at, j.last_error
+  from {schema}._private_jobs as j
+  join {schema}._private_tasks as t on t.id = j.task_id
+  left join {schema}._private_job_queues as q on q.id = j.job_queue_id
+  where
+    (%(task)s::text is null or j.task_id = (
+      select t.id from {schema}._private_tasks as t where t.identifier = %(task)s::text))
+    and (%(queue)s::text is null or j.job_queue_id = (
+      select q.id from {schema}._private_job_queues as q where q.queue_name = %(queue)s::text))
+    and (%(key)s::text is null or j.key = %(key)s::text)
+    and (%(ids)s::bigint[] is null or j.id = any(%(ids)s::bigint[]))
+    and (j.locked_at is not null)
+  order by j.id desc
+  limit %(limit)s
+""",
+    "permanently_failed": """
+  select j.id, t.identifier as task_identifier, q.queue_name, case
+      when j.locked_at is not null then 'locked'
+      when j.attempts >= j.max_attempts then 'permanently_failed'
+      when j.run_at <= now() then 'waiting'
+      else 'scheduled' end as state,
+    (j.locked_at is null and j.attempts < j.max_attempts and j.attempts > 0) as retrying,
+    j.attempts, j.max_attempts, j.priority, j.run_at, j.created_at, j.key,
+    j.locked_by, j.locked_at, j.last_error
+  from {schema}._private_jobs as j
+  join {schema}._private_tasks as t on t.id = j.task_id
+  left join {schema}._private_job_queues as q on q.id = j.job_queue_id
+  where
+    (%(task)s::text is null or j.task_id = (
+      select t.id from {schema}._private_tasks as t where t.identifier = %(task)s::text))
+    and (%(queue)s::text is null or j.job_queue_id = (
+      select q.id from {schema}._private_job_queues as q where q.queue_name = %(queue)s::text))
+    and (%(key)s::text is null or j.key = %(key)s::text)
+    and (%(ids)s::bigint[] is null or j.id = any(%(ids)s::bigint[]))
+    and (j.locked_at is null and j.attempts >= j.max_attempts)
+  order by j.id desc
+  limit %(limit)s
+""",
+    "retrying": """
+  select j.id, t.identifier as task_identifier, q.queue_name, case
+      when j.locked_at is not null then 'locked'
+      when j.attempts >= j.max_attempts then 'permanently_failed'
+      when j.run_at <= now() then 'waiting'
+      else 'scheduled' end as state,
+    (j.locked_at is null and j.attempts < j.max_attempts and j.attempts > 0) as retrying,
+    j.attempts, j.max_attempts, j.priority, j.run_at, j.created_at, j.key,
+    j.locked_by, j.locked_at, j.last_error
+  from {schema}._private_jobs as j
+  join {schema}._private_tasks as t on t.id = j.task_id
+  left join {schema}._private_job_queues as q on q.id = j.job_queue_id
+  where
+    (%(task)s::text is null or j.task_id = (
+      select t.id from {schema}._private_tasks as t where t.identifier = %(task)s::text))
+    and (%(queue)s::text is null or j.job_queue_id = (
+      select q.id from {schema}._private_job_queues as q where q.queue_name = %(queue)s::text))
+    and (%(key)s::text is null or j.key = %(key)s::text)
+    and (%(ids)s::bigint[] is null or j.id = any(%(ids)s::bigint[]))
+    and (j.locked_at is null and j.attempts < j.max_attempts and j.attempts > 0)
+  order by j.id desc
+  limit %(limit)s
+""",
+}
+
+# How many jobs match the filters, how many of them a worker holds (the
+# actions will skip them), and the highest id (the actions go no further: a
+# job added after the count is not touched); by state (None: any).
+COUNT_JOBS: dict[str | None, LiteralString] = {
+    None: """
+  select count(*),
+      count(*) filter (where j.locked_at is not null and j.locked_at >= now() - interval '4
+      hours'), coalesce(max(j.id), 0)
+  from {schema}._private_jobs as j
+  where
+    (%(task)s::text is null or j.task_id = (
+      select t.id from {schema}._private_tasks as t where t.identifier = %(task)s::text))
+    and (%(queue)s::text is null or j.job_queue_id = (
+      select q.id from {schema}._private_job_queues as q where q.queue_name = %(queue)s::text))
+    and (%(key)s::text is null or j.key = %(key)s::text)
+    and (%(ids)s::bigint[] is null or j.id = any(%(ids)s::bigint[]))""",
+    "waiting": """
+  select count(*),
+      count(*) filter (where j.locked_at is not null and j.locked_at >= now() - interval '4
+      hours'), coalesce(max(j.id), 0)
+  from {schema}._private_jobs as j
+  where
+    (%(task)s::text is null or j.task_id = (
+      select t.id from {schema}._private_tasks as t where t.identifier = %(task)s::text))
+    and (%(queue)s::text is null or j.job_queue_id = (
+      select q.id from {schema}._private_job_queues as q where q.queue_name = %(queue)s::text))
+    and (%(key)s::text is null or j.key = %(key)s::text)
+    and (%(ids)s::bigint[] is null or j.id = any(%(ids)s::bigint[]))
+    and (j.locked_at is null and j.attempts < j.max_attempts and j.run_at <= now())""",
+    "scheduled": """
+  select count(*),
+      count(*) filter (where j.locked_at is not null and j.locked_at >= now() - interval '4
+      hours'), coalesce(max(j.id), 0)
+  from {schema}._private_jobs as j
+  where
+    (%(task)s::text is null or j.task_id = (
+      select t.id from {schema}._private_tasks as t where t.identifier = %(task)s::text))
+    and (%(queue)s::text is null or j.job_queue_id = (
+      select q.id from {schema}._private_job_queues as q where q.queue_name = %(queue)s::text))
+    and (%(key)s::text is null or j.key = %(key)s::text)
+    and (%(ids)s::bigint[] is null or j.id = any(%(ids)s::bigint[]))
+    and (j.locked_at is null and j.attempts < j.max_attempts and j.run_at > now())""",
+    "locked": """
+  select count(*),
+      count(*) filter (where j.locked_at is not null and j.locked_at >= now() - interval '4
+      hours'), coalesce(max(j.id), 0)
+  from {schema}._private_jobs as j
+  where
+    (%(task)s::text is null or j.task_id = (
+      select t.id from {schema}._private_tasks as t where t.identifier = %(task)s::text))
+    and (%(queue)s::text is null or j.job_queue_id = (
+      select q.id from {schema}._private_job_queues as q where q.queue_name = %(queue)s::text))
+    and (%(key)s::text is null or j.key = %(key)s::text)
+    and (%(ids)s::bigint[] is null or j.id = any(%(ids)s::bigint[]))
+    and (j.locked_at is not null)""",
+    "permanently_failed": """
+  select count(*),
+      count(*) filter (where j.locked_at is not null and j.locked_at >= now() - interval '4
+      hours'), coalesce(max(j.id), 0)
+  from {schema}._private_jobs as j
+  where
+    (%(task)s::text is null or j.task_id = (
+      select t.id from {schema}._private_tasks as t where t.identifier = %(task)s::text))
+    and (%(queue)s::text is null or j.job_queue_id = (
+      select q.id from {schema}._private_job_queues as q where q.queue_name = %(queue)s::text))
+    and (%(key)s::text is null or j.key = %(key)s::text)
+    and (%(ids)s::bigint[] is null or j.id = any(%(ids)s::bigint[]))
+    and (j.locked_at is null and j.attempts >= j.max_attempts)""",
+    "retrying": """
+  select count(*),
+      count(*) filter (where j.locked_at is not null and j.locked_at >= now() - interval '4
+      hours'), coalesce(max(j.id), 0)
+  from {schema}._private_jobs as j
+  where
+    (%(task)s::text is null or j.task_id = (
+      select t.id from {schema}._private_tasks as t where t.identifier = %(task)s::text))
+    and (%(queue)s::text is null or j.job_queue_id = (
+      select q.id from {schema}._private_job_queues as q where q.queue_name = %(queue)s::text))
+    and (%(key)s::text is null or j.key = %(key)s::text)
+    and (%(ids)s::bigint[] is null or j.id = any(%(ids)s::bigint[]))
+    and (j.locked_at is null and j.attempts < j.max_attempts and j.attempts > 0)""",
+}
+
+# The ids of the next %(batch)s matching jobs above %(after)s, up to
+# %(upto)s, in id order (jobs_pkey1): the actions walk the matches so; by
+# state (None: any).
+NEXT_BATCH: dict[str | None, LiteralString] = {
+    None: """
+  select j.id
+  from {schema}._private_jobs as j
+  where
+    (%(task)s::text is null or j.task_id = (
+      select t.id from {schema}._private_tasks as t where t.identifier = %(task)s::text))
+    and (%(queue)s::text is null or j.job_queue_id = (
+      select q.id from {schema}._private_job_queues as q where q.queue_name = %(queue)s::text))
+    and (%(key)s::text is null or j.key = %(key)s::text)
+    and (%(ids)s::bigint[] is null or j.id = any(%(ids)s::bigint[]))
+    and j.id > %(after)s and j.id <= %(upto)s
+  order by j.id
+  limit %(batch)s
+""",
+    "waiting": """
+  select j.id
+  from {schema}._private_jobs as j
+  where
+    (%(task)s::text is null or j.task_id = (
+      select t.id from {schema}._private_tasks as t where t.identifier = %(task)s::text))
+    and (%(queue)s::text is null or j.job_queue_id = (
+      select q.id from {schema}._private_job_queues as q where q.queue_name = %(queue)s::text))
+    and (%(key)s::text is null or j.key = %(key)s::text)
+    and (%(ids)s::bigint[] is null or j.id = any(%(ids)s::bigint[]))
+    and (j.locked_at is null and j.attempts < j.max_attempts and j.run_at <= now())
+    and j.id > %(after)s and j.id <= %(upto)s
+  order by j.id
+  limit %(batch)s
+""",
+    "scheduled": """
+  select j.id
+  from {schema}._private_jobs as j
+  where
+    (%(task)s::text is null or j.task_id = (
+      select t.id from {schema}._private_tasks as t where t.identifier = %(task)s::text))
+    and (%(queue)s::text is null or j.job_queue_id = (
+      select q.id from {schema}._private_job_queues as q where q.queue_name = %(queue)s::text))
+    and (%(key)s::text is null or j.key = %(key)s::text)
+    and (%(ids)s::bigint[] is null or j.id = any(%(ids)s::bigint[]))
+    and (j.locked_at is null and j.attempts < j.max_attempts and j.run_at > now())
+    and j.id > %(after)s and j.id <= %(upto)s
+  order by j.id
+  limit %(batch)s
+""",
+    "locked": """
+  select j.id
+  from {schema}._private_jobs as j
+  where
+    (%(task)s::text is null or j.task_id = (
+      select t.id from {schema}._private_tasks as t where t.identifier = %(task)s::text))
+    and (%(queue)s::text is null or j.job_queue_id = (
+      select q.id from {schema}._private_job_queues as q where q.queue_name = %(queue)s::text))
+    and (%(key)s::text is null or j.key = %(key)s::text)
+    and (%(ids)s::bigint[] is null or j.id = any(%(ids)s::bigint[]))
+    and (j.locked_at is not null)
+    and j.id > %(after)s and j.id <= %(upto)s
+  order by j.id
+  limit %(batch)s
+""",
+    "permanently_failed": """
+  select j.id
+  from {schema}._private_jobs as j
+  where
+    (%(task)s::text is null or j.task_id = (
+      select t.id from {schema}._private_tasks as t where t.identifier = %(task)s::text))
+    and (%(queue)s::text is null or j.job_queue_id = (
+      select q.id from {schema}._private_job_queues as q where q.queue_name = %(queue)s::text))
+    and (%(key)s::text is null or j.key = %(key)s::text)
+    and (%(ids)s::bigint[] is null or j.id = any(%(ids)s::bigint[]))
+    and (j.locked_at is null and j.attempts >= j.max_attempts)
+    and j.id > %(after)s and j.id <= %(upto)s
+  order by j.id
+  limit %(batch)s
+""",
+    "retrying": """
+  select j.id
+  from {schema}._private_jobs as j
+  where
+    (%(task)s::text is null or j.task_id = (
+      select t.id from {schema}._private_tasks as t where t.identifier = %(task)s::text))
+    and (%(queue)s::text is null or j.job_queue_id = (
+      select q.id from {schema}._private_job_queues as q where q.queue_name = %(queue)s::text))
+    and (%(key)s::text is null or j.key = %(key)s::text)
+    and (%(ids)s::bigint[] is null or j.id = any(%(ids)s::bigint[]))
+    and (j.locked_at is null and j.attempts < j.max_attempts and j.attempts > 0)
+    and j.id > %(after)s and j.id <= %(upto)s
+  order by j.id
+  limit %(batch)s
+""",
+}
+
+# The id of the job with this key (graphile-worker's job_key is unique).
+JOB_ID_BY_KEY = """
+  select j.id from {schema}._private_jobs as j where j.key = %(key)s::text
+"""
+
+#: The action statements by subcommand ("remove+unique": with the unique-jobs
+#: table installed). retry: runnable now with its attempts reset to 0
+#: (max_attempts kept; its last_error kept); a job already due keeps its
+#: run_at (its place in line). reschedule: the fields given (null: kept);
+#: run_at is %(run_at)s, or now() plus %(delay)s. fail: attempts used up,
+#: last_error "<reason> (was: <last_error>)" (the reason alone for a job
+#: that never failed), so the real error is kept; permanently_fail_jobs once
+#: per distinct message; a job already failed for good is left as it is
+#: (unchanged). remove: complete_jobs (the jobs are deleted); with the
+#: uniqueness locks of the removed jobs (a job an administrator removed does
+#: not block its duplicates, as remove_job).
+ACTIONS: dict[str, LiteralString] = {
+    "retry": """
+  with target as materialized (
+    select j.id, j.run_at > now() as later
+    from {schema}._private_jobs as j
+    where j.id = any(%(ids)s::bigint[])
+  ),
+  acted as materialized (
+    select r.id from {schema}.reschedule_jobs(
+      array(select t.id from target as t where t.later), run_at => now(), attempts => 0
+    ) as r
+    union all
+    select r.id from {schema}.reschedule_jobs(
+      array(select t.id from target as t where not t.later), attempts => 0
+    ) as r
+  )
+  select i.id,
+    case
+      when a.id is not null then 'changed'
+      when j.id is null then 'missing'
+      when j.locked_at is not null and j.locked_at >= now() - interval '4 hours' then 'locked'
+      else 'unchanged'
+    end
+  from unnest(%(ids)s::bigint[]) with ordinality as i (id, n)
+  left join acted as a on a.id = i.id
+  left join {schema}._private_jobs as j on j.id = i.id
+  order by i.n
+""",
+    "reschedule": """
+  with acted as materialized (
+    select r.id from {schema}.reschedule_jobs(
+      %(ids)s::bigint[],
+      run_at => coalesce(%(run_at)s::timestamptz, now() + %(delay)s::interval),
+      priority => %(priority)s::int,
+      attempts => %(attempts)s::int,
+      max_attempts => %(max_attempts)s::int
+    ) as r
+  )
+  select i.id,
+    case
+      when a.id is not null then 'changed'
+      when j.id is null then 'missing'
+      when j.locked_at is not null and j.locked_at >= now() - interval '4 hours' then 'locked'
+      else 'unchanged'
+    end
+  from unnest(%(ids)s::bigint[]) with ordinality as i (id, n)
+  left join acted as a on a.id = i.id
+  left join {schema}._private_jobs as j on j.id = i.id
+  order by i.n
+""",
+    "fail": """
+  with target as materialized (
+    select j.id,
+      case when j.last_error is null then %(reason)s::text
+        else %(reason)s::text || ' (was: ' || j.last_error || ')' end as message
+    from {schema}._private_jobs as j
+    where j.id = any(%(ids)s::bigint[]) and j.attempts < j.max_attempts
+  ),
+  acted as materialized (
+    select f.id
+    from (
+      select t.message, array_agg(t.id) as ids from target as t group by t.message
+    ) as g
+    cross join lateral {schema}.permanently_fail_jobs(g.ids, g.message) as f
+  )
+  select i.id,
+    case
+      when a.id is not null then 'changed'
+      when j.id is null then 'missing'
+      when j.locked_at is not null and j.locked_at >= now() - interval '4 hours' then 'locked'
+      else 'unchanged'
+    end
+  from unnest(%(ids)s::bigint[]) with ordinality as i (id, n)
+  left join acted as a on a.id = i.id
+  left join {schema}._private_jobs as j on j.id = i.id
+  order by i.n
+""",
+    "remove": """
+  with acted as materialized (
+    select c.id from {schema}.complete_jobs(%(ids)s::bigint[]) as c
+  )
+  select i.id,
+    case
+      when a.id is not null then 'changed'
+      when j.id is null then 'missing'
+      when j.locked_at is not null and j.locked_at >= now() - interval '4 hours' then 'locked'
+      else 'unchanged'
+    end
+  from unnest(%(ids)s::bigint[]) with ordinality as i (id, n)
+  left join acted as a on a.id = i.id
+  left join {schema}._private_jobs as j on j.id = i.id
+  order by i.n
+""",
+    "remove+unique": """
+  with acted as materialized (
+    select c.id from {schema}.complete_jobs(%(ids)s::bigint[]) as c
+  ),
+  released as (
+    delete from {schema}._private_py_unique_locks as l
+    where l.job_id in (select a.id from acted as a)
+  )
+  select i.id,
+    case
+      when a.id is not null then 'changed'
+      when j.id is null then 'missing'
+      when j.locked_at is not null and j.locked_at >= now() - interval '4 hours' then 'locked'
+      else 'unchanged'
+    end
+  from unnest(%(ids)s::bigint[]) with ordinality as i (id, n)
+  left join acted as a on a.id = i.id
+  left join {schema}._private_jobs as j on j.id = i.id
+  order by i.n
+""",
+}
+
+# remove --key: graphile-worker's remove_job (a job a worker holds keeps
+# running, but loses its key and will not be retried); the job, and whether a
+# worker held it (so it was not deleted).
+REMOVE_BY_KEY = """
+  select j.id, j.locked_at is not null and j.locked_at >= now() - interval '4 hours'
+  from {schema}.remove_job(%(key)s::text) as j
+  where j.id is not null
+"""
+
+# REMOVE_BY_KEY, and the uniqueness lock of its job (as
+# jobs.REMOVE_JOB_RELEASING_UNIQUE_LOCK).
+REMOVE_BY_KEY_RELEASING = """
+  with removed as materialized (
+    select j.* from {schema}.remove_job(%(key)s::text) as j where j.id is not null
+  ),
+  released as (
+    delete from {schema}._private_py_unique_locks as l
+    where l.job_id in (select removed.id from removed)
+  )
+  select j.id, j.locked_at is not null and j.locked_at >= now() - interval '4 hours'
+  from removed as j
+"""
