@@ -8,7 +8,7 @@ Each generated module (``GENERATED`` below) is its asyncio source with:
   own ``names``): a plain name (``WorkerUtils``, ``AsyncIterator``) wherever it
   stands on its own, in the code and in strings and comments (there only a
   name with a capital or an underscore: "connect" stays a word), but not after a
-  dot (``worker_cli.jobs.worker_utils.WorkerUtils`` still names the async
+  dot (``worker_cli.client.worker_utils.WorkerUtils`` still names the async
   class, and ``self.connection`` is an attribute); a dotted name
   (``asyncio.sleep``) wherever it is written so;
 - the file's ``text`` replacements made in strings and comments only (prose:
@@ -86,8 +86,8 @@ class Twin:
 
 GENERATED: tuple[Twin, ...] = (
     Twin(
-        "worker_cli/jobs/worker_utils.py",
-        "worker_cli/jobs/sync_worker_utils.py",
+        "worker_cli/client/worker_utils.py",
+        "worker_cli/client/sync_worker_utils.py",
         names={
             "WorkerUtils": "SyncWorkerUtils",
             "make_worker_utils": "make_sync_worker_utils",
@@ -108,8 +108,8 @@ GENERATED: tuple[Twin, ...] = (
         },
     ),
     Twin(
-        "worker_cli/jobs/async_waiting.py",
-        "worker_cli/jobs/sync_waiting.py",
+        "worker_cli/client/async_waiting.py",
+        "worker_cli/client/sync_waiting.py",
         names={
             "WorkerUtils": "SyncWorkerUtils",
             "autocommit_mode_async": "autocommit_mode",

@@ -8,6 +8,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ._version import __version__
+from .client.job_waiting import WaitTimeout
+from .client.worker_utils import CleanupTask, WorkerUtils, make_worker_utils, quick_add_job
 from .config.options import WorkerOptions
 from .errors import (
     ConfigurationError,
@@ -25,19 +27,17 @@ from .errors import (
 )
 from .jobs.job import Job
 from .jobs.job_spec import JobKeyMode, JobSpec, TaskSpec
-from .jobs.limits import Limit, LimitInfo
-from .jobs.pauses import Pause
+from .jobs.job_state import AttemptError, JobResult, JobState, ResultUnavailable
+from .jobs.limit_spec import Limit, LimitInfo
+from .jobs.pause_spec import Pause
 from .jobs.payloads import NamedPayload
-from .jobs.results import AttemptError, JobResult, JobState, ResultUnavailable
 from .jobs.unique import UniqueJobResult, UniqueRule, UniqueRuleError
-from .jobs.waiting import WaitTimeout
-from .jobs.worker_utils import CleanupTask, WorkerUtils, make_worker_utils, quick_add_job
 from .observe.events import Events
 from .runner import Runner, run, run_migrations, run_once
 from .schema.migrate import LATEST_REVISION, MigrationReport
 from .tasks.helpers import Helpers
 from .tasks.loader import Task, TaskLoadError
-from .tasks.retry import Cancel, Discard, RetryPolicy, Snooze
+from .tasks.retry_policy import Cancel, Discard, RetryPolicy, Snooze
 from .tasks.task_options import TaskOptions, task_options
 from .tasks.typed_tasks import TypedTaskFunction, typed_task_list
 
@@ -107,7 +107,11 @@ __all__ = [
 
 if TYPE_CHECKING:
     from .cli.run_config import load_config
-    from .jobs.sync_worker_utils import SyncWorkerUtils, make_sync_worker_utils, quick_add_job_sync
+    from .client.sync_worker_utils import (
+        SyncWorkerUtils,
+        make_sync_worker_utils,
+        quick_add_job_sync,
+    )
     from .tasks.crontab import (
         CronItem,
         CrontabError,
@@ -128,7 +132,7 @@ def __getattr__(name: str) -> Any:
 
         return getattr(crontab, name)
     if name in _LAZY_SYNC:  # the synchronous utilities: a worker does not use them
-        from .jobs import sync_worker_utils
+        from .client import sync_worker_utils
 
         return getattr(sync_worker_utils, name)
     if name == "load_config":  # the command line's options: imported when used

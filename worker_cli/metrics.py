@@ -1,10 +1,10 @@
 """Prometheus metrics (the ``metrics`` extra), for library use:
 ``worker_cli.metrics.serve_metrics``. The implementation is
-:mod:`worker_cli.observe.metrics`."""
+:mod:`worker_cli.observe.prometheus`."""
 
 from __future__ import annotations
 
-from .observe.metrics import (
+from .observe.prometheus import (
     DURATION_BUCKETS,
     MetricsServer,
     WorkerMetrics,

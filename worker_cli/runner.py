@@ -229,10 +229,10 @@ def _make_pool(
     **kwargs: Any,
 ) -> WorkerPool:
     """The worker pool; with ``tracing``, its tasks run in spans and its
-    fetches read the jobs' trace contexts (``worker_cli.observe.tracing``)."""
+    fetches read the jobs' trace contexts (``worker_cli.observe.otel``)."""
     on_fetched = None
     if tracing:
-        from .observe.tracing import trace_tasks
+        from .observe.otel import trace_tasks
 
         tasks, contexts = trace_tasks(tasks, database.schema)
         on_fetched = contexts.load
@@ -265,7 +265,7 @@ async def _start(
         attach_debug_logging(pool.events)
     metrics = None
     if metrics_registry is not None:
-        from .observe.metrics import attach_metrics
+        from .observe.prometheus import attach_metrics
 
         metrics = attach_metrics(pool, metrics_registry)
     # Signals are handled from here on: one during start-up stops the worker as

@@ -166,7 +166,7 @@ async def test_the_states_of_jobs_node_runs_and_a_cancel_node_cannot_stop(
 ) -> None:
     """Node completes a job: no history, so unknown; Node fails a job we
     cancelled while it ran: never retried, then recorded as cancelled."""
-    from worker_cli.worker.pruner import HistoryPruner
+    from worker_cli.worker.background.pruner import HistoryPruner
 
     create_ran_table(db)
     rows(db, "create table public.go (x int)")

@@ -19,7 +19,8 @@ from dashboard_helpers import COOKIE, SECRET, TOKEN, Reply, dashboard, follow, h
 from dbhelpers import rows, value
 from test_dashboard_notices import assert_done, assert_refused, banner
 
-from worker_cli.dashboard import create_app, reads
+from worker_cli.dashboard import create_app
+from worker_cli.dashboard import page_data as reads
 
 pytestmark = pytest.mark.db
 

@@ -14,8 +14,8 @@ import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
-from worker_cli.dashboard import queries
-from worker_cli.dashboard.census import sample_percent
+from worker_cli.dashboard import filters as queries
+from worker_cli.dashboard.job_counts import sample_percent
 from worker_cli.sql import compose
 from worker_cli.sql import dashboard as dashboard_sql
 from worker_cli.sql import limits as limits_sql

@@ -42,7 +42,7 @@ from worker_cli import (
 from worker_cli.sql import compose
 from worker_cli.sql import dashboard as dashboard_sql
 from worker_cli.sql import history as history_sql
-from worker_cli.worker.pruner import HistoryPruner
+from worker_cli.worker.background.pruner import HistoryPruner
 
 pytestmark = pytest.mark.db
 

@@ -24,7 +24,7 @@ from dbhelpers import rows, value
 from worker_cli import Helpers, Runner, WorkerUtils, run, run_once
 from worker_cli.sql import compose
 from worker_cli.sql import fetch as fetch_sql
-from worker_cli.worker.fetcher import Fetcher
+from worker_cli.worker.pipeline.fetcher import Fetcher
 
 pytestmark = pytest.mark.db
 
@@ -87,8 +87,8 @@ async def test_a_fetch_never_locks_a_job_of_a_named_queue_it_does_not_hold(
 CRASHING_WORKER = """
 import asyncio, sys
 from worker_cli import run
-from worker_cli.worker.fetcher import Fetcher
-from worker_cli.worker.listener import Listener
+from worker_cli.worker.pipeline.fetcher import Fetcher
+from worker_cli.worker.background.listener import Listener
 
 # One line each time the fetcher decides how many jobs to fetch ("plan 0": none),
 # and each time a notification comes in.

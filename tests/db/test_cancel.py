@@ -284,7 +284,7 @@ async def test_a_job_locked_by_a_node_worker_is_never_retried_then_recorded(
         "last_error = 'node error' where id = %s",
         (job.id,),
     )
-    from worker_cli.worker.pruner import HistoryPruner
+    from worker_cli.worker.background.pruner import HistoryPruner
 
     pruner = HistoryPruner(utils, schema="graphile_worker", interval=(60, 120))
     assert await pruner.finalize_cancelled() == 1

@@ -11,8 +11,8 @@ from datetime import timedelta
 import pytest
 from dbhelpers import rows, run_cli, value
 
-from worker_cli.jobs.results import JobResult
-from worker_cli.jobs.waiting import VISIBILITY_GRACE, Waiting
+from worker_cli.client.job_waiting import VISIBILITY_GRACE, Waiting
+from worker_cli.jobs.job_state import JobResult
 
 PAUSES = "graphile_worker._private_py_pauses"
 

@@ -19,9 +19,9 @@ from psycopg_pool import AsyncConnectionPool
 
 from worker_cli import WorkerUtils
 from worker_cli.observe.events import Events
-from worker_cli.worker.completer import WRITE_AT_MOST, Completer
-from worker_cli.worker.outcome import Failure
-from worker_cli.worker.result_writer import HistorySettings
+from worker_cli.worker.pipeline.completer import WRITE_AT_MOST, Completer
+from worker_cli.worker.pipeline.outcome import Failure
+from worker_cli.worker.pipeline.result_writer import HistorySettings
 
 pytestmark = pytest.mark.db
 

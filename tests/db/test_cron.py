@@ -18,7 +18,7 @@ from node_worker import NodeWorker
 from psycopg_pool import AsyncConnectionPool
 
 from worker_cli import parse_crontab
-from worker_cli.worker.cron import CronScheduler
+from worker_cli.worker.background.cron_scheduler import CronScheduler
 
 pytestmark = pytest.mark.db
 

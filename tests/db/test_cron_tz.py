@@ -18,7 +18,7 @@ from test_cron import FakeClock, cron_jobs, pool, settle, start, stop, wait_for_
 
 from worker_cli import parse_crontab
 from worker_cli.tasks.cron_zones import fire_instants
-from worker_cli.worker.cron import CronScheduler
+from worker_cli.worker.background.cron_scheduler import CronScheduler
 
 __all__ = ["pool"]  # the fixture
 

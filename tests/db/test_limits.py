@@ -31,7 +31,7 @@ from worker_cli import (
 )
 from worker_cli.db.raw_json import read_payloads_raw
 from worker_cli.jobs.job import jobs_from_rows
-from worker_cli.worker.start_deadlines import START_WITHIN, ClockBound, StartDeadlines
+from worker_cli.worker.supervision.start_deadlines import START_WITHIN, ClockBound, StartDeadlines
 
 TASKS = "array(select id from graphile_worker._private_tasks)"
 FETCH_LIMITED = (

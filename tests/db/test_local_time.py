@@ -152,7 +152,7 @@ SWEEP_SCRIPT = """\
 import asyncio, sys
 from datetime import timedelta
 from worker_cli import make_worker_utils
-from worker_cli.worker.maintenance import Sweeper
+from worker_cli.worker.background.maintenance import Sweeper
 
 
 async def main():

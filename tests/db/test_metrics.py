@@ -25,8 +25,8 @@ from workers import until, worker
 
 from worker_cli import Helpers, Limit, WorkerUtils, task_options
 from worker_cli.observe import queue_depth
-from worker_cli.observe.metrics import MetricsServer, serve_metrics
-from worker_cli.observe.status import read_status
+from worker_cli.observe.prometheus import MetricsServer, serve_metrics
+from worker_cli.observe.status_report import read_status
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 

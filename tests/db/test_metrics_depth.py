@@ -16,7 +16,7 @@ from workers import worker
 
 from worker_cli import Helpers
 from worker_cli.observe import queue_depth
-from worker_cli.observe.status import read_status
+from worker_cli.observe.status_report import read_status
 
 DEPTH = "graphile_worker_queue_depth"
 RETRYING = "graphile_worker_queue_depth_retrying"

@@ -25,8 +25,8 @@ from worker_cli import (
     WorkerUtils,
     make_sync_worker_utils,
 )
-from worker_cli.jobs.utils_plans import UtilsPlans
-from worker_cli.worker.pauses import Pauses, PauseSet
+from worker_cli.client.utils_plans import UtilsPlans
+from worker_cli.worker.background.pause_watch import Pauses, PauseSet
 
 QUEUES = "graphile_worker._private_job_queues"
 FETCH = (

@@ -23,8 +23,8 @@ from workers import worker
 
 from worker_cli import Cancel, Helpers, RetryPolicy, Snooze, WorkerUtils, run_once, task_options
 from worker_cli.jobs.last_error import describe
-from worker_cli.worker.outcome import Failure
-from worker_cli.worker.result_writer import ResultWriter
+from worker_cli.worker.pipeline.outcome import Failure
+from worker_cli.worker.pipeline.result_writer import ResultWriter
 
 pytestmark = pytest.mark.db
 
@@ -385,7 +385,7 @@ async def test_a_nul_in_an_error_goes_escaped_into_the_log(utils: WorkerUtils, d
         def emit(self, record: logging.LogRecord) -> None:
             handler_lines.append(self.format(record))
 
-    from worker_cli.observe.logs import TEXT_FORMAT
+    from worker_cli.observe.log_output import TEXT_FORMAT
 
     handler = Collect()
     handler.setFormatter(logging.Formatter(TEXT_FORMAT))

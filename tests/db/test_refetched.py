@@ -1,5 +1,5 @@
 """A job whose lock the pool lost while running it is not run a second time
-at once when a fetch returns it (worker_cli/worker/refetched.py).
+at once when a fetch returns it (worker_cli/worker/pipeline/already_held.py).
 
 The lock is lost here by hand, as a failover to an asynchronous standby that
 had not received the fetch loses it (tests/system/test_failover.py), or another

@@ -17,7 +17,7 @@ from dbhelpers import rows, value
 from psycopg_pool import AsyncConnectionPool
 
 from worker_cli import WorkerUtils
-from worker_cli.worker.result_writer import HistorySettings, ResultWriter
+from worker_cli.worker.pipeline.result_writer import HistorySettings, ResultWriter
 
 pytestmark = pytest.mark.db
 

@@ -319,7 +319,7 @@ def _stranded(status: Any) -> dict[str, tuple[int, bool]] | None:
 
 
 async def test_stranded_tasks_are_the_ones_no_live_pool_runs(db: str) -> None:
-    from worker_cli.observe.status import read_status
+    from worker_cli.observe.status_report import read_status
 
     _stranded_jobs(db)
     # No heartbeat row at all: nothing to compare with, nothing flagged.
@@ -342,7 +342,7 @@ async def test_stranded_tasks_are_the_ones_no_live_pool_runs(db: str) -> None:
 
 
 async def test_stranded_counts_are_capped(db: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    from worker_cli.observe import status as status_module
+    from worker_cli.observe import status_report as status_module
 
     monkeypatch.setattr(status_module, "STRANDED_CAP", 2)
     _stranded_jobs(db)

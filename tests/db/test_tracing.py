@@ -22,8 +22,8 @@ from opentelemetry.trace import SpanKind, StatusCode
 from workers import until, worker
 
 from worker_cli import Helpers, WorkerUtils
-from worker_cli.jobs import trace_context
-from worker_cli.observe.tracing import propagate_trace_context
+from worker_cli.client import trace_context
+from worker_cli.observe.otel import propagate_trace_context
 
 pytestmark = pytest.mark.db
 

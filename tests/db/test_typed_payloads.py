@@ -26,7 +26,7 @@ from worker_cli import (
     run_once,
     typed_task_list,
 )
-from worker_cli.worker.slots import TASK_THREAD_PREFIX
+from worker_cli.worker.pipeline.slots import TASK_THREAD_PREFIX
 
 pytestmark = pytest.mark.db
 

@@ -35,14 +35,15 @@ from worker_cli import (
     make_worker_utils,
     run_once,
 )
-from worker_cli.db.retry import Backoff
-from worker_cli.jobs import waiting, worker_utils
-from worker_cli.jobs.waiting import VISIBILITY_GRACE, Waiting
+from worker_cli.client import job_waiting as waiting
+from worker_cli.client import worker_utils
+from worker_cli.client.job_waiting import VISIBILITY_GRACE, Waiting
+from worker_cli.db.backoff import Backoff
 from worker_cli.schema import channels
 from worker_cli.sql import completion as completion_sql
 from worker_cli.sql import compose
 from worker_cli.sql import failure as failure_sql
-from worker_cli.worker.maintenance import Sweeper
+from worker_cli.worker.background.maintenance import Sweeper
 
 pytestmark = pytest.mark.db
 

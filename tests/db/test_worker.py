@@ -21,7 +21,7 @@ from worker_cli.sql import compose
 from worker_cli.sql import fetch as fetch_sql
 from worker_cli.tasks.loader import make_task_list
 from worker_cli.worker import WorkerPool
-from worker_cli.worker.fetcher import configure_fetch_connection
+from worker_cli.worker.pipeline.fetcher import configure_fetch_connection
 
 pytestmark = pytest.mark.db
 

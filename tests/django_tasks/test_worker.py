@@ -234,7 +234,7 @@ def test_a_task_that_discards_is_failed_at_once(site: str) -> None:
     run_once()
     done = result(enqueued.id)
     assert done.status == TaskResultStatus.FAILED and done.attempts == 1  # of 3
-    assert done.errors[0].exception_class_path == "worker_cli.tasks.retry.Discard"
+    assert done.errors[0].exception_class_path == "worker_cli.tasks.retry_policy.Discard"
     assert [line.split()[1:3] for line in log_lines() if "signal finished" in line] == [
         ["finished", enqueued.id]
     ]

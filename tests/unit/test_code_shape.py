@@ -30,6 +30,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("db",),
     ("schema",),
     ("jobs",),
+    ("client",),
     ("tasks",),
     ("observe",),
     ("worker", "dashboard"),

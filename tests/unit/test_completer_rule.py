@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from worker_cli.worker.completer import WRITE_AT_MOST, write_now
+from worker_cli.worker.pipeline.completer import WRITE_AT_MOST, write_now
 
 pytestmark = pytest.mark.unit
 

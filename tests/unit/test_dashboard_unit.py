@@ -11,7 +11,6 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from worker_cli.dashboard.census import SAMPLE_PAGES, Count, sample_percent
 from worker_cli.dashboard.finished import (
     FinishedFilter,
     finished_filter_of,
@@ -25,6 +24,7 @@ from worker_cli.dashboard.inputs import (
     parse_job_id,
     parse_run_at,
 )
+from worker_cli.dashboard.job_counts import SAMPLE_PAGES, Count, sample_percent
 from worker_cli.dashboard.security import (
     AllowedHosts,
     BasicAuth,

@@ -18,7 +18,7 @@ import pytest
 from test_log_fast_path import JOBS, SECOND, _clock, _Recording, _through_logging, configured
 
 from worker_cli.jobs.job import Job
-from worker_cli.observe import logs
+from worker_cli.observe import log_output as logs
 
 pytestmark = pytest.mark.unit
 
@@ -168,7 +168,7 @@ def test_logging_shutdown_at_exit_writes_the_queued_lines() -> None:
     queued in that iteration are written."""
     script = (
         "import asyncio, logging, os\n"
-        "from worker_cli.observe import logs\n"
+        "from worker_cli.observe import log_output as logs\n"
         "from worker_cli.jobs.job import Job\n"
         "logs.configure('text', debug=False)\n"
         "values = dict.fromkeys(Job._fields)\n"

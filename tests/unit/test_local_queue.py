@@ -13,8 +13,8 @@ import pytest
 
 from worker_cli.jobs.job import Job
 from worker_cli.observe.events import Events
-from worker_cli.worker.fetcher import Fetcher, FetchSettings
-from worker_cli.worker.local_queue import LocalQueue, Rate, plan_fetch
+from worker_cli.worker.pipeline.fetcher import Fetcher, FetchSettings
+from worker_cli.worker.pipeline.local_queue import LocalQueue, Rate, plan_fetch
 
 pytestmark = pytest.mark.unit
 

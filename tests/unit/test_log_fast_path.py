@@ -1,4 +1,4 @@
-"""The success line's fast path (worker_cli.observe.logs): it prints the bytes logging
+"""The success line's fast path (worker_cli.observe.log_output): it prints the bytes logging
 would, and steps aside whenever anything else could see or change the line."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from worker_cli.jobs.job import Job
-from worker_cli.observe import logs
+from worker_cli.observe import log_output as logs
 
 pytestmark = pytest.mark.unit
 

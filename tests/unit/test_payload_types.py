@@ -16,7 +16,7 @@ import pydantic
 import pytest
 
 from worker_cli import JobSpecError, PayloadError, TaskLoadError, typed_task_list
-from worker_cli.jobs.job_queries import spec_record
+from worker_cli.client.job_plans import spec_record
 from worker_cli.jobs.job_spec import encode_payload
 from worker_cli.jobs.payloads import job_identity
 from worker_cli.tasks.loader import Task, load_task_directory, make_task_list

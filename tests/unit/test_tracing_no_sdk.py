@@ -19,8 +19,8 @@ from types import SimpleNamespace
 from opentelemetry import propagate
 from worker_cli.jobs.job import Job
 from worker_cli.tasks.loader import Task
-from worker_cli.jobs.trace_context import JobContexts
-from worker_cli.observe.tracing import JobTracer
+from worker_cli.client.trace_context import JobContexts
+from worker_cli.observe.otel import JobTracer
 
 seen = {}
 

@@ -46,7 +46,7 @@ def _ids(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) ->
 
 def _delay(_ctx: click.Context, _param: click.Parameter, value: str | None) -> timedelta | None:
     """``--in``: 90, 90s, 10m, 2h or 1d (above 0, at most 366 days)."""
-    from ..jobs.pauses import parse_length
+    from ..jobs.pause_spec import parse_length
 
     if value is None:
         return None

@@ -5,7 +5,7 @@ batches of :data:`BATCH` ids, each batch a transaction of its own (a filter
 matching 100,000 jobs never holds one long transaction).
 
 The database part (:class:`Filters`, :class:`Session`, ...) lives in
-:mod:`worker_cli.jobs.admin_batches`, shared with the dashboard's bulk
+:mod:`worker_cli.client.admin_batches`, shared with the dashboard's bulk
 actions; the statements are :mod:`worker_cli.sql.admin`; the
 actions go through graphile-worker's admin functions, so a job a worker
 holds is left alone (and reported), as those functions leave it.
@@ -21,12 +21,12 @@ from typing import Any
 
 import psycopg
 
+from ..client.admin_batches import BATCH, Filters, Matches, Outcome, Session
 from ..config.database import resolve_connection_string
+from ..db.backoff import one_line
 from ..db.connections import connect
-from ..db.retry import one_line
 from ..errors import GraphileWorkerError
-from ..jobs.admin_batches import BATCH, Filters, Matches, Outcome, Session
-from ..observe.status import DatetimeOrText
+from ..observe.status_report import DatetimeOrText
 from ..schema.probe import schema_required
 
 __all__ = [

@@ -22,8 +22,8 @@ from ..config.file import config_file_option, set_by_config_file
 from ..config.options import WorkerOptions
 from ..errors import GraphileWorkerError
 from ..extras import install_hint
-from ..observe import logs
-from ..observe.logs import LOG_FORMATS, LogFormat
+from ..observe import log_output as logs
+from ..observe.log_output import LOG_FORMATS, LogFormat
 from .common import (
     CONTEXT_SETTINGS,
     FLAGS_BY_FIELD,
@@ -259,7 +259,7 @@ def metrics_registry(port: int, host: str) -> Any:
     """``--metrics-port``: serve /metrics (from a thread, until the process
     ends); returns the registry the worker's metrics go into."""
     try:
-        from ..observe.metrics import serve_metrics
+        from ..observe.prometheus import serve_metrics
 
         return serve_metrics(port, host).registry
     except GraphileWorkerError as exc:
@@ -279,7 +279,7 @@ def migrate_only(connection: str | None, schema: str) -> None:
 
 def _clean(connection: str | None, schema: str, tasks: list[str]) -> None:
     """``--cleanup``."""
-    from ..jobs.worker_utils import make_worker_utils
+    from ..client.worker_utils import make_worker_utils
 
     async def clean() -> None:
         async with make_worker_utils(connection, schema=schema) as utils:
@@ -295,7 +295,7 @@ def run_worker(connection: str | None, settings: dict[str, Any], **run_options: 
     while it starts is one line."""
     import psycopg
 
-    from ..db.retry import one_line
+    from ..db.backoff import one_line
     from ..runner import run
 
     async def work() -> int:
@@ -379,7 +379,7 @@ def status(ctx: click.Context, connection: str | None, schema: str, as_json: boo
     """Print what is in the queue (read-only): jobs waiting, scheduled, locked
     and permanently failed, by task and by named queue, and the oldest waiting
     job."""
-    from ..observe.status import format_json, format_text, read_status
+    from ..observe.status_report import format_json, format_text, read_status
 
     connection, schema = shared(ctx, connection, schema)
     figures = run_async(read_status(connection, schema=schema))

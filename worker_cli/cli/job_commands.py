@@ -18,7 +18,7 @@ from .params import job_ids as job_ids_param
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from ..jobs.results import AttemptError, JobResult
+    from ..jobs.job_state import AttemptError, JobResult
 
 __all__ = ["WAIT_TIMEOUT_EXIT", "add_job", "cancel", "format_record", "job"]
 
@@ -72,7 +72,7 @@ def add_job(
 
     The schema must be installed (run the worker or --schema-only first).
     """
-    from ..jobs.worker_utils import make_worker_utils
+    from ..client.worker_utils import make_worker_utils
 
     connection, schema = shared(ctx, connection, schema)
 
@@ -124,8 +124,8 @@ def job(
     """Print what is known of job ID: its state, task, queue, attempts, times,
     last error and result (from any process; see get_job_result), and every
     failed attempt's error a Python worker kept (get_job_errors)."""
-    from ..jobs.waiting import WaitTimeout
-    from ..jobs.worker_utils import make_worker_utils
+    from ..client.job_waiting import WaitTimeout
+    from ..client.worker_utils import make_worker_utils
 
     connection, schema = shared(ctx, connection, schema)
 
@@ -218,9 +218,9 @@ def cancel(
     """Cancel jobs: a waiting one never runs; a running one is told (its
     outcome is recorded as cancelled unless it succeeds). Prints each job's
     state after the call."""
+    from ..client.worker_utils import make_worker_utils
     from ..errors import JobSpecError
     from ..jobs.text_args import check_text
-    from ..jobs.worker_utils import make_worker_utils
 
     try:  # a byte that is not UTF-8 arrives as a lone surrogate
         check_text(reason, "reason")

@@ -10,15 +10,15 @@ import click
 from .common import CONTEXT_SETTINGS, connection_option, run_async, schema_option, shared
 
 if TYPE_CHECKING:
-    from ..jobs.limits import Limit, LimitInfo
+    from ..jobs.limit_spec import Limit, LimitInfo
 
 __all__ = ["limit", "limits"]
 
 
 def window(_ctx: click.Context, _param: click.Parameter, value: str | None) -> timedelta | None:
     """``--per``: a window such as 1s, 10s, 1m or 1h (above 0, at most a day)."""
-    from ..jobs.limits import MAX_PERIOD
-    from ..jobs.pauses import parse_length
+    from ..jobs.limit_spec import MAX_PERIOD
+    from ..jobs.pause_spec import parse_length
 
     if value is None:
         return None
@@ -75,9 +75,9 @@ def limit(
     """Set (or --remove) the limit of a task, a named queue or an operation,
     across every Python worker, at once: at most N running, at most N starts
     in any window of --per."""
+    from ..client.worker_utils import make_worker_utils
     from ..errors import JobSpecError
-    from ..jobs.limits import Limit
-    from ..jobs.worker_utils import make_worker_utils
+    from ..jobs.limit_spec import Limit
 
     targets = {"queue": queue, "task": task, "operation": operation}
     if sum(value is not None for value in targets.values()) != 1:
@@ -114,7 +114,7 @@ def limit(
 @click.pass_context
 def limits(ctx: click.Context, connection: str | None, schema: str) -> None:
     """List the limits, with how much of each is in use."""
-    from ..jobs.worker_utils import make_worker_utils
+    from ..client.worker_utils import make_worker_utils
 
     connection, schema = shared(ctx, connection, schema)
 

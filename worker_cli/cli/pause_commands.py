@@ -11,15 +11,15 @@ from .common import CONTEXT_SETTINGS, connection_option, run_async, schema_optio
 from .params import aware_datetime
 
 if TYPE_CHECKING:
-    from ..jobs.pauses import Pause
-    from ..jobs.worker_utils import WorkerUtils
+    from ..client.worker_utils import WorkerUtils
+    from ..jobs.pause_spec import Pause
 
 __all__ = ["pause", "pauses", "resume"]
 
 
 def length(_ctx: click.Context, _param: click.Parameter, value: str | None) -> timedelta | None:
     """``--for``: a length such as 90, 90s, 10m, 2h or 1d (above 0, at most 366 days)."""
-    from ..jobs.pauses import parse_length
+    from ..jobs.pause_spec import parse_length
 
     if value is None:
         return None
@@ -36,7 +36,7 @@ def _target(queue: str | None, task: str | None) -> dict[str, str]:
 
 
 def _describe(pause: Pause) -> str:
-    from ..jobs.pauses import describe_target
+    from ..jobs.pause_spec import describe_target
 
     line = describe_target(pause.kind, pause.name)
     line += f": paused since {pause.paused_at.isoformat()}"
@@ -83,7 +83,7 @@ def pause(
     """Pause a named queue or a task on every Python worker: its jobs wait
     (running ones finish; jobs can still be added) until `resume`, or for a
     while (--for, --until)."""
-    from ..jobs.worker_utils import make_worker_utils
+    from ..client.worker_utils import make_worker_utils
 
     target = _target(queue, task)
     if for_ is not None and until is not None:
@@ -137,7 +137,7 @@ def resume(
     ctx: click.Context, connection: str | None, schema: str, queue: str | None, task: str | None
 ) -> None:
     """End a pause."""
-    from ..jobs.worker_utils import make_worker_utils
+    from ..client.worker_utils import make_worker_utils
 
     target = _target(queue, task)
     connection, schema = shared(ctx, connection, schema)
@@ -163,7 +163,7 @@ def resume(
 @click.pass_context
 def pauses(ctx: click.Context, connection: str | None, schema: str) -> None:
     """List the pauses in force."""
-    from ..jobs.worker_utils import make_worker_utils
+    from ..client.worker_utils import make_worker_utils
 
     connection, schema = shared(ctx, connection, schema)
 

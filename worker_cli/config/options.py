@@ -112,7 +112,7 @@ class WorkerOptions:
     #: Log a line for every successful job (``NO_LOG_SUCCESS`` turns it off).
     log_success: bool = True
     #: Seconds between heartbeats (``--heartbeat-interval``); None or 0 turns
-    #: heartbeats off. See ``worker_cli.worker.heartbeat``.
+    #: heartbeats off. See ``worker_cli.worker.background.heartbeat``.
     heartbeat_interval: float | None = 30.0
     #: Seconds without a heartbeat after which any live pool with heartbeats on
     #: declares this pool dead and releases its jobs (``--heartbeat-timeout``):

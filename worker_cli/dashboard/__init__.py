@@ -9,7 +9,7 @@ Starlette, uvicorn and Jinja2. Nothing else in the package imports it.
 - :mod:`.pause_actions`: pausing and resuming a named queue or a task (POSTs);
 - :mod:`.limit_actions`: setting and removing a task's or a queue's limit (POSTs);
 - :mod:`.notices`: the banner after an action (done, or refused);
-- :mod:`.reads`, :mod:`.queries`, :mod:`.census`: what it reads, every
+- :mod:`.page_data`, :mod:`.filters`, :mod:`.job_counts`: what it reads, every
   statement bounded and index-backed, counts exact or sampled;
 - :mod:`.finished`: the Finished view's filter, cursor and page (the history);
 - :mod:`.inputs`: values from URLs and forms, checked before the database;

@@ -28,18 +28,18 @@ from starlette.responses import HTMLResponse, Response
 from starlette.routing import Mount
 from starlette.staticfiles import StaticFiles
 
+from ..client.worker_utils import WorkerUtils
 from ..config.database import resolve_connection_string, resolve_schema
+from ..db.backoff import one_line
 from ..db.connections import worker_conninfo
-from ..db.retry import one_line
 from ..db.timestamps import read_timestamps_leniently
-from ..jobs.worker_utils import WorkerUtils
 from ..sql import pauses as pauses_sql
 from . import actions, bulk_actions, crontab_page, limit_actions, pages, pause_actions, throughput
 from .error_chain import error_chain
 from .formatting import FILTERS
 from .inputs import BIGINT, BadInput, parse_job_id, shown
 from .notices import Flash, cookie_path
-from .reads import Reader
+from .page_data import Reader
 from .security import AllowedHosts, BasicAuth, Csrf, Receive, Scope, SecurityHeaders, Send
 
 __all__ = ["Dashboard", "SchemaProblem", "create_app"]

@@ -9,8 +9,8 @@ counted (a job added after the count is never touched). Refused (403) in
 ``--read-only``, and refused (400) without any filter: never every job.
 
 The work is the command line's (``graphile-worker retry --task ...``):
-:class:`worker_cli.jobs.admin_batches.Session` walks the matches by id,
-:data:`~worker_cli.jobs.admin_batches.BATCH` ids a statement, each a
+:class:`worker_cli.client.admin_batches.Session` walks the matches by id,
+:data:`~worker_cli.client.admin_batches.BATCH` ids a statement, each a
 transaction of its own on an autocommit connection, through graphile-worker's
 admin functions (``reschedule_jobs``, ``permanently_fail_jobs``,
 ``complete_jobs``), so a locked job is left alone; ``fail`` keeps the last
@@ -28,11 +28,11 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 
-from ..jobs.admin_batches import BATCH, Filters, Outcome, Session
+from ..client.admin_batches import BATCH, Filters, Outcome, Session
 from ..jobs.last_error import storable
 from .actions import READ_ONLY, checked_form, refused
+from .filters import JOB_STATES
 from .inputs import BIGINT, BadInput, checked_text, parse_int, shown
-from .queries import JOB_STATES
 
 if TYPE_CHECKING:
     from starlette.datastructures import ImmutableMultiDict

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from .filters import FINISHED_STATES
 from .formatting import datetime_input
 from .inputs import BadInput, checked_text, parse_job_id, parse_time, shown
-from .queries import FINISHED_STATES
 
 __all__ = [
     "FinishedFilter",

@@ -12,7 +12,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from ..db.timestamps import EARLIEST, LATEST
-from ..observe.status import format_age
+from ..observe.status_report import format_age
 
 __all__ = ["FILTERS", "length", "pretty_json"]
 

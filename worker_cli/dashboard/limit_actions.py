@@ -9,10 +9,10 @@ the field that was wrong. The form, filled in, is the confirmation; setting
 the limit of a task or queue that has one replaces it.
 
 Both go through :class:`worker_cli.WorkerUtils` (``set_limit``,
-``remove_limit``): the same checks (:class:`worker_cli.jobs.limits.Limit`,
-:func:`worker_cli.jobs.limits.limit_params`) and the same SQL as the API and
+``remove_limit``): the same checks (:class:`worker_cli.jobs.limit_spec.Limit`,
+:func:`worker_cli.jobs.limit_spec.limit_params`) and the same SQL as the API and
 the command line; the window (``1s``, ``10m``) is read as ``pause --for``
-reads a length (:func:`worker_cli.jobs.pauses.parse_length`).
+reads a length (:func:`worker_cli.jobs.pause_spec.parse_length`).
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from ..errors import JobSpecError, LimitsBusyError
-from ..jobs.limits import MAX_PERIOD, MAX_RUNNING, MAX_STARTS, Limit, LimitInfo, limit_params
-from ..jobs.pauses import parse_length
+from ..jobs.limit_spec import MAX_PERIOD, MAX_RUNNING, MAX_STARTS, Limit, LimitInfo, limit_params
+from ..jobs.pause_spec import parse_length
 from .actions import checked_form, redirect
 from .formatting import length
 from .inputs import BadInput, checked_text, form_target, parse_int, shown

@@ -25,8 +25,8 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ..jobs.pauses import describe_target
-from .queries import FINISHED_STATES
+from ..jobs.pause_spec import describe_target
+from .filters import FINISHED_STATES
 from .security import Csrf, route_path
 
 if TYPE_CHECKING:

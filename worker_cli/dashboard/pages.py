@@ -14,10 +14,10 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
+from .filters import FINISHED_STATES, JOB_STATES, WINDOW
 from .finished import finished_filter_of
 from .inputs import BadInput, checked_text, parse_cursor, parse_job_id, shown
-from .queries import FINISHED_STATES, JOB_STATES, WINDOW
-from .reads import NEWEST, PAGE_SIZE, JobFilter
+from .page_data import NEWEST, PAGE_SIZE, JobFilter
 
 if TYPE_CHECKING:
     from .site import Site

@@ -9,9 +9,9 @@ that was wrong. Unlike the job actions there is no confirmation page: the
 form, filled in, is the confirmation, and a pause is undone with one click.
 
 Both go through :class:`worker_cli.WorkerUtils` (``pause``, ``resume``):
-the same checks (:func:`worker_cli.jobs.pauses.pause_params`) and the same
+the same checks (:func:`worker_cli.jobs.pause_spec.pause_params`) and the same
 SQL as the API and the command line; the length (``10m``, ``2h``) is read
-as ``pause --for`` reads it (:func:`worker_cli.jobs.pauses.parse_length`).
+as ``pause --for`` reads it (:func:`worker_cli.jobs.pause_spec.parse_length`).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from ..errors import JobSpecError
-from ..jobs.pauses import parse_length, pause_params
+from ..jobs.pause_spec import parse_length, pause_params
 from .actions import checked_form, redirect
 from .inputs import BadInput, checked_text, form_target, parse_time, shown
 

@@ -21,10 +21,10 @@ import uvicorn
 from ..config.database import resolve_connection_string, resolve_schema
 from ..db.connections import connect
 from ..errors import ConfigurationError, GraphileWorkerError
-from ..observe import logs
+from ..observe import log_output as logs
 from .app import create_app
 from .crontab_page import load_crontab
-from .reads import Reader
+from .page_data import Reader
 from .security import AUTH_ENVVAR, AllowedHosts, BasicAuth, is_loopback
 
 __all__ = ["bind", "check_database", "serve"]

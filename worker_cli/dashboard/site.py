@@ -13,10 +13,10 @@ if TYPE_CHECKING:
     from starlette.requests import Request
     from starlette.responses import Response
 
-    from ..jobs.worker_utils import WorkerUtils
+    from ..client.worker_utils import WorkerUtils
     from .inputs import BadInput
     from .notices import Flash
-    from .reads import Reader
+    from .page_data import Reader
     from .security import AllowedHosts, Csrf
 
 __all__ = ["Site"]

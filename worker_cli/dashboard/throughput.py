@@ -45,13 +45,13 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from ..sql import dashboard as dashboard_sql
+from .filters import WINDOW
 from .inputs import BadInput, checked_text, shown
-from .queries import WINDOW
 
 if TYPE_CHECKING:
     from starlette.datastructures import QueryParams
 
-    from .reads import Reader
+    from .page_data import Reader
     from .site import Site
 
 __all__ = [

@@ -8,6 +8,6 @@ connection, and the one a task holds), ``raw_json`` and ``timestamps``
 (loaders: payloads unparsed, times outside Python's years), ``retry`` (the backoff every
 retrying loop uses).
 
-Layer: above ``config``; it imports nothing of ``schema``, ``jobs``,
+Layer: above ``config`` and ``sql``; it imports nothing of ``schema``, ``jobs``, ``client``,
 ``tasks``, ``observe``, ``worker``, ``dashboard`` or the entry points.
 """

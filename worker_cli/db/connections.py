@@ -13,8 +13,8 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg_pool import AsyncConnectionPool
 
 from ..errors import DatabaseConnectionError
+from .backoff import one_line
 from .held_connection import own_pool
-from .retry import one_line
 
 if TYPE_CHECKING:
     from ..config.options import WorkerOptions

@@ -41,7 +41,7 @@ from psycopg.pq import ExecStatus, TransactionStatus
 from psycopg.pq.abc import PGresult
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
-from .retry import one_line
+from .backoff import one_line
 
 __all__ = [
     "RESET_SESSION",

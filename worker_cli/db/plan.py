@@ -8,8 +8,8 @@ statements to send with which parameters, in which order, what the rows mean
 and what an error means. It never touches a connection.
 
 A driver (:mod:`worker_cli.db.drivers`) runs a plan on a connection: one for
-``psycopg.Connection`` (:class:`~worker_cli.jobs.sync_worker_utils.SyncWorkerUtils`),
-one for ``psycopg.AsyncConnection`` (:class:`~worker_cli.jobs.worker_utils.WorkerUtils`,
+``psycopg.Connection`` (:class:`~worker_cli.client.sync_worker_utils.SyncWorkerUtils`),
+one for ``psycopg.AsyncConnection`` (:class:`~worker_cli.client.worker_utils.WorkerUtils`,
 the worker's helpers and its start-up migration). That is the only code that
 differs between the sync and async APIs, so validation, encoding, SQL and
 decoding cannot drift apart. psycopg itself is built this way: its protocol

@@ -8,7 +8,7 @@ The readers of whole tables (the dashboard) register these loaders: a value
 before year 1 reads as ``datetime.min`` and one after 9999 as
 ``datetime.max``, both in UTC. The worker's fetch keeps psycopg's own loaders
 (faster) and falls back to the same reading for the rare batch that needs it
-(:mod:`worker_cli.worker.unreadable`).
+(:mod:`worker_cli.worker.pipeline.unreadable`).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .logs import debug_logger
+from .log_output import debug_logger
 
 if TYPE_CHECKING:
     from .events import EventHandler, Events

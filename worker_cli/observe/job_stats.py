@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import JobCancelled, JobTimeout
-from ..tasks.retry import Cancel
+from ..tasks.retry_policy import Cancel
 
 __all__ = ["DURATION_BUCKETS", "OUTCOMES", "JobStats", "TaskSnapshot", "final_outcome"]
 

@@ -1,5 +1,5 @@
 """The handler the command line logs through: a ``StreamHandler`` that also takes
-lines formatted elsewhere (the success lines' fast path in :mod:`worker_cli.observe.logs`)
+lines formatted elsewhere (the success lines' fast path in :mod:`worker_cli.observe.log_output`)
 and writes those of one event-loop iteration together.
 
 A worker finishing thousands of jobs a second prints a success line for each;

@@ -8,8 +8,8 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
+    from ..client.worker_utils import WorkerUtils
     from ..config.options import WorkerOptions
-    from ..jobs.worker_utils import WorkerUtils
     from .events import Events
 
 __all__ = ["ObservedPool", "PoolLoadView"]

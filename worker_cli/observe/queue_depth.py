@@ -20,8 +20,8 @@ same read, in the same transaction, lists the pauses in force (at most
 their use (at most :data:`LIMITS_LIMIT`, each over at most
 :data:`PARTITIONS_READ` partition values), and the stranded tasks, with
 runnable jobs that no live Python pool handles (at most
-:data:`~worker_cli.observe.status.STRANDED_TASKS`, each counted up to
-:data:`~worker_cli.observe.status.STRANDED_CAP`). A
+:data:`~worker_cli.observe.status_report.STRANDED_TASKS`, each counted up to
+:data:`~worker_cli.observe.status_report.STRANDED_CAP`). A
 scrape on the event loop's own thread (an ASGI app sharing the worker's
 loop) cannot wait: it gets the figures of the previous query, and the next
 scrape the new ones.
@@ -39,12 +39,12 @@ from typing import TYPE_CHECKING, Any
 
 from psycopg_pool import AsyncConnectionPool
 
-from ..db.retry import one_line
+from ..db.backoff import one_line
 from ..sql import compose
+from ..sql import depth_metrics as metrics_sql
 from ..sql import limits as limits_sql
-from ..sql import metrics as metrics_sql
 from ..sql import status as status_sql
-from .status import STRANDED_CAP, STRANDED_TASKS
+from .status_report import STRANDED_CAP, STRANDED_TASKS
 
 if TYPE_CHECKING:
     from .pool_view import ObservedPool
@@ -256,8 +256,9 @@ class QueueDepth:
 
 
 def _groups(rows: list[tuple[Any, ...]]) -> dict[tuple[str, str], Group]:
-    """The rows of :data:`~worker_cli.sql.metrics.QUEUE_DEPTH` by (task, queue); a worker's own task
-    named like the bucket of the others adds up with it."""
+    """The rows of :data:`~worker_cli.sql.depth_metrics.QUEUE_DEPTH` by (task,
+    queue); a worker's own task named like the bucket of the others adds up
+    with it."""
     groups: dict[tuple[str, str], Group] = {}
     for task, queue, *figures in rows:
         key = (OTHER_TASKS if task is None else str(task), str(queue))

@@ -4,6 +4,6 @@
 ``cleanup`` (the cleanup tasks), ``channels`` (the NOTIFY channels of the job
 lifecycle). Every SQL statement lives in ``worker_cli.sql``.
 
-Layer: above ``db``; it never imports ``jobs``, ``tasks``, ``observe``,
+Layer: above ``db``; it never imports ``jobs``, ``client``, ``tasks``, ``observe``,
 ``worker``, ``dashboard`` or the entry points.
 """

@@ -6,7 +6,7 @@ breaking flags); Python-only objects are recorded in ``_private_py_migrations``.
 
 Each revision runs in its own transaction (a savepoint, when the caller's
 connection is in a transaction: see :meth:`WorkerUtils.migrate
-<worker_cli.jobs.worker_utils.WorkerUtils.migrate>`): it inserts its ``migrations`` row
+<worker_cli.client.worker_utils.WorkerUtils.migrate>`): it inserts its ``migrations`` row
 first, runs its SQL, reapplies the public functions and sends
 ``NOTIFY "worker:migrate"``. The Python-only revisions (``py/NNNNNN.sql``)
 hold tables, indexes and data changes; every ``py_*`` function is defined once,

@@ -8,7 +8,7 @@ CANCEL_JOBS = """
   select id, state from {schema}.py_cancel_jobs(%(job_ids)s::bigint[], %(reason)s)
 """
 
-# The cancel requests of the jobs a pool holds (worker_cli/worker/cancel_watch.py).
+# The cancel requests of the jobs a pool holds (worker_cli/worker/supervision/cancel_watch.py).
 CANCEL_REQUESTS = """
   select c.job_id, c.reason
   from {schema}._private_py_cancellations as c

@@ -1,8 +1,8 @@
 """What an add statement writes beside the jobs it adds, in the same statement:
 the caller's trace context (``_private_py_job_trace_contexts``,
-migrations/py/000006.sql; :mod:`worker_cli.jobs.trace_context`) and the
+migrations/py/000006.sql; :mod:`worker_cli.client.trace_context`) and the
 jobs' options (``_private_py_job_options``, migrations/py/000007.sql;
-:mod:`worker_cli.jobs.job_options`).
+:mod:`worker_cli.client.job_options`).
 
 The one place here that composes SQL text at run time: an add statement
 (:data:`~worker_cli.sql.jobs.ADD_JOB`, ``ADD_JOBS``, ``ADD_UNIQUE_JOB``,

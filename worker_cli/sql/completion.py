@@ -1,5 +1,5 @@
 """The success statements (the completer's, through
-:mod:`worker_cli.worker.result_writer`), each written whole: history off
+:mod:`worker_cli.worker.pipeline.result_writer`), each written whole: history off
 (``COMPLETE_BATCH``, ``COMPLETE_BATCH_WITHOUT_QUEUES``) and history on
 (``COMPLETE_BATCH_RECORDING`` and its three lighter forms); the result
 writer chooses among them.

@@ -2,7 +2,7 @@
 They are rendered to text for Django's cursor (``%s`` parameters, psycopg 3
 or psycopg2 alike) by :func:`worker_cli.sql.render`. Every statement
 returning a result row gives the same columns first, in the same order
-(:func:`worker_cli.contrib.django.results.StoredResult.from_row`): the JSON
+(:func:`worker_cli.contrib.django.task_results.StoredResult.from_row`): the JSON
 ones are read as text (Django's psycopg 3 connections return jsonb
 undecoded, and their key order is kept)."""
 

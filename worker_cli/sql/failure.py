@@ -1,5 +1,5 @@
 """The statements that fail a pool's jobs or give them back (the completer's,
-through :mod:`worker_cli.worker.result_writer`). Both record a job that has a
+through :mod:`worker_cli.worker.pipeline.result_writer`). Both record a job that has a
 cancel request as cancelled instead: its row deleted, a history row
 (state cancelled, kept 1 day) listed in the expiry ledger
 (migrations/py/000011.sql, at most 1,000 ids a ledger row), its uniqueness

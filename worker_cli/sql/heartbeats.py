@@ -1,6 +1,6 @@
 """The heartbeat's statements (migrations/py/000002.sql and 000004.sql;
-:mod:`worker_cli.worker.heartbeat`), and the refresh of long jobs' locks that
-runs with it (:mod:`worker_cli.worker.lock_refresh`)."""
+:mod:`worker_cli.worker.background.heartbeat`), and the refresh of long jobs' locks that
+runs with it (:mod:`worker_cli.worker.background.lock_refresh`)."""
 
 from __future__ import annotations
 
@@ -94,7 +94,7 @@ HEARTBEAT_REMOVE = """
   delete from {schema}._private_py_heartbeats where pool_id = %(pool_id)s
 """
 
-# Long jobs keep their locks (worker_cli/worker/lock_refresh.py): the jobs of
+# Long jobs keep their locks (worker_cli/worker/background/lock_refresh.py): the jobs of
 # %(job_ids)s that this pool holds, locked longer ago than %(age)s, and their
 # named queues, are locked again now, so that no 4-hour stale-lock sweep
 # (Node's or ours) releases a job that is still running. Only locked_at

@@ -1,5 +1,5 @@
 """The worker's side of trace contexts (``_private_py_job_trace_contexts``,
-migrations/py/000006.sql; :class:`worker_cli.jobs.trace_context.JobContexts`);
+migrations/py/000006.sql; :class:`worker_cli.client.trace_context.JobContexts`);
 the adding side is :mod:`worker_cli.sql.carried`."""
 
 from __future__ import annotations

@@ -5,6 +5,6 @@
 JSON-to-type converter), ``helpers`` (what a task receives), ``crontab``
 (the crontab parser).
 
-Layer: above ``jobs``; it never imports ``observe``, ``worker``,
+Layer: above ``client``; it never imports ``observe``, ``worker``,
 ``dashboard`` or the entry points.
 """

@@ -13,12 +13,12 @@ from typing import Any, TypeVar, overload
 import psycopg
 from psycopg.rows import dict_row
 
+from ..client.worker_utils import WorkerUtils
 from ..errors import JobCancelled, JobTimeout
 from ..jobs.job import Job
 from ..jobs.job_spec import JobSpec
 from ..jobs.payloads import NamedPayload, job_identity
 from ..jobs.unique import UniqueJobResult, UniqueSpec
-from ..jobs.worker_utils import WorkerUtils
 from .operation_limits import Holds, OperationLimit, refuse_on_loop
 
 __all__ = ["Helpers", "JobLogger"]

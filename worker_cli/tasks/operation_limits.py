@@ -11,7 +11,7 @@ The limit is stored like any other (``set_limit(Limit(...),
 operation="stripe")``): at most ``max_running`` jobs inside the block at
 once, and at most ``max_starts`` entries in any window of ``per``, across
 every Python worker (per ``partition`` value). When the limit is full, the
-block is not entered: :class:`~worker_cli.tasks.retry.Snooze` is raised, so
+block is not entered: :class:`~worker_cli.tasks.retry_policy.Snooze` is raised, so
 the job runs again when the limit may let it (no attempt spent), from the
 start of the task. A plain ``def`` task uses ``with`` instead of ``async
 with`` (in an ``async def`` task that form would wait for the event loop on
@@ -36,10 +36,10 @@ from typing import TYPE_CHECKING, Any
 
 from ..sql import compose
 from ..sql import limits as limits_sql
-from .retry import Snooze
+from .retry_policy import Snooze
 
 if TYPE_CHECKING:
-    from ..jobs.worker_utils import WorkerUtils
+    from ..client.worker_utils import WorkerUtils
 
 __all__ = ["Holds", "OperationLimit", "partition_key", "refuse_on_loop"]
 

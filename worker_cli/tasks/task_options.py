@@ -24,8 +24,8 @@ from datetime import timedelta
 from typing import Any, Literal, TypeAlias, TypeVar, get_args
 
 from ..jobs.job_spec import check_timeout
-from ..jobs.limits import Limit
-from .retry import RetryPolicy
+from ..jobs.limit_spec import Limit
+from .retry_policy import RetryPolicy
 
 __all__ = [
     "DEFAULT_TASK_OPTIONS",
@@ -103,10 +103,10 @@ def task_options(
       never run twice) or ``"exit"`` (the worker stops fetching, finishes its
       other jobs and exits with code 75; the job runs again once the worker
       is gone).
-    - ``retry``: a :class:`~worker_cli.tasks.retry.RetryPolicy`: its most
+    - ``retry``: a :class:`~worker_cli.tasks.retry_policy.RetryPolicy`: its most
       attempts, the delay before the next one, which errors are never
       retried; None (the default): graphile-worker's backoff.
-    - ``limit``: a :class:`~worker_cli.jobs.limits.Limit` on this task across
+    - ``limit``: a :class:`~worker_cli.jobs.limit_spec.Limit` on this task across
       every Python worker (at most N running at once, at most N starts per
       period, per payload field value); written to the database as a worker
       running the task starts, replacing what was stored there (the last

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 
-from ..jobs.worker_utils import WorkerUtils
+from ..client.worker_utils import WorkerUtils
 from ..tasks.loader import Task
 
 __all__ = ["declare_limits"]

@@ -29,31 +29,31 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
+from ..client.worker_utils import WorkerUtils
 from ..config.options import WorkerOptions
 from ..db.connections import WorkerConnections
 from ..jobs.job import Job
-from ..jobs.worker_utils import WorkerUtils
 from ..observe.events import Events
 from ..tasks.loader import Task
-from .background import PoolHooks, background_loops
-from .completer import Completer
+from .background.heartbeat import Heartbeat, PoolReport
+from .background.lock_refresh import LockRefresh
+from .background.loops import PoolHooks, background_loops
+from .background.pause_watch import Pauses
 from .declared_limits import declare_limits
-from .fetcher import Fetcher, FetchSettings, OnFetched
-from .heartbeat import Heartbeat, PoolReport
-from .local_queue import LocalQueue
-from .lock_refresh import LockRefresh
-from .pauses import Pauses
-from .refetched import Refetched
-from .result_writer import HistorySettings
-from .slots import Slots
-from .start_deadlines import StartDeadlines
+from .pipeline.already_held import Refetched
+from .pipeline.completer import Completer
+from .pipeline.fetcher import Fetcher, FetchSettings, OnFetched
+from .pipeline.local_queue import LocalQueue
+from .pipeline.result_writer import HistorySettings
+from .pipeline.slots import Slots
+from .pipeline.unreadable import Unreadable
 from .stopping import (
     finish,
     report_left_behind,
     wait_for_running,
 )
-from .stuck import StuckJobs
-from .unreadable import Unreadable
+from .supervision.start_deadlines import StartDeadlines
+from .supervision.stuck import StuckJobs
 
 if TYPE_CHECKING:
     from ..tasks.crontab import ParsedCronItem
@@ -69,7 +69,7 @@ class PoolLoad(NamedTuple):
     running: int
     #: Fetched (locked) jobs waiting for a slot: the local queue's length.
     queued: int
-    #: Running jobs that should have stopped (:mod:`.stuck`).
+    #: Running jobs that should have stopped (:mod:`.supervision.stuck`).
     stuck: int = 0
     #: The running jobs by task identifier (tasks running none are left out).
     running_tasks: Mapping[str, int] = MappingProxyType({})
@@ -119,7 +119,7 @@ class WorkerPool:
         #: the fetcher puts them, a slot takes a job's when it starts it.
         self._timeouts: dict[int, float] = {}
         self._queue = LocalQueue()
-        #: The fleet's pauses as this pool knows them (see :mod:`.pauses`).
+        #: The fleet's pauses as this pool knows them (see :mod:`.background.pause_watch`).
         self._pauses = Pauses()
         self._fetcher = Fetcher(
             self.connections,

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from ..config.options import WorkerOptions
 
 if TYPE_CHECKING:
-    from .slots import Slots
+    from .pipeline.slots import Slots
 
 __all__ = [
     "cancel_and_wait",

@@ -29,8 +29,8 @@ from ...config.database import schema_name_problem
 from ...sql import django as django_sql
 from ...sql import render
 from .names import MAX_QUEUE_NAME, identifier_of
-from .results import StoredResult, django_time
 from .storable import json_text
+from .task_results import StoredResult, django_time
 
 __all__ = ["GraphileWorkerBackend", "GraphileWorkerTask"]
 

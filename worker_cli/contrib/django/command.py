@@ -31,8 +31,8 @@ from ...cli.commands import (
 )
 from ...cli.common import CONTEXT_SETTINGS, worker_option
 from ...errors import GraphileWorkerError
-from ...observe import logs
-from ...observe.logs import LogFormat
+from ...observe import log_output as logs
+from ...observe.log_output import LogFormat
 from .backend import GraphileWorkerBackend
 from .connection import conninfo_of
 from .names import identifier_of

@@ -25,9 +25,9 @@ from django.tasks.signals import task_finished, task_started
 from ...sql import compose
 from ...sql import django as django_sql
 from ...tasks.helpers import Helpers
-from ...tasks.retry import Cancel, Discard
-from .results import StoredResult, django_time, lost_attempt
+from ...tasks.retry_policy import Cancel, Discard
 from .storable import MAX_ERRORS, error_of, errors_json, json_text, kept_errors, storable_text
+from .task_results import StoredResult, django_time, lost_attempt
 
 __all__ = ["make_task_runner"]
 

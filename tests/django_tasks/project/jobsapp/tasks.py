@@ -86,7 +86,7 @@ def not_a_task(path: str) -> None:
 
 @task(max_attempts=3)
 def gives_up(reason: str) -> None:
-    from worker_cli.tasks.retry import Discard
+    from worker_cli.tasks.retry_policy import Discard
 
     raise Discard(reason)
 

@@ -1,0 +1,339 @@
+"""Heartbeats: a crashed worker's jobs come back in minutes, not after the 4-hour sweep.
+
+On by default (``--heartbeat-interval 30``, ``--heartbeat-timeout 300``; an
+interval of 0 turns them off). A pool keeps a row in ``_private_py_heartbeats``
+and refreshes its ``beat_at`` every interval. At each beat it also declares
+dead every other pool that has not beaten for the timeout *that pool*
+declared: it deletes the row and releases the dead pool's jobs and named
+queues (``heartbeats_sql.HEARTBEAT_REAP``). The attempt the dead pool counted when
+it fetched a job stays counted, and ``last_error`` says the pool was declared
+dead.
+
+The heartbeat runs in a thread of its own, on a connection of its own: tasks
+holding every pool connection, or an ``async def`` task blocking the event
+loop with synchronous work, do not silence it. Only a process that is dead,
+frozen, or cut off from the database stops beating, and only then are its jobs
+run elsewhere.
+
+A pool declares another dead only after watching it fail to beat for that
+pool's whole timeout while the database was reachable: the silence is counted
+from the later of the other pool's last beat and the start of this pool's own
+uninterrupted run of beats. After the database was down or unreachable for
+everyone (a restart, a failover, a network outage) longer than the timeout,
+every row looks stale; counted that way, every pool gets its full timeout to
+beat again before anyone releases its jobs.
+
+Pools without a row, such as Node workers or pools with heartbeats off, are
+never touched. A pool that was declared dead but was only frozen (a paused VM,
+a stopped process) notices at its next beat, logs it and registers again. The
+row is deleted when the pool stops cleanly, after every result is written; a
+pool that crashes, or stops without writing back every result, leaves its row
+behind, which is what lets the others find its jobs.
+
+All times are the database's (``now()``): a skewed worker clock changes nothing.
+
+After a beat the thread also refreshes the locks of the pool's long jobs
+(:mod:`.lock_refresh`), so that no 4-hour stale-lock sweep releases them.
+
+Each beat also records what the pool reports (:class:`PoolReport`: its
+concurrency, tasks, version and jobs done so far), for the dashboard's Worker
+pools page; the previous beat's counter and time stay beside it, so a rate
+needs no second sample.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+import psycopg
+
+from ..._version import __version__
+from ...config.options import WorkerOptions
+from ...db.backoff import DEFAULT, one_line
+from ...db.connections import WorkerConnections
+from ...sql import compose
+from ...sql import heartbeats as heartbeats_sql
+from .lock_refresh import LockRefresh
+
+__all__ = ["Heartbeat", "PoolReport"]
+
+logger = logging.getLogger("graphile_worker")
+
+
+@dataclass(frozen=True)
+class PoolReport:
+    """What a pool tells in each heartbeat (migrations/py/000004.sql).
+
+    ``jobs_done`` is called from the heartbeat's thread at every beat: it must
+    only read a counter (the pool's jobs run to an outcome so far).
+    """
+
+    concurrency: int
+    task_identifiers: Sequence[str]
+    jobs_done: Callable[[], int]
+    #: The ids of the pool's stuck jobs (any thread).
+    stuck_job_ids: Callable[[], Sequence[int]] = tuple
+
+
+class Heartbeat:
+    """The heartbeat of one worker pool, in a thread of its own.
+
+    ``await start()`` makes the first beat (before the pool locks any job),
+    then beats every ``interval`` until ``stop()``.
+    """
+
+    def __init__(
+        self,
+        connections: WorkerConnections,
+        *,
+        schema: str,
+        interval: float,
+        timeout: float,
+        on_released: Callable[[], None],
+        report: PoolReport | None = None,
+        lock_refresh: LockRefresh | None = None,
+    ) -> None:
+        self.pool_id = pool_id = connections.pool_id
+        self.interval = interval
+        self.timeout = timeout
+        self._connections = connections
+        self._schema = schema
+        self._on_released = on_released
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._conn: psycopg.Connection[Any] | None = None
+        self._stopping = threading.Event()
+        self._remove_row = False
+        self._stopped: asyncio.Future[None] | None = None
+        self._registered = False
+        #: Database time of this pool's last successful beat, and of the first
+        #: beat of its current uninterrupted run of beats (see the module doc).
+        self._last_beat: datetime | None = None
+        self._watching_since: datetime | None = None
+        self._report = report
+        #: Refreshes the old locks of this pool's long jobs after a beat.
+        self._lock_refresh = lock_refresh
+        self._params: dict[str, Any] = {
+            "pool_id": pool_id,
+            "timeout": timedelta(seconds=timeout),
+            "hostname": socket.gethostname(),
+            "pid": os.getpid(),
+            "version": __version__,
+            "concurrency": report.concurrency if report else None,
+            "task_identifiers": sorted(report.task_identifiers) if report else None,
+            "jobs_done": None,
+            "stuck_job_ids": None,
+        }
+
+    @classmethod
+    def of_pool(
+        cls,
+        connections: WorkerConnections,
+        options: WorkerOptions,
+        *,
+        on_released: Callable[[], None],
+        report: PoolReport,
+        lock_refresh: LockRefresh,
+    ) -> Heartbeat | None:
+        """The heartbeat of a pool with ``options`` (None: heartbeats are off)."""
+        if not options.heartbeat_interval:
+            return None
+        return cls(
+            connections,
+            schema=options.schema,
+            interval=options.heartbeat_interval,
+            timeout=options.heartbeat_timeout,
+            on_released=on_released,
+            report=report,
+            lock_refresh=lock_refresh,
+        )
+
+    async def start(self) -> None:
+        """Make the first beat, then beat on in the background. Errors propagate
+        (the heartbeat's connection is closed first)."""
+        loop = self._loop = asyncio.get_running_loop()
+        started: asyncio.Future[None] = loop.create_future()
+        self._stopped = loop.create_future()
+        thread = threading.Thread(
+            target=self._main, args=(started,), name=f"{self.pool_id}-heartbeat", daemon=True
+        )
+        thread.start()
+        await started
+        logger.info(
+            "Worker pool %s: heartbeat every %gs; declared dead after %gs without one",
+            self.pool_id,
+            self.interval,
+            self.timeout,
+        )
+
+    def stop(self, *, remove: bool = True) -> None:
+        """End the beats. With ``remove`` (every result of the pool is written),
+        the pool's row is deleted; without, it stays, so that other pools
+        release the jobs this pool still holds once its timeout has passed."""
+        self._remove_row = remove
+        self._stopping.set()
+
+    async def wait_stopped(self, within: float) -> None:
+        """Wait (at most ``within`` seconds) for the thread to finish after ``stop()``.
+        A thread stuck on an unreachable database is left behind (it is a daemon)."""
+        if self._stopped is None:
+            return
+        try:
+            async with asyncio.timeout(within):
+                await asyncio.shield(self._stopped)
+        except TimeoutError:
+            logger.warning("Worker pool %s: the heartbeat did not stop in time", self.pool_id)
+
+    # --- the thread ---------------------------------------------------------
+
+    def _main(self, started: asyncio.Future[None]) -> None:
+        try:
+            try:
+                self._beat()
+            except BaseException as exc:
+                self._disconnect()
+                self._call_soon(_settle, started, exc)
+                return
+            self._call_soon(_settle, started, None)
+            self._beat_until_stopped()
+            if self._remove_row:
+                self._remove()
+        finally:
+            self._disconnect()
+            if self._stopped is not None:
+                self._call_soon(_settle, self._stopped, None)
+
+    def _beat_until_stopped(self) -> None:
+        """Beat and look for dead pools every interval; database errors are
+        logged and retried sooner."""
+        failures = 0
+        while not self._stopping.wait(
+            self.interval if not failures else min(self.interval, DEFAULT.delay(failures))
+        ):
+            try:
+                self._beat()
+                self._reap()
+                failures = 0
+            except Exception as exc:
+                failures += 1
+                self._last_beat = None  # not watching while the database is unreachable
+                self._disconnect()
+                logger.warning(
+                    "Worker pool %s: heartbeat failed (%s); retrying in %.2fs",
+                    self.pool_id,
+                    one_line(exc),
+                    min(self.interval, DEFAULT.delay(failures)),
+                )
+                continue
+            if self._lock_refresh is not None:
+                self._refresh_locks(self._lock_refresh)
+
+    def _refresh_locks(self, refresh: LockRefresh) -> None:
+        """After a beat: refresh the old locks of this pool's long jobs, if it
+        is time; a failure is logged (it is tried again at the next beat)."""
+        try:
+            refresh.refresh_sync(self._connection())
+        except Exception as exc:
+            self._disconnect()
+            logger.warning(
+                "Worker pool %s: refreshing the locks of long jobs failed (%s); retrying "
+                "at the next heartbeat",
+                self.pool_id,
+                one_line(exc),
+            )
+
+    def _connection(self) -> psycopg.Connection[Any]:
+        if self._conn is None or self._conn.closed:
+            self._conn = self._connections.connect_sync("heartbeat")
+        return self._conn
+
+    def _disconnect(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.close()
+
+    def _beat(self) -> None:
+        conn = self._connection()
+        if self._report is not None:
+            self._params["jobs_done"] = self._report.jobs_done()
+            self._params["stuck_job_ids"] = list(self._report.stuck_job_ids())
+        row = conn.execute(
+            compose(heartbeats_sql.HEARTBEAT_BEAT, self._schema), self._params
+        ).fetchone()
+        assert row is not None
+        registered, now = row
+        if registered and self._registered:
+            logger.error(
+                "Worker pool %s was declared dead by another worker (no heartbeat for over "
+                "%gs): the jobs it held were released and may run again elsewhere. "
+                "Heartbeat resumed; consider a longer --heartbeat-timeout.",
+                self.pool_id,
+                self.timeout,
+            )
+        self._registered = True
+        last, self._last_beat = self._last_beat, now
+        if last is None or (now - last).total_seconds() > 2 * self.interval:
+            self._watching_since = now
+
+    def _reap(self) -> None:
+        conn = self._connection()
+        cur = conn.execute(
+            compose(heartbeats_sql.HEARTBEAT_REAP, self._schema),
+            {"pool_id": self.pool_id, "watching_since": self._watching_since},
+        )
+        released = 0
+        for pool_id, hostname, pid, beat_at, silent_for, jobs, queues in cur:
+            released += jobs
+            where = f" (host {hostname}, pid {pid})" if hostname is not None else ""
+            logger.warning(
+                "Worker pool %s: declared worker pool %s%s dead (last heartbeat %s; watched "
+                "silent for %.3fs); released %d job(s) and %d queue(s) it held",
+                self.pool_id,
+                pool_id,
+                where,
+                beat_at.isoformat(),
+                silent_for,
+                jobs,
+                queues,
+            )
+        if released:
+            self._call_soon(self._on_released)
+
+    def _remove(self) -> None:
+        """Best effort: a row left behind is only declared dead (with nothing to
+        release) after its timeout."""
+        try:
+            self._connection().execute(
+                compose(heartbeats_sql.HEARTBEAT_REMOVE, self._schema),
+                {"pool_id": self.pool_id},
+            )
+        except Exception as exc:
+            logger.warning(
+                "Worker pool %s: could not remove its heartbeat (%s)",
+                self.pool_id,
+                one_line(exc),
+            )
+
+    def _call_soon(self, callback: Callable[..., Any], *args: Any) -> None:
+        """Run ``callback`` on the pool's event loop (if it still runs)."""
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            with contextlib.suppress(RuntimeError):  # closed meanwhile
+                loop.call_soon_threadsafe(callback, *args)
+
+
+def _settle(future: asyncio.Future[None], error: BaseException | None) -> None:
+    if future.done():
+        return
+    if error is None:
+        future.set_result(None)
+    else:
+        future.set_exception(error)

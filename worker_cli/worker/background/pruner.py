@@ -1,0 +1,140 @@
+"""The pruner: deletes expired job history and attempt errors, whichever pool
+wins the lock, and records as cancelled the jobs whose cancel request nobody
+can act on.
+
+Every 1 to 2 minutes (a random moment, so that pools started together do not
+prune together) each pool tries; the one that wins a transaction-level
+advisory lock deletes expired rows of ``_private_py_job_history`` in batches
+of about :data:`BATCH`, found through the expiry ledger (one row per statement
+that recorded jobs, listing their ids: migrations/py/000011.sql), at most
+:data:`SCAN` ledger rows a batch through its ``expires_at`` index (bounded
+whatever the tables hold), at most :data:`MAX_BATCHES` batches a turn, so a
+backlog after a long stop is worked off over several turns without a long
+transaction. The attempt errors (migrations/py/000018.sql) go the same way,
+oldest id first, :data:`BATCH` rows a statement. No task has to be scheduled
+for it, as procrastinate's and Celery's users must.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from ...client.worker_utils import WorkerUtils
+from ...sql import cancel as cancel_sql
+from ...sql import compose
+from ...sql import history as history_sql
+
+__all__ = ["BATCH", "MAX_BATCHES", "SCAN", "HistoryPruner"]
+
+logger = logging.getLogger("graphile_worker")
+
+#: History rows deleted by one statement (one transaction): ledger rows are
+#: taken while they list fewer ids before them, so a batch deletes at least
+#: one ledger row's and at most BATCH + 999 history rows.
+BATCH = 10_000
+#: Ledger rows one statement looks at, at most (a turn of one-job batches,
+#: as a quiet pool writes, still deletes SCAN * MAX_BATCHES jobs).
+SCAN = 10_000
+#: Batches one turn deletes at most.
+MAX_BATCHES = 20
+#: First key of the pruning lock (the second is the schema's hash).
+_LOCK_NAMESPACE = 0x67775068  # "gwPh"
+
+
+class HistoryPruner:
+    """Deletes expired history rows every ``interval`` seconds (a random value
+    in the range)."""
+
+    def __init__(self, utils: WorkerUtils, *, schema: str, interval: tuple[float, float]) -> None:
+        self._utils = utils
+        self._schema = schema
+        self._statement = compose(history_sql.PRUNE_HISTORY, schema)
+        self._finalize = compose(cancel_sql.FINALIZE_CANCELLED, schema)
+        self._prune_errors = compose(history_sql.PRUNE_ATTEMPT_ERRORS, schema)
+        self._interval = interval
+
+    async def run(self) -> None:
+        low, high = self._interval
+        while True:
+            await asyncio.sleep(random.uniform(low, high))
+            await self.prune()
+            await self.prune_attempt_errors()
+            await self.finalize_cancelled()
+
+    async def finalize_cancelled(self) -> int | None:
+        """Record as cancelled the jobs with a cancel request that nobody holds
+        any more (a Node worker failed one; a crashed pool's were released),
+        and delete requests and options of jobs that are gone. Returns how
+        many were recorded (None: the database failed, which is logged)."""
+        try:
+            async with self._utils.pool.connection() as conn:
+                cur = await conn.execute(self._finalize)
+                row = await cur.fetchone()
+        except psycopg.Error as exc:
+            logger.warning("Recording cancelled jobs failed: %s", exc)
+            return None
+        return int(row[0]) if row else 0
+
+    async def prune(self, batch: int = BATCH, max_batches: int = MAX_BATCHES) -> int | None:
+        """One turn: how many rows were deleted (None: another pool was pruning,
+        or the database failed, which is logged; the next turn tries again)."""
+        params = {"limit": batch, "scan": SCAN}
+
+        def taken_all(row: tuple[Any, ...]) -> bool:
+            _, ledger_rows, listed = row
+            return bool(listed < batch and ledger_rows < SCAN)  # every expired ledger row
+
+        total = await self._turn(self._statement, params, max_batches, taken_all, "job history")
+        if total:
+            logger.debug("Pruned %d expired job history row(s)", total)
+        return total
+
+    async def prune_attempt_errors(
+        self, batch: int = BATCH, max_batches: int = MAX_BATCHES
+    ) -> int | None:
+        """One turn over the attempt errors (``_private_py_job_errors``, kept 7
+        days): how many rows were deleted (None: another pool was pruning, or
+        the database failed, which is logged)."""
+
+        def kept_next(row: tuple[Any, ...]) -> bool:
+            deleted, read = row
+            return bool(deleted < read or read < batch)  # the oldest rows left are kept
+
+        return await self._turn(
+            self._prune_errors, {"limit": batch}, max_batches, kept_next, "attempt errors"
+        )
+
+    async def _turn(
+        self,
+        statement: sql.Composed,
+        params: dict[str, Any],
+        max_batches: int,
+        last: Callable[[tuple[Any, ...]], bool],
+        what: str,
+    ) -> int | None:
+        """Run a pruning ``statement`` (its first column: rows deleted, null
+        when another pool holds the lock) up to ``max_batches`` times, each in
+        its own transaction, until ``last(row)``; the rows deleted in all."""
+        total = 0
+        params = {"lock_namespace": _LOCK_NAMESPACE, "schema": self._schema, **params}
+        try:
+            for _ in range(max_batches):
+                async with self._utils.pool.connection() as conn:
+                    cur = await conn.execute(statement, params)
+                    row = await cur.fetchone()
+                if row is None or row[0] is None:
+                    return None if total == 0 else total
+                total += row[0]
+                if last(row):
+                    break
+        except psycopg.Error as exc:
+            logger.warning("Pruning the %s failed: %s", what, exc)
+            return None
+        return total

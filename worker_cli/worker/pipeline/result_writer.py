@@ -1,0 +1,291 @@
+"""The statements that write a pool's results, for the completer.
+
+Successes delete their jobs, and with history on record them in
+``_private_py_job_history`` with their results, in the same statement (one
+commit for both; :data:`~worker_cli.sql.completion.COMPLETE_BATCH_RECORDING`).
+Failures record their errors and back off. Either statement ends with one
+NOTIFY listing the batch's jobs that someone waits for (``wait_for_job``;
+none when nobody waits). Writing is idempotent: a batch retried after a lost
+connection rewrites nothing (it may notify again, which a waiter shrugs off).
+
+A result the server refuses for what it holds (a user's trigger raising, a
+value out of range), or that the client library cannot send (a value it
+cannot adapt or encode: :func:`refused`), is never retried for ever, and
+never holds up the others:
+the batch is written in halves down to the refused job alone
+(:meth:`ResultWriter.write`). A refused success is written again without its
+result; if that is refused too, or for a refused failure, the job is failed
+for good with a message saying why. Other errors (a lost connection, a
+failover) go back to the caller, which retries the whole batch.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, LiteralString
+
+import psycopg
+from psycopg_pool import AsyncConnectionPool
+
+from ...jobs.job import Job
+from ...jobs.last_error import describe, storable
+from ...schema import channels
+from ...sql import cancel as cancel_sql
+from ...sql import completion as completion_sql
+from ...sql import compose
+from ...sql import failure as failure_sql
+from .outcome import Failure
+
+__all__ = ["HistorySettings", "ResultWriter", "refused"]
+
+logger = logging.getLogger("graphile_worker")
+
+#: SQLSTATE classes of errors that refuse a statement for the values it holds,
+#: which the same statement would meet again: data exceptions (22), integrity
+#: constraints (23), program limits (54), a trigger's or function's own error
+#: (P0, 38, 39, 2F), triggered data change (27), a check option (44). Any
+#: other error (a lost connection, a read-only standby after a failover, a
+#: revoked privilege) is retried with the whole batch.
+_REFUSALS = frozenset({"22", "23", "27", "2F", "38", "39", "44", "54", "P0"})
+
+Succeeded = list[tuple[Job, str]]
+
+
+#: What psycopg raises for a value it cannot send, before the server sees the
+#: statement: a type it cannot adapt (ProgrammingError), a NUL in text
+#: (DataError), a lone surrogate (UnicodeEncodeError, a ValueError), an int
+#: out of range (DataError, OverflowError).
+_UNSENDABLE = (psycopg.DataError, psycopg.ProgrammingError, ValueError, TypeError, OverflowError)
+
+
+def refused(error: BaseException) -> bool:
+    """A statement was refused for the values it holds: by the server (see
+    ``_REFUSALS``), or by the client library before sending it (see
+    ``_UNSENDABLE``). Sending it again would meet the same refusal."""
+    if isinstance(error, psycopg.Error):
+        state = error.sqlstate
+        if state is None:
+            return isinstance(error, _UNSENDABLE)
+        return state[:2] in _REFUSALS
+    return isinstance(error, _UNSENDABLE)
+
+
+@dataclass(frozen=True)
+class HistorySettings:
+    """History on: how long a success is kept."""
+
+    keep_succeeded: timedelta
+
+
+class ResultWriter:
+    """Writes the results of one pool (see the module's docstring)."""
+
+    def __init__(
+        self,
+        db: AsyncConnectionPool[Any],
+        *,
+        schema: str,
+        pool_id: str,
+        history: HistorySettings | None,
+    ) -> None:
+        self._db = db
+        self._pool_id = pool_id
+        self._history = history
+        # The success statement by (some job returned a value, some job is in
+        # a named queue): the forms without leave out what finds those.
+        forms: dict[tuple[bool, bool], LiteralString]
+        if history is None:  # no results written: the first part does not matter
+            forms = {
+                (True, True): completion_sql.COMPLETE_BATCH,
+                (False, True): completion_sql.COMPLETE_BATCH,
+                (True, False): completion_sql.COMPLETE_BATCH_WITHOUT_QUEUES,
+                (False, False): completion_sql.COMPLETE_BATCH_WITHOUT_QUEUES,
+            }
+        else:
+            forms = {
+                (True, True): completion_sql.COMPLETE_BATCH_RECORDING,
+                (False, True): completion_sql.COMPLETE_BATCH_RECORDING_NO_RESULTS,
+                (True, False): completion_sql.COMPLETE_BATCH_RECORDING_WITHOUT_QUEUES,
+                (False, False): completion_sql.COMPLETE_BATCH_RECORDING_NO_RESULTS_WITHOUT_QUEUES,
+            }
+        self._complete = {form: compose(statement, schema) for form, statement in forms.items()}
+        self._fail = compose(failure_sql.FAIL_BATCH, schema)
+        #: Where the waiters of finished jobs are told (wait_for_job).
+        self._channel = channels.finished_channel(schema)
+        self._request_cancels = compose(cancel_sql.REQUEST_CANCELS, schema)
+        #: Results of succeeded jobs waiting to be written: job id -> (JSON
+        #: text, why it was not kept); only jobs that returned something.
+        self._results: dict[int, tuple[str | None, str | None]] = {}
+        #: Succeeded jobs waiting to be written that went past their timeout.
+        self._timed_out: set[int] = set()
+
+    @property
+    def keeps_results(self) -> bool:
+        """History is on: results are worth encoding."""
+        return self._history is not None
+
+    def keep_result(self, job_id: int, result: str | None, error: str | None) -> None:
+        """The result of a job that succeeded, to be written with its success."""
+        if self._history is not None and (result is not None or error is not None):
+            self._results[job_id] = (result, error)
+
+    def record_timed_out(self, job_id: int) -> None:
+        """A job that succeeded after its timeout: its history says so."""
+        if self._history is not None:
+            self._timed_out.add(job_id)
+
+    def forget(self, succeeded: Succeeded) -> None:
+        """The results of these jobs are written (or never will be)."""
+        if self._results:
+            for job, _ in succeeded:
+                self._results.pop(job.id, None)
+        if self._timed_out:
+            self._timed_out.difference_update(job.id for job, _ in succeeded)
+
+    async def write(self, succeeded: Succeeded, failed: list[Failure]) -> None:
+        """Write the results; if the server refuses them for what they hold,
+        write them in halves, down to the refused job alone."""
+        try:
+            await self._write(succeeded, failed)
+            return
+        except Exception as exc:
+            if not refused(exc):
+                raise
+            if len(succeeded) + len(failed) == 1:
+                await self._record_refused(succeeded, failed, exc)
+                return
+        half_s, half_f = len(succeeded) // 2, len(failed) // 2
+        if not (half_s or half_f):  # one success and one failure
+            half_s = len(succeeded)
+        await self.write(succeeded[:half_s], failed[:half_f])
+        await self.write(succeeded[half_s:], failed[half_f:])
+
+    async def _record_refused(
+        self, succeeded: Succeeded, failed: list[Failure], error: Exception
+    ) -> None:
+        """One job's outcome was refused. A success is written again without
+        its result; otherwise the job is failed for good, with a message of
+        ours (``reschedule_jobs`` runs it again). If even that is refused, the
+        job is left locked (the stale-lock sweep frees it)."""
+        refusal = _refusal(error)
+        if succeeded:
+            job, worker_id = succeeded[0]
+            what, cause = "success", None
+            if job.id in self._results:
+                self._results[job.id] = (None, refusal)
+                try:
+                    await self._write(succeeded, [])
+                    logger.warning(
+                        "Job %d (%s): its result could not be recorded (%s); recorded the "
+                        "success without it",
+                        job.id,
+                        job.task_identifier,
+                        refusal,
+                    )
+                    return
+                except Exception as exc:
+                    if not refused(exc):
+                        raise
+        else:
+            job, worker_id, cause = failed[0].job, failed[0].worker_id, failed[0].error
+            what = "failure"
+        message = storable(f"the worker could not record this job's {what}: {refusal}")
+        fallback = Failure(job, worker_id, cause or RuntimeError(message), message)
+        fallback.permanent = True
+        try:
+            await self._write([], [fallback])
+        except Exception as exc:
+            if not refused(exc):
+                raise
+            logger.error(
+                "Job %d: its %s could not be recorded (%s), nor its failure (%s): "
+                "it stays locked until the stale-lock sweep frees it",
+                job.id,
+                what,
+                refusal,
+                _refusal(exc),
+            )
+            return
+        logger.warning(
+            "Job %d (%s): the worker could not record its %s (%s); "
+            "failed it for good instead (reschedule_jobs runs it again)",
+            job.id,
+            job.task_identifier,
+            what,
+            refusal,
+        )
+
+    async def _write(self, succeeded: Succeeded, failed: list[Failure]) -> None:
+        async with self._db.connection() as conn:
+            if succeeded:
+                params = self._complete_params(succeeded)
+                queues = any(job.job_queue_id is not None for job, _ in succeeded)
+                statement = self._complete[bool(params.get("result_ids")), queues]
+                await conn.execute(statement, params)
+            if failed:
+                params = {
+                    "job_ids": [f.job.id for f in failed],
+                    "messages": [f.message for f in failed],
+                    "items": [_int_array(f.failed_items) for f in failed],
+                    "permanent": [f.permanent for f in failed],
+                    "timed_out": [f.timed_out for f in failed],
+                    "delays": [f.delay for f in failed],
+                    "snoozes": [f.snooze for f in failed],
+                    "max_snoozes": [f.max_snoozes for f in failed],
+                    "pool_id": self._pool_id,
+                    "channel": self._channel,
+                }
+                cancels = [f for f in failed if f.cancel]
+                if not cancels:
+                    await conn.execute(self._fail, params)
+                    return
+                # on_timeout="cancel": a cancel request first, in the same
+                # transaction, so that the failure is recorded as cancelled.
+                async with conn.transaction():
+                    await conn.execute(
+                        self._request_cancels,
+                        {
+                            "job_ids": [f.job.id for f in cancels],
+                            "reasons": [
+                                f.cancel_reason or f"timed out ({f.message})" for f in cancels
+                            ],
+                            "pool_id": self._pool_id,
+                        },
+                    )
+                    await conn.execute(self._fail, params)
+
+    def _complete_params(self, succeeded: Succeeded) -> dict[str, Any]:
+        params: dict[str, Any] = {
+            "job_ids": [job.id for job, _ in succeeded],
+            "pool_id": self._pool_id,
+            "channel": self._channel,
+        }
+        if self._history is None:
+            return params
+        results = self._results
+        kept = [(job.id, results[job.id]) for job, _ in succeeded if job.id in results]
+        params["result_ids"] = [job_id for job_id, _ in kept]
+        params["results"] = [result for _, (result, _) in kept]
+        params["result_errors"] = [error for _, (_, error) in kept]
+        params["keep"] = self._history.keep_succeeded
+        timed_out = self._timed_out
+        params["timed_out"] = (
+            [job.id for job, _ in succeeded if job.id in timed_out] if timed_out else []
+        )
+        return params
+
+
+def _refusal(error: Exception) -> str:
+    """Who refused a statement and why, on one line (storable): ``PostgreSQL
+    refused it (SQLSTATE: message)``, or the client library's refusal to send
+    a value."""
+    if isinstance(error, psycopg.Error) and error.sqlstate is not None:
+        return storable(f"PostgreSQL refused it ({error.sqlstate}: {' '.join(str(error).split())})")
+    return storable(f"it could not be sent to PostgreSQL ({' '.join(describe(error).split())})")
+
+
+def _int_array(items: list[int] | None) -> str | None:
+    """A batch job's failed items as an ``int[]`` literal (None: all of it)."""
+    return None if items is None else "{" + ",".join(map(str, items)) + "}"
