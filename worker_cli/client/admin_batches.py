@@ -48,6 +48,7 @@ class Filters:
             "queue": self.queue,
             "key": self.key,
             "ids": list(self.ids) if self.ids else None,
+            "state": self.state,
         }
 
     def describe(self) -> str:
@@ -118,7 +119,7 @@ class Session:
 
     async def list_jobs(self, filters: Filters, limit: int) -> list[dict[str, Any]]:
         """Up to ``limit`` matching jobs, newest first, as dicts."""
-        statement = admin_sql.LIST_JOBS[filters.state]
+        statement = admin_sql.LIST_JOBS
         cursor = await self.conn.execute(
             compose(statement, self.schema), {**filters.params(), "limit": limit}
         )
@@ -126,9 +127,7 @@ class Session:
         return [dict(zip(names, row, strict=True)) for row in await cursor.fetchall()]
 
     async def matches(self, filters: Filters) -> Matches:
-        [(count, held, upto)] = await self.rows(
-            admin_sql.COUNT_JOBS[filters.state], filters.params()
-        )
+        [(count, held, upto)] = await self.rows(admin_sql.COUNT_JOBS, filters.params())
         return Matches(int(count), int(held), int(upto))
 
     async def job_id_by_key(self, key: str) -> int | None:
@@ -173,7 +172,7 @@ class Session:
         order: the next :data:`BATCH` matching ids, then the action on them,
         until none is left (a job changed leaves the filter or lies behind)."""
         after = 0
-        choose = admin_sql.NEXT_BATCH[filters.state]
+        choose = admin_sql.NEXT_BATCH
         while True:
             found = await self.rows(
                 choose, {**filters.params(), "after": after, "upto": upto, "batch": BATCH}

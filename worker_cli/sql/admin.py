@@ -4,8 +4,8 @@ actions.
 
 Jobs are chosen by filters (task, named queue, state, key, ids; a null
 parameter turns a filter off) and listed, counted, or walked by id in
-batches: one statement per ``--state`` (none, or one of :data:`STATES`),
-each written whole. The actions go through graphile-worker's own admin
+batches: one statement each, the state (none, or one of :data:`STATES`) a
+parameter like the other filters. The actions go through graphile-worker's own admin
 functions (``reschedule_jobs``, ``permanently_fail_jobs``,
 ``complete_jobs``), so a job locked by a worker (less than 4 hours ago) is
 left alone exactly as those functions leave it; each action statement takes
@@ -26,9 +26,8 @@ from typing import LiteralString
 STATES: tuple[str, ...] = ("waiting", "scheduled", "locked", "permanently_failed", "retrying")
 
 # Up to %(limit)s jobs matching the filters, newest (highest id) first, with
-# their task, queue and state (jobs_pkey1, backward); by state (None: any).
-LIST_JOBS: dict[str | None, LiteralString] = {
-    None: """
+# their task, queue and state (jobs_pkey1, backward).
+LIST_JOBS: LiteralString = """
   select j.id, t.identifier as task_identifier, q.queue_name, case
       when j.locked_at is not null then 'locked'
       when j.attempts >= j.max_attempts then 'permanently_failed'
@@ -47,143 +46,19 @@ LIST_JOBS: dict[str | None, LiteralString] = {
       select q.id from {schema}._private_job_queues as q where q.queue_name = %(queue)s::text))
     and (%(key)s::text is null or j.key = %(key)s::text)
     and (%(ids)s::bigint[] is null or j.id = any(%(ids)s::bigint[]))
+    and (%(state)s::text is null or %(state)s::text = case when j.locked_at is not null
+      then 'locked' when j.attempts >= j.max_attempts then 'permanently_failed'
+      when j.run_at <= now() then 'waiting' else 'scheduled' end
+      or %(state)s::text = 'retrying'
+        and j.locked_at is null and j.attempts < j.max_attempts and j.attempts > 0)
   order by j.id desc
   limit %(limit)s
-""",
-    "waiting": """
-  select j.id, t.identifier as task_identifier, q.queue_name, case
-      when j.locked_at is not null then 'locked'
-      when j.attempts >= j.max_attempts then 'permanently_failed'
-      when j.run_at <= now() then 'waiting'
-      else 'scheduled' end as state,
-    (j.locked_at is null and j.attempts < j.max_attempts and j.attempts > 0) as retrying,
-    j.attempts, j.max_attempts, j.priority, j.run_at, j.created_at, j.key,
-    j.locked_by, j.locked_at, j.last_error
-  from {schema}._private_jobs as j
-  join {schema}._private_tasks as t on t.id = j.task_id
-  left join {schema}._private_job_queues as q on q.id = j.job_queue_id
-  where
-    (%(task)s::text is null or j.task_id = (
-      select t.id from {schema}._private_tasks as t where t.identifier = %(task)s::text))
-    and (%(queue)s::text is null or j.job_queue_id = (
-      select q.id from {schema}._private_job_queues as q where q.queue_name = %(queue)s::text))
-    and (%(key)s::text is null or j.key = %(key)s::text)
-    and (%(ids)s::bigint[] is null or j.id = any(%(ids)s::bigint[]))
-    and (j.locked_at is null and j.attempts < j.max_attempts and j.run_at <= now())
-  order by j.id desc
-  limit %(limit)s
-""",
-    "scheduled": """
-  select j.id, t.identifier as task_identifier, q.queue_name, case
-      when j.locked_at is not null then 'locked'
-      when j.attempts >= j.max_attempts then 'permanently_failed'
-      when j.run_at <= now() then 'waiting'
-      else 'scheduled' end as state,
-    (j.locked_at is null and j.attempts < j.max_attempts and j.attempts > 0) as retrying,
-    j.attempts, j.max_attempts, j.priority, j.run_at, j.created_at, j.key,
-    j.locked_by, j.locked_at, j.last_error
-  from {schema}._private_jobs as j
-  join {schema}._private_tasks as t on t.id = j.task_id
-  left join {schema}._private_job_queues as q on q.id = j.job_queue_id
-  where
-    (%(task)s::text is null or j.task_id = (
-      select t.id from {schema}._private_tasks as t where t.identifier = %(task)s::text))
-    and (%(queue)s::text is null or j.job_queue_id = (
-      select q.id from {schema}._private_job_queues as q where q.queue_name = %(queue)s::text))
-    and (%(key)s::text is null or j.key = %(key)s::text)
-    and (%(ids)s::bigint[] is null or j.id = any(%(ids)s::bigint[]))
-    and (j.locked_at is null and j.attempts < j.max_attempts and j.run_at > now())
-  order by j.id desc
-  limit %(limit)s
-""",
-    "locked": """
-  select j.id, t.identifier as task_identifier, q.queue_name, case
-      when j.locked_at is not null then 'locked'
-      when j.attempts >= j.max_attempts then 'permanently_failed'
-      when j.run_at <= now() then 'waiting'
-      else 'scheduled' end as state,
-    (j.locked_at is null and j.attempts < j.max_attempts and j.attempts > 0) as retrying,
-    j.attempts, j.max_attempts, j.priority, j.run_at, j.created_at, j.key,
-    j.locked_by, j.locked_at, j.last_error
-  from {schema}._private_jobs as j
-  join {schema}._private_tasks as t on t.id = j.task_id
-  left join {schema}._private_job_queues as q on q.id = j.job_queue_id
-  where
-    (%(task)s::text is null or j.task_id = (
-      select t.id from {schema}._private_tasks as t where t.identifier = %(task)s::text))
-    and (%(queue)s::text is null or j.job_queue_id = (
-      select q.id from {schema}._private_job_queues as q where q.queue_name = %(queue)s::text))
-    and (%(key)s::text is null or j.key = %(key)s::text)
-    and (%(ids)s::bigint[] is null or j.id = any(%(ids)s::bigint[]))
-    and (j.locked_at is not null)
-  order by j.id desc
-  limit %(limit)s
-""",
-    "permanently_failed": """
-  select j.id, t.identifier as task_identifier, q.queue_name, case
-      when j.locked_at is not null then 'locked'
-      when j.attempts >= j.max_attempts then 'permanently_failed'
-      when j.run_at <= now() then 'waiting'
-      else 'scheduled' end as state,
-    (j.locked_at is null and j.attempts < j.max_attempts and j.attempts > 0) as retrying,
-    j.attempts, j.max_attempts, j.priority, j.run_at, j.created_at, j.key,
-    j.locked_by, j.locked_at, j.last_error
-  from {schema}._private_jobs as j
-  join {schema}._private_tasks as t on t.id = j.task_id
-  left join {schema}._private_job_queues as q on q.id = j.job_queue_id
-  where
-    (%(task)s::text is null or j.task_id = (
-      select t.id from {schema}._private_tasks as t where t.identifier = %(task)s::text))
-    and (%(queue)s::text is null or j.job_queue_id = (
-      select q.id from {schema}._private_job_queues as q where q.queue_name = %(queue)s::text))
-    and (%(key)s::text is null or j.key = %(key)s::text)
-    and (%(ids)s::bigint[] is null or j.id = any(%(ids)s::bigint[]))
-    and (j.locked_at is null and j.attempts >= j.max_attempts)
-  order by j.id desc
-  limit %(limit)s
-""",
-    "retrying": """
-  select j.id, t.identifier as task_identifier, q.queue_name, case
-      when j.locked_at is not null then 'locked'
-      when j.attempts >= j.max_attempts then 'permanently_failed'
-      when j.run_at <= now() then 'waiting'
-      else 'scheduled' end as state,
-    (j.locked_at is null and j.attempts < j.max_attempts and j.attempts > 0) as retrying,
-    j.attempts, j.max_attempts, j.priority, j.run_at, j.created_at, j.key,
-    j.locked_by, j.locked_at, j.last_error
-  from {schema}._private_jobs as j
-  join {schema}._private_tasks as t on t.id = j.task_id
-  left join {schema}._private_job_queues as q on q.id = j.job_queue_id
-  where
-    (%(task)s::text is null or j.task_id = (
-      select t.id from {schema}._private_tasks as t where t.identifier = %(task)s::text))
-    and (%(queue)s::text is null or j.job_queue_id = (
-      select q.id from {schema}._private_job_queues as q where q.queue_name = %(queue)s::text))
-    and (%(key)s::text is null or j.key = %(key)s::text)
-    and (%(ids)s::bigint[] is null or j.id = any(%(ids)s::bigint[]))
-    and (j.locked_at is null and j.attempts < j.max_attempts and j.attempts > 0)
-  order by j.id desc
-  limit %(limit)s
-""",
-}
+"""
 
 # How many jobs match the filters, how many of them a worker holds (the
 # actions will skip them), and the highest id (the actions go no further: a
-# job added after the count is not touched); by state (None: any).
-COUNT_JOBS: dict[str | None, LiteralString] = {
-    None: """
-  select count(*),
-      count(*) filter (where j.locked_at is not null and j.locked_at >= now() - interval '4
-      hours'), coalesce(max(j.id), 0)
-  from {schema}._private_jobs as j
-  where
-    (%(task)s::text is null or j.task_id = (
-      select t.id from {schema}._private_tasks as t where t.identifier = %(task)s::text))
-    and (%(queue)s::text is null or j.job_queue_id = (
-      select q.id from {schema}._private_job_queues as q where q.queue_name = %(queue)s::text))
-    and (%(key)s::text is null or j.key = %(key)s::text)
-    and (%(ids)s::bigint[] is null or j.id = any(%(ids)s::bigint[]))""",
-    "waiting": """
+# job added after the count is not touched).
+COUNT_JOBS: LiteralString = """
   select count(*),
       count(*) filter (where j.locked_at is not null and j.locked_at >= now() - interval '4
       hours'), coalesce(max(j.id), 0)
@@ -195,66 +70,17 @@ COUNT_JOBS: dict[str | None, LiteralString] = {
       select q.id from {schema}._private_job_queues as q where q.queue_name = %(queue)s::text))
     and (%(key)s::text is null or j.key = %(key)s::text)
     and (%(ids)s::bigint[] is null or j.id = any(%(ids)s::bigint[]))
-    and (j.locked_at is null and j.attempts < j.max_attempts and j.run_at <= now())""",
-    "scheduled": """
-  select count(*),
-      count(*) filter (where j.locked_at is not null and j.locked_at >= now() - interval '4
-      hours'), coalesce(max(j.id), 0)
-  from {schema}._private_jobs as j
-  where
-    (%(task)s::text is null or j.task_id = (
-      select t.id from {schema}._private_tasks as t where t.identifier = %(task)s::text))
-    and (%(queue)s::text is null or j.job_queue_id = (
-      select q.id from {schema}._private_job_queues as q where q.queue_name = %(queue)s::text))
-    and (%(key)s::text is null or j.key = %(key)s::text)
-    and (%(ids)s::bigint[] is null or j.id = any(%(ids)s::bigint[]))
-    and (j.locked_at is null and j.attempts < j.max_attempts and j.run_at > now())""",
-    "locked": """
-  select count(*),
-      count(*) filter (where j.locked_at is not null and j.locked_at >= now() - interval '4
-      hours'), coalesce(max(j.id), 0)
-  from {schema}._private_jobs as j
-  where
-    (%(task)s::text is null or j.task_id = (
-      select t.id from {schema}._private_tasks as t where t.identifier = %(task)s::text))
-    and (%(queue)s::text is null or j.job_queue_id = (
-      select q.id from {schema}._private_job_queues as q where q.queue_name = %(queue)s::text))
-    and (%(key)s::text is null or j.key = %(key)s::text)
-    and (%(ids)s::bigint[] is null or j.id = any(%(ids)s::bigint[]))
-    and (j.locked_at is not null)""",
-    "permanently_failed": """
-  select count(*),
-      count(*) filter (where j.locked_at is not null and j.locked_at >= now() - interval '4
-      hours'), coalesce(max(j.id), 0)
-  from {schema}._private_jobs as j
-  where
-    (%(task)s::text is null or j.task_id = (
-      select t.id from {schema}._private_tasks as t where t.identifier = %(task)s::text))
-    and (%(queue)s::text is null or j.job_queue_id = (
-      select q.id from {schema}._private_job_queues as q where q.queue_name = %(queue)s::text))
-    and (%(key)s::text is null or j.key = %(key)s::text)
-    and (%(ids)s::bigint[] is null or j.id = any(%(ids)s::bigint[]))
-    and (j.locked_at is null and j.attempts >= j.max_attempts)""",
-    "retrying": """
-  select count(*),
-      count(*) filter (where j.locked_at is not null and j.locked_at >= now() - interval '4
-      hours'), coalesce(max(j.id), 0)
-  from {schema}._private_jobs as j
-  where
-    (%(task)s::text is null or j.task_id = (
-      select t.id from {schema}._private_tasks as t where t.identifier = %(task)s::text))
-    and (%(queue)s::text is null or j.job_queue_id = (
-      select q.id from {schema}._private_job_queues as q where q.queue_name = %(queue)s::text))
-    and (%(key)s::text is null or j.key = %(key)s::text)
-    and (%(ids)s::bigint[] is null or j.id = any(%(ids)s::bigint[]))
-    and (j.locked_at is null and j.attempts < j.max_attempts and j.attempts > 0)""",
-}
+    and (%(state)s::text is null or %(state)s::text = case when j.locked_at is not null
+      then 'locked' when j.attempts >= j.max_attempts then 'permanently_failed'
+      when j.run_at <= now() then 'waiting' else 'scheduled' end
+      or %(state)s::text = 'retrying'
+        and j.locked_at is null and j.attempts < j.max_attempts and j.attempts > 0)
+"""
 
 # The ids of the next %(batch)s matching jobs above %(after)s, up to
 # %(upto)s, in id order (jobs_pkey1): the actions walk the matches so; by
 # state (None: any).
-NEXT_BATCH: dict[str | None, LiteralString] = {
-    None: """
+NEXT_BATCH: LiteralString = """
   select j.id
   from {schema}._private_jobs as j
   where
@@ -264,86 +90,15 @@ NEXT_BATCH: dict[str | None, LiteralString] = {
       select q.id from {schema}._private_job_queues as q where q.queue_name = %(queue)s::text))
     and (%(key)s::text is null or j.key = %(key)s::text)
     and (%(ids)s::bigint[] is null or j.id = any(%(ids)s::bigint[]))
+    and (%(state)s::text is null or %(state)s::text = case when j.locked_at is not null
+      then 'locked' when j.attempts >= j.max_attempts then 'permanently_failed'
+      when j.run_at <= now() then 'waiting' else 'scheduled' end
+      or %(state)s::text = 'retrying'
+        and j.locked_at is null and j.attempts < j.max_attempts and j.attempts > 0)
     and j.id > %(after)s and j.id <= %(upto)s
   order by j.id
   limit %(batch)s
-""",
-    "waiting": """
-  select j.id
-  from {schema}._private_jobs as j
-  where
-    (%(task)s::text is null or j.task_id = (
-      select t.id from {schema}._private_tasks as t where t.identifier = %(task)s::text))
-    and (%(queue)s::text is null or j.job_queue_id = (
-      select q.id from {schema}._private_job_queues as q where q.queue_name = %(queue)s::text))
-    and (%(key)s::text is null or j.key = %(key)s::text)
-    and (%(ids)s::bigint[] is null or j.id = any(%(ids)s::bigint[]))
-    and (j.locked_at is null and j.attempts < j.max_attempts and j.run_at <= now())
-    and j.id > %(after)s and j.id <= %(upto)s
-  order by j.id
-  limit %(batch)s
-""",
-    "scheduled": """
-  select j.id
-  from {schema}._private_jobs as j
-  where
-    (%(task)s::text is null or j.task_id = (
-      select t.id from {schema}._private_tasks as t where t.identifier = %(task)s::text))
-    and (%(queue)s::text is null or j.job_queue_id = (
-      select q.id from {schema}._private_job_queues as q where q.queue_name = %(queue)s::text))
-    and (%(key)s::text is null or j.key = %(key)s::text)
-    and (%(ids)s::bigint[] is null or j.id = any(%(ids)s::bigint[]))
-    and (j.locked_at is null and j.attempts < j.max_attempts and j.run_at > now())
-    and j.id > %(after)s and j.id <= %(upto)s
-  order by j.id
-  limit %(batch)s
-""",
-    "locked": """
-  select j.id
-  from {schema}._private_jobs as j
-  where
-    (%(task)s::text is null or j.task_id = (
-      select t.id from {schema}._private_tasks as t where t.identifier = %(task)s::text))
-    and (%(queue)s::text is null or j.job_queue_id = (
-      select q.id from {schema}._private_job_queues as q where q.queue_name = %(queue)s::text))
-    and (%(key)s::text is null or j.key = %(key)s::text)
-    and (%(ids)s::bigint[] is null or j.id = any(%(ids)s::bigint[]))
-    and (j.locked_at is not null)
-    and j.id > %(after)s and j.id <= %(upto)s
-  order by j.id
-  limit %(batch)s
-""",
-    "permanently_failed": """
-  select j.id
-  from {schema}._private_jobs as j
-  where
-    (%(task)s::text is null or j.task_id = (
-      select t.id from {schema}._private_tasks as t where t.identifier = %(task)s::text))
-    and (%(queue)s::text is null or j.job_queue_id = (
-      select q.id from {schema}._private_job_queues as q where q.queue_name = %(queue)s::text))
-    and (%(key)s::text is null or j.key = %(key)s::text)
-    and (%(ids)s::bigint[] is null or j.id = any(%(ids)s::bigint[]))
-    and (j.locked_at is null and j.attempts >= j.max_attempts)
-    and j.id > %(after)s and j.id <= %(upto)s
-  order by j.id
-  limit %(batch)s
-""",
-    "retrying": """
-  select j.id
-  from {schema}._private_jobs as j
-  where
-    (%(task)s::text is null or j.task_id = (
-      select t.id from {schema}._private_tasks as t where t.identifier = %(task)s::text))
-    and (%(queue)s::text is null or j.job_queue_id = (
-      select q.id from {schema}._private_job_queues as q where q.queue_name = %(queue)s::text))
-    and (%(key)s::text is null or j.key = %(key)s::text)
-    and (%(ids)s::bigint[] is null or j.id = any(%(ids)s::bigint[]))
-    and (j.locked_at is null and j.attempts < j.max_attempts and j.attempts > 0)
-    and j.id > %(after)s and j.id <= %(upto)s
-  order by j.id
-  limit %(batch)s
-""",
-}
+"""
 
 # The id of the job with this key (graphile-worker's job_key is unique).
 JOB_ID_BY_KEY = """
