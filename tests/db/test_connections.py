@@ -13,8 +13,8 @@ from psycopg_pool import AsyncConnectionPool
 from workers import until
 
 from worker_cli import Events, Helpers, make_sync_worker_utils, make_worker_utils, run
-from worker_cli.db import held_connection
 from worker_cli.db.connections import WorkerConnections, connect
+from worker_cli.sql import sessions as sessions_sql
 
 
 @pytest.mark.unit
@@ -231,7 +231,7 @@ async def test_what_a_task_sets_is_not_seen_by_the_next_job_nor_by_the_worker(
 async def test_a_connection_whose_reset_fails_is_closed_not_returned(
     db: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setattr(held_connection, "RESET_SESSION", b"select 1/0")  # the reset fails
+    monkeypatch.setattr(sessions_sql, "RESET_SESSION", b"select 1/0")  # the reset fails
     async with make_worker_utils(connection_string=db, max_pool_size=1) as utils:
         async with utils.connection() as conn:
             dirty = conn.info.backend_pid

@@ -34,6 +34,7 @@ from ..db.backoff import one_line
 from ..db.connections import worker_conninfo
 from ..db.timestamps import read_timestamps_leniently
 from ..sql import pauses as pauses_sql
+from ..sql import sessions as sessions_sql
 from . import actions, bulk_actions, crontab_page, limit_actions, pages, pause_actions, throughput
 from .error_chain import error_chain
 from .formatting import FILTERS
@@ -151,7 +152,7 @@ class Dashboard:
         transaction."""
         read_timestamps_leniently(conn)
         if self.read_only and not self.no_prepared_statements:
-            await conn.execute("set default_transaction_read_only = on")
+            await conn.execute(sessions_sql.READ_ONLY_SESSION)
 
     async def close(self) -> None:
         """Close the connection pool (opened again on the next request)."""
@@ -176,7 +177,7 @@ class Dashboard:
         ``check_schema`` (``/healthz``)."""
         pool = await self._open_pool()
         async with pool.connection() as conn, conn.transaction():
-            await conn.execute("set transaction isolation level repeatable read, read only")
+            await conn.execute(sessions_sql.READ_ONLY_SNAPSHOT)
             reader = Reader(conn, self.schema)
             if check_schema or not self._schema_checked:
                 problem = await reader.schema_problem()

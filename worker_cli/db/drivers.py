@@ -27,6 +27,7 @@ from psycopg.rows import tuple_row
 from psycopg.types.datetime import TimestamptzBinaryLoader, TimestamptzLoader
 from psycopg.types.json import JsonbBinaryLoader, JsonbLoader
 
+from ..sql import sessions as sessions_sql
 from .plan import Fetch, Op, Plan, Query, Send, Sent, ServerVersion, Transaction
 from .raw_json import read_payloads_raw
 from .timestamps import read_timestamps_leniently
@@ -37,13 +38,8 @@ logger = logging.getLogger("graphile_worker")
 
 T = TypeVar("T")
 
-# Transaction control on the caller's connection (psycopg's transaction()
-# would commit a transaction it opened itself, so these are sent as they are).
-_SAVEPOINT = "savepoint graphile_worker"
-_RELEASE = "release savepoint graphile_worker"
-_ROLLBACK_TO = "rollback to savepoint graphile_worker"
 # Undo the block (the savepoint is released too, as psycopg does).
-_ROLL_BACK_SAVEPOINT = (_ROLLBACK_TO, _RELEASE)
+_ROLL_BACK_SAVEPOINT = (sessions_sql.ROLLBACK_TO_SAVEPOINT, sessions_sql.RELEASE_SAVEPOINT)
 
 _IDLE = TransactionStatus.IDLE
 _INERROR = TransactionStatus.INERROR
@@ -186,7 +182,7 @@ def _undo_if_failed(
     rolled back if a statement failed in it (the plan caught the error)."""
     if conn.info.transaction_status == _INERROR:
         return _ROLL_BACK_SAVEPOINT
-    return (_RELEASE,)
+    return (sessions_sql.RELEASE_SAVEPOINT,)
 
 
 @contextmanager
@@ -194,7 +190,7 @@ def _transaction(conn: psycopg.Connection[Any], op: Transaction, joined: bool) -
     if _plain(conn, op):
         yield
     elif _savepoint_needed(conn, joined):
-        conn.execute(_SAVEPOINT)
+        conn.execute(sessions_sql.SAVEPOINT)
         try:
             yield
         except BaseException:
@@ -220,7 +216,7 @@ async def _transaction_async(
     if _plain(conn, op):
         yield
     elif _savepoint_needed(conn, joined):
-        await conn.execute(_SAVEPOINT)
+        await conn.execute(sessions_sql.SAVEPOINT)
         try:
             yield
         except BaseException:

@@ -41,10 +41,10 @@ from psycopg.pq import ExecStatus, TransactionStatus
 from psycopg.pq.abc import PGresult
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
+from ..sql import sessions as sessions_sql
 from .backoff import one_line
 
 __all__ = [
-    "RESET_SESSION",
     "holding_connection",
     "lent_connection",
     "own_pool",
@@ -57,17 +57,6 @@ __all__ = [
 logger = logging.getLogger("graphile_worker")
 
 P = TypeVar("P", AsyncConnectionPool[Any], ConnectionPool[Any])
-
-#: What a borrower may have left on the server's session, undone in one
-#: round trip (what ``DISCARD ALL`` does, but for the prepared statements and
-#: cached plans, which are the package's as much as the borrower's: psycopg
-#: prepares the worker's frequent statements). The session authorization
-#: first: it also ends a ``SET ROLE``, and the statements after it run as the
-#: connection's own user.
-RESET_SESSION = (
-    b"set session authorization default; reset all; close all; unlisten *; "
-    b"select pg_catalog.pg_advisory_unlock_all(); discard temp; discard sequences"
-)
 
 
 def _check(results: list[PGresult]) -> None:
@@ -223,7 +212,7 @@ async def _reset_async(conn: psycopg.AsyncConnection[Any], client: _Client) -> N
         # own: its own implicit transaction): a cursor's execute costs a third
         # more of the worker's time, for the same round trip.
         async with conn.lock:
-            conn.pgconn.send_query(RESET_SESSION)
+            conn.pgconn.send_query(sessions_sql.RESET_SESSION)
             results = await conn.wait(generators.execute(conn.pgconn))
         _check(results)
     except BaseException as exc:
@@ -300,7 +289,7 @@ def _reset_sync(conn: psycopg.Connection[Any], client: _Client) -> None:
         conn.read_only = client.read_only
         conn.deferrable = client.deferrable
         with conn.lock:
-            conn.pgconn.send_query(RESET_SESSION)
+            conn.pgconn.send_query(sessions_sql.RESET_SESSION)
             results = conn.wait(generators.execute(conn.pgconn))
         _check(results)
     except BaseException as exc:
