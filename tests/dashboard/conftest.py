@@ -1,5 +1,6 @@
-"""The dashboard's tests: ``url``, a served dashboard of the test's database
-(a test module that needs other options defines its own ``url``)."""
+"""The dashboard's tests: ``url``, a served dashboard of the test's database,
+its pages not refreshing themselves (a test module that needs other options
+defines its own ``url``)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,6 @@ from dashboard_helpers import dashboard
 @pytest.fixture
 def url(db: str) -> Iterator[str]:
     """The base URL of ``db``'s dashboard (``create_app`` with the tests' CSRF
-    secret), served for the test."""
-    with dashboard(db) as base:
+    secret, ``refresh=0``), served for the test."""
+    with dashboard(db, refresh=0) as base:
         yield base

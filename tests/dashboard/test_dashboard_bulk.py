@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import html
 import re
-from collections.abc import Iterator
 from datetime import datetime, timedelta
 from urllib.parse import urlencode
 
@@ -20,7 +19,6 @@ from dashboard_helpers import (
     chromium,
     click,
     console_errors,
-    dashboard,
     follow,
     http,
     serve_app,
@@ -34,12 +32,6 @@ from worker_cli.dashboard import create_app
 pytestmark = pytest.mark.db
 
 JOBS = "graphile_worker._private_jobs"
-
-
-@pytest.fixture
-def url(db: str) -> Iterator[str]:
-    with dashboard(db, refresh=0) as base:
-        yield base
 
 
 def add_jobs(db: str, task: str, count: int, **columns: object) -> list[int]:

@@ -9,13 +9,12 @@ refuses both."""
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 from urllib.parse import urlencode
 
 import pytest
-from dashboard_helpers import COOKIE, SECRET, TOKEN, Reply, dashboard, follow, http, serve_app
+from dashboard_helpers import COOKIE, SECRET, TOKEN, Reply, follow, http, serve_app
 from dbhelpers import rows, value
 from test_dashboard_notices import assert_done, assert_refused, banner
 
@@ -30,12 +29,6 @@ FETCH = (
     "select id from graphile_worker.py_fetch_limited_jobs("
     "array(select id from graphile_worker._private_tasks), null, 10, 'p')"
 )
-
-
-@pytest.fixture
-def url(db: str) -> Iterator[str]:
-    with dashboard(db, refresh=0) as base:
-        yield base
 
 
 def post(url: str, fields: dict[str, str], *, token: str | None = TOKEN) -> Reply:

@@ -7,13 +7,12 @@ naming the field, writing nothing; read-only hides and refuses both."""
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import urlencode
 
 import pytest
-from dashboard_helpers import COOKIE, SECRET, TOKEN, Reply, dashboard, follow, http, serve_app
+from dashboard_helpers import COOKIE, SECRET, TOKEN, Reply, follow, http, serve_app
 from dbhelpers import rows, value
 from test_dashboard_notices import assert_done, assert_refused, banner
 
@@ -22,12 +21,6 @@ from worker_cli.dashboard import create_app
 pytestmark = pytest.mark.db
 
 PAUSES = "graphile_worker._private_py_pauses"
-
-
-@pytest.fixture
-def url(db: str) -> Iterator[str]:
-    with dashboard(db, refresh=0) as base:
-        yield base
 
 
 def post(url: str, fields: dict[str, str], *, token: str | None = TOKEN) -> Reply:

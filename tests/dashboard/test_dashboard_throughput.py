@@ -10,29 +10,22 @@ import html
 import math
 import re
 from collections import Counter
-from collections.abc import Iterator
 from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
-from dashboard_helpers import chromium, click, console_errors, http, serve_app, wait_for
+from dashboard_helpers import chromium, click, console_errors, http, wait_for
 from dbhelpers import list_history_for_expiry, rows, value
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import Select
 
-from worker_cli.dashboard import create_app, throughput
+from worker_cli.dashboard import throughput
 from worker_cli.sql import compose
 from worker_cli.sql import dashboard as dashboard_sql
 
 pytestmark = pytest.mark.db
 
 HISTORY = "graphile_worker._private_py_job_history"
-
-
-@pytest.fixture
-def url(db: str) -> Iterator[str]:
-    with serve_app(create_app(db, refresh=0)) as base:
-        yield base
 
 
 def db_now(db: str) -> datetime:

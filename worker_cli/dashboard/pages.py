@@ -8,7 +8,8 @@ Nothing here writes; each page reads in one read-only transaction
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
@@ -17,7 +18,7 @@ from starlette.routing import Route
 from .filters import FINISHED_STATES, JOB_STATES, WINDOW
 from .finished import finished_filter_of
 from .inputs import BadInput, checked_text, parse_cursor, parse_job_id, shown
-from .page_data import NEWEST, PAGE_SIZE, JobFilter
+from .page_data import NEWEST, PAGE_SIZE, JobFilter, Reader
 
 if TYPE_CHECKING:
     from .site import Site
@@ -67,24 +68,43 @@ class _Pages:
     def __init__(self, dashboard: Site) -> None:
         self.dashboard = dashboard
 
-    async def jobs(self, request: Request) -> Response:
-        job_filter, problems = job_filter_of(request)
+    async def _listing(
+        self,
+        request: Request,
+        template: str,
+        read: Callable[[Reader], Awaitable[Any]],
+        problems: list[str],
+        **context: Any,
+    ) -> Response:
+        """A page that lists jobs (the Jobs page, the Finished view): what
+        ``read`` reads, the task identifiers for its filter, the database's
+        time; a 400 when the filter had problems (they are shown)."""
         async with self.dashboard.reading() as reader:
-            page = await reader.jobs(job_filter)
+            data = await read(reader)
             tasks = await reader.task_identifiers()
             now = await reader.now()
         return self.dashboard.render(
             request,
-            "jobs.html",
+            template,
             status=400 if problems else 200,
             refresh=True,
-            title="Jobs",
-            page="jobs",
-            data=page,
+            data=data,
             tasks=tasks,
-            states=JOB_STATES,
             problems=problems,
             now=now,
+            **context,
+        )
+
+    async def jobs(self, request: Request) -> Response:
+        job_filter, problems = job_filter_of(request)
+        return await self._listing(
+            request,
+            "jobs.html",
+            lambda reader: reader.jobs(job_filter),
+            problems,
+            title="Jobs",
+            page="jobs",
+            states=JOB_STATES,
             window=WINDOW,
             page_size=PAGE_SIZE,
         )
@@ -124,22 +144,14 @@ class _Pages:
 
     async def finished(self, request: Request) -> Response:
         finished_filter, problems = finished_filter_of(request.query_params)
-        async with self.dashboard.reading() as reader:
-            page = await reader.finished(finished_filter)
-            tasks = await reader.task_identifiers()
-            now = await reader.now()
-        return self.dashboard.render(
+        return await self._listing(
             request,
             "finished.html",
-            status=400 if problems else 200,
-            refresh=True,
+            lambda reader: reader.finished(finished_filter),
+            problems,
             title="Finished jobs",
             page="finished",
-            data=page,
-            tasks=tasks,
             states=FINISHED_STATES,
-            problems=problems,
-            now=now,
         )
 
     async def pools(self, request: Request) -> Response:

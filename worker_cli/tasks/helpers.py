@@ -16,7 +16,6 @@ from psycopg.rows import dict_row
 from ..client.worker_utils import WorkerUtils
 from ..errors import JobCancelled, JobTimeout
 from ..jobs.job import Job
-from ..jobs.job_spec import JobSpec
 from ..jobs.payloads import NamedPayload, job_identity
 from ..jobs.unique import UniqueJobResult, UniqueSpec
 from .operation_limits import Holds, OperationLimit, refuse_on_loop
@@ -77,6 +76,9 @@ class Helpers:
         self.worker_id = worker_id
         self.abort_signal = abort_signal
         self._utils = utils
+        #: ``add_jobs(specs, ...)``: WorkerUtils.add_jobs itself (``unique``
+        #: included), typed as it is there.
+        self.add_jobs = utils.add_jobs
         self._loop = loop or asyncio.get_running_loop()
         self._cancelled = False
         #: Why the job was cancelled (``cancel_job(..., reason)``), once it
@@ -196,40 +198,6 @@ class Helpers:
             identifier, payload, unique=unique, **options
         )
         return result
-
-    @overload
-    async def add_jobs(
-        self,
-        specs: Sequence[JobSpec | Mapping[str, Any]],
-        *,
-        job_key_preserve_run_at: bool = False,
-        unique: None = None,
-    ) -> list[Job]: ...
-
-    @overload
-    async def add_jobs(
-        self,
-        specs: Sequence[JobSpec | Mapping[str, Any]],
-        *,
-        job_key_preserve_run_at: bool = False,
-        unique: UniqueSpec | Sequence[UniqueSpec | None],
-    ) -> list[UniqueJobResult]: ...
-
-    async def add_jobs(
-        self,
-        specs: Sequence[JobSpec | Mapping[str, Any]],
-        *,
-        job_key_preserve_run_at: bool = False,
-        unique: UniqueSpec | Sequence[UniqueSpec | None] | None = None,
-    ) -> list[Job] | list[UniqueJobResult]:
-        """Add several jobs (as WorkerUtils.add_jobs, ``unique`` included)."""
-        if unique is None:
-            return await self._utils.add_jobs(
-                specs, job_key_preserve_run_at=job_key_preserve_run_at
-            )
-        return await self._utils.add_jobs(
-            specs, job_key_preserve_run_at=job_key_preserve_run_at, unique=unique
-        )
 
     def limit(self, name: str, partition: Any = None) -> OperationLimit:
         """``async with helpers.limit("stripe", partition=...)`` (``with`` in a
