@@ -22,6 +22,7 @@ from worker_cli.observe.events import Events
 from worker_cli.worker.pipeline.completer import WRITE_AT_MOST, Completer
 from worker_cli.worker.pipeline.outcome import Failure
 from worker_cli.worker.pipeline.result_writer import HistorySettings
+from worker_cli.worker.pool_state import PoolState
 
 pytestmark = pytest.mark.db
 
@@ -45,12 +46,10 @@ async def test_results_waiting_beyond_a_batch_are_written_in_bounded_batches(
         completer = Completer(
             pool,
             schema="graphile_worker",
-            pool_id=POOL,
+            state=PoolState(POOL, Events(), held={job.id for job in jobs}),
             batch_delay=0.002,
-            held={job.id for job in jobs},
             pool_idle=lambda: False,
             on_written=lambda: None,
-            events=Events(),
             history=settings,
         )
         statements: list[int] = []

@@ -15,6 +15,7 @@ from worker_cli.jobs.job import Job
 from worker_cli.observe.events import Events
 from worker_cli.worker.pipeline.fetcher import Fetcher, FetchSettings
 from worker_cli.worker.pipeline.local_queue import LocalQueue, Rate, plan_fetch
+from worker_cli.worker.pool_state import PoolState
 
 pytestmark = pytest.mark.unit
 
@@ -198,11 +199,9 @@ class _HeldFetch(Fetcher):
             None,  # type: ignore[arg-type]  # no connection: fetch is replaced
             FetchSettings("graphile_worker", 10, 200, 0.05),
             tasks=["noop"],
-            queue=LocalQueue(),
-            held=set(),
+            state=PoolState("pool-test", Events()),
             running=lambda: 0,
             done=lambda: 0,
-            events=Events(),
             owner=None,
             on_unreadable=lambda unreadable: None,
         )

@@ -43,17 +43,16 @@ from .declared_limits import declare_limits
 from .pipeline.already_held import Refetched
 from .pipeline.completer import Completer
 from .pipeline.fetcher import Fetcher, FetchSettings, OnFetched
-from .pipeline.local_queue import LocalQueue
 from .pipeline.result_writer import HistorySettings
 from .pipeline.slots import Slots
 from .pipeline.unreadable import Unreadable
+from .pool_state import PoolState
 from .stopping import (
     finish,
     report_left_behind,
     wait_for_running,
 )
 from .supervision.start_deadlines import StartDeadlines
-from .supervision.stuck import StuckJobs
 
 if TYPE_CHECKING:
     from ..tasks.crontab import ParsedCronItem
@@ -104,7 +103,6 @@ class WorkerPool:
         #: Ids of the jobs stuck past their timeout (on_stuck="exit", exit code
         #: 75) that stopped the pool: left locked, they run again once it is gone.
         self.stuck_job_ids: list[int] = []
-        self._stuck = StuckJobs()  # in the heartbeat, the metrics (load.stuck)
         #: Set once the pool is connected and its tasks are registered.
         self.ready = asyncio.Event()
         self.connections = WorkerConnections.of(options, conninfo, self.id)
@@ -112,28 +110,24 @@ class WorkerPool:
         self._forced = asyncio.Event()
         #: loop.time() by which a forced stop gives up on the database.
         self._forced_deadline = math.inf
-        #: Ids of the jobs this pool has locked and not yet written back or
-        #: given back: queued, running, or with a result waiting to be written.
-        self._held: set[int] = set()
-        #: The own timeouts (seconds) of fetched jobs that have one, by job id:
-        #: the fetcher puts them, a slot takes a job's when it starts it.
-        self._timeouts: dict[int, float] = {}
-        self._queue = LocalQueue()
+        #: What the stages share: the local queue, the jobs held, the fetched
+        #: jobs' timeouts, the stuck jobs (see :mod:`.pool_state`).
+        self._state = state = PoolState(self.id, self.events)
+        self._held = state.held
+        self._queue = state.queue
+        self._stuck = state.stuck
         #: The fleet's pauses as this pool knows them (see :mod:`.background.pause_watch`).
         self._pauses = Pauses()
         self._fetcher = Fetcher(
             self.connections,
             FetchSettings.of(options),
             tasks=list(tasks),
-            queue=self._queue,
-            held=self._held,
+            state=state,
             running=lambda: self._slots.running if self._slots else 0,
             done=lambda: self.jobs_done,
-            events=self.events,
             owner=self,
             on_fetched=on_fetched,
             on_unreadable=self._fail_unreadable,
-            timeouts=self._timeouts,
             hold_back=Refetched(self.id, self._queue, lambda: self._slots, self._pauses.hold_back),
         )
         self._slots: Slots | None = None
@@ -239,12 +233,10 @@ class WorkerPool:
         completer = Completer(
             utils.pool,
             schema=options.schema,
-            pool_id=self.id,
+            state=self._state,
             batch_delay=options.complete_job_batch_delay,
-            held=self._held,
             pool_idle=lambda: not slots.running and not queue,
             on_written=self.nudge,
-            events=self.events,
             history=HistorySettings(options.keep_succeeded) if options.history else None,
         )
         deadlines = StartDeadlines(
@@ -254,18 +246,14 @@ class WorkerPool:
         slots = self._slots = Slots(
             concurrency=options.concurrency,
             tasks=self.tasks,
-            queue=queue,
+            state=self._state,
             refill=self._fetcher,
             completer=completer,
             utils=utils,
-            pool_id=self.id,
             log_success=options.log_success,
-            events=self.events,
             result_limit=options.max_result_bytes if options.history else None,
-            timeouts=self._timeouts,
             timeout_grace=options.timeout_grace,
             on_stuck_exit=self._on_stuck_exit,
-            stuck=self._stuck,
             admit=deadlines.admit,
         )
         try:

@@ -28,9 +28,9 @@ from psycopg_pool import AsyncConnectionPool
 
 from ...db.backoff import retry_until_done
 from ...jobs.job import Job
-from ...observe.events import Events
 from ...sql import compose
 from ...sql import failure as failure_sql
+from ..pool_state import PoolState
 from .outcome import Failure
 from .result_writer import HistorySettings, ResultWriter
 
@@ -59,25 +59,23 @@ class Completer:
         db: AsyncConnectionPool[Any],
         *,
         schema: str,
-        pool_id: str,
+        state: PoolState,
         batch_delay: float,
-        held: set[int],
         pool_idle: Callable[[], bool],
         on_written: Callable[[], None],
-        events: Events,
         history: HistorySettings | None = None,
     ) -> None:
         self._db = db
-        self._pool_id = pool_id
+        self._pool_id = pool_id = state.id
         #: The statements (and a refused result's isolation).
         self.writer = ResultWriter(db, schema=schema, pool_id=pool_id, history=history)
         self._return = compose(failure_sql.RETURN_JOBS, schema)
         self._delay = batch_delay
         #: Ids of the jobs the pool holds locked; written ones are removed.
-        self._held = held
+        self._held = state.held
         self._pool_idle = pool_idle
         self._on_written = on_written
-        self._events = events
+        self._events = state.events
         self._succeeded: list[tuple[Job, str]] = []
         self._failed: list[Failure] = []
         self._named_queue_results = 0

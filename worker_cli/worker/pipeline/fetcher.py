@@ -36,11 +36,11 @@ from ...db.backoff import DEFAULT, one_line
 from ...db.connections import WorkerConnections
 from ...db.raw_json import read_payloads_raw
 from ...jobs.job import Job
-from ...observe.events import Events
 from ...sql import compose
 from ...sql import fetch as fetch_sql
+from ..pool_state import PoolState
 from .limited_fetch import LimitedFetch
-from .local_queue import LocalQueue, Rate, plan_fetch
+from .local_queue import Rate, plan_fetch
 from .unreadable import Unreadable, read_jobs
 
 __all__ = ["FetchSettings", "Fetcher", "OnFetched", "configure_fetch_connection"]
@@ -97,33 +97,30 @@ class Fetcher:
         settings: FetchSettings,
         *,
         tasks: Sequence[str],
-        queue: LocalQueue,
-        held: set[int],
+        state: PoolState,
         running: Callable[[], int],
         done: Callable[[], int],
-        events: Events,
         owner: object,
         on_fetched: OnFetched | None = None,
         on_unreadable: OnUnreadable,
-        timeouts: dict[int, float] | None = None,
         hold_back: Callable[[Sequence[Job]], Sequence[Job]] | None = None,
     ) -> None:
         self._connections = connections
         self._settings = settings
         self._tasks = list(tasks)
-        self._queue = queue
+        self._queue = state.queue
         #: Ids of the jobs the pool holds locked; fetched ones are added.
-        self._held = held
+        self._held = state.held
         self._running = running
         self._done = done
-        self._events = events
+        self._events = state.events
         #: What handlers of the fetcher's events receive as ``pool``.
         self._owner = owner
         #: Called with each fetch's connection and jobs before they are queued.
         self._on_fetched = on_fetched
         self._on_unreadable = on_unreadable
         #: The fetched jobs' own timeouts (seconds), by job id; the slots take them.
-        self._timeouts = timeouts
+        self._timeouts = state.timeouts
         #: Given each fetch's jobs, returns those to queue (the others are
         #: held back by a pause: see :mod:`..background.pause_watch`).
         self._hold_back = hold_back

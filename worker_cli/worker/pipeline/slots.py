@@ -36,14 +36,13 @@ from ...client.worker_utils import WorkerUtils
 from ...errors import JobCancelled
 from ...jobs.inside_worker import SLOT_TASK_PREFIX
 from ...jobs.job import Job
-from ...observe.events import Events
 from ...tasks.helpers import Helpers
 from ...tasks.loader import Task
+from ..pool_state import PoolState
 from ..supervision.deadlines import Deadlines, job_timeout, task_timeouts
 from ..supervision.loop_watch import LoopWatch
-from ..supervision.stuck import StuckJobs
 from .completer import Completer
-from .local_queue import LocalQueue, Refill
+from .local_queue import Refill
 from .outcome import Failure, Ran, Settler
 from .reporter import Reporter
 from .slot import Returned, Slot, SlotGroup, stopped
@@ -77,26 +76,23 @@ class Slots(SlotGroup):
         *,
         concurrency: int,
         tasks: Mapping[str, Task],
-        queue: LocalQueue,
+        state: PoolState,
         refill: Refill,
         completer: Completer,
         utils: WorkerUtils,
-        pool_id: str,
         log_success: bool,
-        events: Events,
         result_limit: int | None = None,
-        timeouts: dict[int, float] | None = None,
         timeout_grace: float = 30.0,
         on_stuck_exit: Callable[[Job], None] = lambda job: None,
-        stuck: StuckJobs,
         admit: Callable[[Job], bool] = lambda job: True,
     ) -> None:
         self._tasks = tasks
-        self._queue = queue
+        self._queue = state.queue
         self._refill = refill
         self._utils = utils
-        self._pool_id = pool_id
-        self._events = events
+        self._pool_id = pool_id = state.id
+        self._events = events = state.events
+        stuck = state.stuck
         super().__init__([Slot(f"worker-{secrets.token_hex(9)}") for _ in range(concurrency)])
         self._reporter = Reporter(
             completer,
@@ -112,7 +108,7 @@ class Slots(SlotGroup):
         self._loop = asyncio.get_running_loop()
         #: The fetched jobs' own timeouts (seconds) by job id, taken at their start, and
         #: the tasks' (those that have one). While both are empty a job costs one test.
-        self._timeouts = {} if timeouts is None else timeouts
+        self._timeouts = state.timeouts
         self._task_timeouts = task_timeouts(tasks)
         self._deadlines = Deadlines(
             self._loop,
@@ -129,7 +125,7 @@ class Slots(SlotGroup):
         self._threads = ThreadSettings(
             tasks=dict(tasks),
             plain=self._plain,
-            queue=queue,
+            queue=self._queue,
             refill=refill,
             outbox=Outbox(self._loop, self._delivered),
             utils=utils,
