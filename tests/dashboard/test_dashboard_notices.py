@@ -6,9 +6,7 @@ link can make the dashboard say that something happened."""
 from __future__ import annotations
 
 import base64
-import html
 import json
-import re
 import time
 from typing import Any
 from urllib.parse import urlencode
@@ -25,6 +23,7 @@ from dashboard_helpers import (
     http,
     with_cookies,
 )
+from dashboard_notices import assert_done, assert_refused, banner
 from dbhelpers import rows, value
 
 from worker_cli.dashboard.notices import Flash
@@ -55,36 +54,6 @@ def post(url: str, fields: dict[str, str] | None = None) -> Reply:
 def after(base: str, reply: Reply) -> Reply:
     """The page an action's redirect leads to, as the browser gets it."""
     return follow(base, reply, COOKIE)
-
-
-def banner(page: Reply) -> tuple[str, str, str] | None:
-    """The page's banner: its outcome (``data-outcome``), its classes and its text."""
-    found = re.search(
-        r'<div class="([^"]*)"[^>]* id="notice" data-outcome="(\w+)">(.*?)</div>', page.body
-    )
-    if found is None:
-        return None
-    text = html.unescape(re.sub(r"<[^>]+>", "", found.group(3)))
-    return found.group(2), found.group(1), text
-
-
-def assert_refused(page: Reply, says: str) -> None:
-    shown = banner(page)
-    assert shown is not None, page.body[-800:]
-    outcome, classes, text = shown
-    assert outcome == "refused" and "notice-refused" in classes.split(), shown
-    assert "notice-done" not in classes.split()
-    assert text.startswith("Refused: ") and says in text, text
-    assert 'role="alert"' in page.body
-
-
-def assert_done(page: Reply, says: str) -> None:
-    shown = banner(page)
-    assert shown is not None, page.body[-800:]
-    outcome, classes, text = shown
-    assert outcome == "done" and "notice-done" in classes.split(), shown
-    assert "notice-refused" not in classes.split()
-    assert says in text and "Refused" not in text, text
 
 
 def test_a_refused_action_is_shown_as_a_refusal(db: str, url: str) -> None:

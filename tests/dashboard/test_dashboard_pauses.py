@@ -13,8 +13,8 @@ from urllib.parse import urlencode
 
 import pytest
 from dashboard_helpers import COOKIE, SECRET, TOKEN, Reply, follow, http, serve_app
+from dashboard_notices import assert_done, assert_refused, banner
 from dbhelpers import rows, value
-from test_dashboard_notices import assert_done, assert_refused, banner
 
 from worker_cli.dashboard import create_app
 

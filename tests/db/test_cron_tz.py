@@ -11,10 +11,10 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 import pytest
+from cron_helpers import FakeClock, cron_jobs, pool, settle, start, stop, wait_for_jobs
 from dbhelpers import rows, run_cli, value
 from psycopg_pool import AsyncConnectionPool
 from readme_blocks import blocks, write_files
-from test_cron import FakeClock, cron_jobs, pool, settle, start, stop, wait_for_jobs
 
 from worker_cli import parse_crontab
 from worker_cli.tasks.cron_zones import fire_instants

@@ -12,40 +12,18 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.request
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 from dbhelpers import cli_path, rows, run_cli, value
-from prometheus_client.parser import text_string_to_metric_families
+from metrics_scrape import JOBS, Samples, sample, scrape, scrape_async, served
 from workers import until, worker
 
 from worker_cli import Helpers, Limit, WorkerUtils, task_options
 from worker_cli.observe import queue_depth
-from worker_cli.observe.prometheus import MetricsServer, serve_metrics
 from worker_cli.observe.status_report import read_status
-
-Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
-
-JOBS = "graphile_worker._private_jobs"
-
-
-def scrape(url: str) -> Samples:
-    """Every sample of ``/metrics``, by name and labels."""
-    with urllib.request.urlopen(url, timeout=10) as response:
-        text = response.read().decode()
-    return {
-        (sample.name, frozenset(sample.labels.items())): sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-    }
-
-
-def sample(samples: Samples, name: str, **labels: str) -> float:
-    return samples[(name, frozenset(labels.items()))]
 
 
 def wait_until(condition: Callable[[], bool], within: float, what: str) -> None:
@@ -182,20 +160,6 @@ def test_a_metrics_port_in_use_fails_with_one_line(tmp_path: Path) -> None:
 
 
 # --- Library mode ---------------------------------------------------------------
-
-
-@asynccontextmanager
-async def served() -> AsyncIterator[MetricsServer]:
-    server = serve_metrics(0)
-    try:
-        yield server
-    finally:
-        await asyncio.to_thread(server.close)
-
-
-async def scrape_async(url: str) -> Samples:
-    # From another thread, as Prometheus would: the depth query runs on the loop.
-    return await asyncio.to_thread(scrape, url)
 
 
 @pytest.mark.db

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from dbhelpers import rows, value
-from test_metrics import JOBS, Samples, scrape_async, served
+from metrics_scrape import JOBS, Samples, scrape_async, served
 from workers import worker
 
 from worker_cli import Helpers

@@ -9,7 +9,7 @@ import time
 from typing import Any
 
 import pytest
-from test_metrics import Samples, sample, scrape_async, served
+from metrics_scrape import Samples, sample, scrape_async, served
 from workers import worker
 
 from worker_cli import Cancel, Discard, Helpers, WorkerUtils, task_options

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import pytest
-from test_log_fast_path import JOBS, SECOND, _clock, _Recording, _through_logging, configured
+from log_recording import JOBS, SECOND, _clock, _Recording, _through_logging, configured
 
 from worker_cli.jobs.job import Job
 from worker_cli.observe import log_output as logs
