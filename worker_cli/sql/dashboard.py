@@ -56,8 +56,8 @@ JOBS_PAGES = """
 
 # Jobs by task, named queue, state, "retrying" and holder. No index: a sample
 # scan (TABLESAMPLE SYSTEM) reading each page with probability %(percent)s, so
-# about census.SAMPLE_PAGES pages whatever the table's size; at 100 percent it
-# reads every page and the counts are exact (dashboard/census.py decides). Task and
+# about job_counts.SAMPLE_PAGES pages whatever the table's size; at 100 percent it
+# reads every page and the counts are exact (dashboard/job_counts.py decides). Task and
 # queue names are looked up per group (tasks_pkey, job_queues_pkey1).
 CENSUS = """
   with sampled as (

@@ -154,7 +154,7 @@ class Slots(SlotGroup):
         blocking the event loop; returns their tasks."""
         self._watch.start()
         for slot in self._slots:
-            # Named once: the utilities tell a job's code by it (jobs/in_task.py).
+            # Named once: the utilities tell a job's code by it (jobs/inside_worker.py).
             name = f"{SLOT_TASK_PREFIX}-{slot.worker_id}"
             slot.task = group.create_task(self._run(slot), name=name)
         return [slot.task for slot in self._slots if slot.task is not None]
