@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
+import psutil
 from dbhelpers import cli_path, rows, value
 from pg_server import PgServer
 
@@ -460,8 +461,18 @@ class RestartablePg:
         rows(self.server.admin_url, "select pg_reload_conf()")
 
     def close(self) -> None:
+        """Stop the server and delete its data. The stop returns once the pid
+        file is gone, a moment before the postmaster has exited; embedded-
+        postgres's cleanup then saw a running postmaster, failed to stop it
+        and signalled a process that had just exited (psutil's NoSuchProcess).
+        So the postmaster's exit is waited for first."""
+        pid_file = self._data / "postmaster.pid"
+        postmaster = int(pid_file.read_text().split()[0]) if pid_file.exists() else None
         with suppress(subprocess.CalledProcessError):  # already stopped
             self.stop()
+        if postmaster is not None:
+            with suppress(psutil.NoSuchProcess):
+                psutil.Process(postmaster).wait(timeout=30)
         self._server.cleanup()
 
 
