@@ -91,10 +91,19 @@ def locked_jobs(db: str, count: int) -> list[int]:
 def write_batch(db: str, statement: str, job_ids: list[int]) -> None:
     """Write a batch's outcome with the worker's statement, as its completer does."""
     params: dict[str, Any] = {"job_ids": job_ids, "pool_id": "p", "channel": CHANNEL}
-    if statement.startswith("complete_batch_recording"):
+    if statement.startswith("complete_batch"):
+        # complete_batch[_recording][_without_queues]: its parts switched on or off.
+        recording = statement.startswith("complete_batch_recording")
         params.update(
-            result_ids=[], results=[], result_errors=[], timed_out=[], keep=timedelta(days=1)
+            result_ids=[],
+            results=[],
+            result_errors=[],
+            timed_out=[],
+            keep=timedelta(days=1) if recording else None,
+            record=recording,
+            any_queued=not statement.endswith("without_queues"),
         )
+        statement = "complete_batch"
     if statement == "fail_batch":
         n = len(job_ids)
         params.update(
@@ -130,7 +139,7 @@ def waited_for(db: str, job_ids: list[int], notify: bool = True) -> None:
         "complete_batch",
         "complete_batch_without_queues",
         "complete_batch_recording",
-        "complete_batch_recording_no_results_without_queues",
+        "complete_batch_recording_without_queues",
         "fail_batch",
     ],
 )

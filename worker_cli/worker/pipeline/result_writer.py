@@ -2,7 +2,7 @@
 
 Successes delete their jobs, and with history on record them in
 ``_private_py_job_history`` with their results, in the same statement (one
-commit for both; :data:`~worker_cli.sql.completion.COMPLETE_BATCH_RECORDING`).
+commit for both; :data:`~worker_cli.sql.completion.COMPLETE_BATCH`).
 Failures record their errors and back off. Either statement ends with one
 NOTIFY listing the batch's jobs that someone waits for (``wait_for_job``;
 none when nobody waits). Writing is idempotent: a batch retried after a lost
@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, LiteralString
+from typing import Any
 
 import psycopg
 from psycopg_pool import AsyncConnectionPool
@@ -93,24 +93,7 @@ class ResultWriter:
         self._db = db
         self._pool_id = pool_id
         self._history = history
-        # The success statement by (some job returned a value, some job is in
-        # a named queue): the forms without leave out what finds those.
-        forms: dict[tuple[bool, bool], LiteralString]
-        if history is None:  # no results written: the first part does not matter
-            forms = {
-                (True, True): completion_sql.COMPLETE_BATCH,
-                (False, True): completion_sql.COMPLETE_BATCH,
-                (True, False): completion_sql.COMPLETE_BATCH_WITHOUT_QUEUES,
-                (False, False): completion_sql.COMPLETE_BATCH_WITHOUT_QUEUES,
-            }
-        else:
-            forms = {
-                (True, True): completion_sql.COMPLETE_BATCH_RECORDING,
-                (False, True): completion_sql.COMPLETE_BATCH_RECORDING_NO_RESULTS,
-                (True, False): completion_sql.COMPLETE_BATCH_RECORDING_WITHOUT_QUEUES,
-                (False, False): completion_sql.COMPLETE_BATCH_RECORDING_NO_RESULTS_WITHOUT_QUEUES,
-            }
-        self._complete = {form: compose(statement, schema) for form, statement in forms.items()}
+        self._complete = compose(completion_sql.COMPLETE_BATCH, schema)
         self._fail = compose(failure_sql.FAIL_BATCH, schema)
         #: Where the waiters of finished jobs are told (wait_for_job).
         self._channel = channels.finished_channel(schema)
@@ -220,10 +203,7 @@ class ResultWriter:
     async def _write(self, succeeded: Succeeded, failed: list[Failure]) -> None:
         async with self._db.connection() as conn:
             if succeeded:
-                params = self._complete_params(succeeded)
-                queues = any(job.job_queue_id is not None for job, _ in succeeded)
-                statement = self._complete[bool(params.get("result_ids")), queues]
-                await conn.execute(statement, params)
+                await conn.execute(self._complete, self._complete_params(succeeded))
             if failed:
                 params = {
                     "job_ids": [f.job.id for f in failed],
@@ -257,24 +237,24 @@ class ResultWriter:
                     await conn.execute(self._fail, params)
 
     def _complete_params(self, succeeded: Succeeded) -> dict[str, Any]:
-        params: dict[str, Any] = {
+        history = self._history
+        results = self._results
+        kept = [(job.id, results[job.id]) for job, _ in succeeded if job.id in results]
+        timed_out = self._timed_out
+        return {
             "job_ids": [job.id for job, _ in succeeded],
             "pool_id": self._pool_id,
             "channel": self._channel,
+            "any_queued": any(job.job_queue_id is not None for job, _ in succeeded),
+            "record": history is not None,
+            "keep": None if history is None else history.keep_succeeded,
+            "result_ids": [job_id for job_id, _ in kept],
+            "results": [result for _, (result, _) in kept],
+            "result_errors": [error for _, (_, error) in kept],
+            "timed_out": (
+                [job.id for job, _ in succeeded if job.id in timed_out] if timed_out else []
+            ),
         }
-        if self._history is None:
-            return params
-        results = self._results
-        kept = [(job.id, results[job.id]) for job, _ in succeeded if job.id in results]
-        params["result_ids"] = [job_id for job_id, _ in kept]
-        params["results"] = [result for _, (result, _) in kept]
-        params["result_errors"] = [error for _, (_, error) in kept]
-        params["keep"] = self._history.keep_succeeded
-        timed_out = self._timed_out
-        params["timed_out"] = (
-            [job.id for job, _ in succeeded if job.id in timed_out] if timed_out else []
-        )
-        return params
 
 
 def _refusal(error: Exception) -> str:
