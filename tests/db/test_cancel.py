@@ -17,9 +17,17 @@ from typing import Any
 import psycopg
 import pytest
 from dbhelpers import rows, stuck_in_heartbeat, value
-from workers import until, worker
+from workers import Recorder, until, worker
 
-from worker_cli import Helpers, JobCancelled, WorkerUtils, make_sync_worker_utils, run_once
+from worker_cli import (
+    Events,
+    Helpers,
+    JobCancelled,
+    WorkerUtils,
+    make_sync_worker_utils,
+    run,
+    run_once,
+)
 from worker_cli.config.options import WorkerOptions
 from worker_cli.tasks.loader import make_task_list
 from worker_cli.worker import WorkerPool
@@ -479,3 +487,51 @@ def test_the_cancel_command(db: str) -> None:
     assert "Traceback" not in bad.stderr and bad.stderr.strip().splitlines()[-1].startswith(
         "Error:"
     )
+
+
+async def test_a_job_given_back_at_shutdown_with_a_cancel_request_is_recorded_cancelled(
+    utils: WorkerUtils, db: str
+) -> None:
+    """A request that reaches a job fetched ahead just as the pool stops (the
+    watch has not seen it): the job is not given back to run, it is recorded
+    as cancelled, never run; its neighbours are given back, attempts restored."""
+    jobs = [await utils.add_job("slow", {"n": n}) for n in range(4)]
+    events = Events()
+    recorder = Recorder(events, "job:start")
+    release = asyncio.Event()
+
+    async def slow(payload: Any, helpers: Helpers) -> None:
+        await release.wait()
+
+    runner = await run(
+        db,
+        task_list={"slow": slow},
+        events=events,
+        no_handle_signals=True,
+        concurrency=1,
+        local_queue_size=3,
+        local_queue_horizon=math.inf,
+    )
+    await recorder.wait_for("job:start", 1)
+    [start] = recorder.of("job:start")
+    running = start["job"].id
+    ahead = [job.id for job in jobs if job.id != running]
+    locked = "select count(*) from graphile_worker._private_jobs where locked_by is not null"
+    assert value(db, locked) == 4  # 1 running + 3 fetched ahead
+    # A request the pool's watch does not read (no pool named): as if it came
+    # in while the jobs were being given back.
+    rows(
+        db,
+        "insert into graphile_worker._private_py_cancellations (job_id, reason) values (%s, 'x')",
+        (ahead[0],),
+    )
+    runner.pool.stop()
+    await until(lambda: value(db, locked) == 1, what="the unstarted jobs' return")
+    release.set()
+    await runner
+    assert history(db, ahead[0])["state"] == "cancelled"
+    assert history(db, ahead[0])["cancel_reason"] == "x"
+    left = rows(db, "select id, attempts, locked_by from graphile_worker._private_jobs order by id")
+    assert [r["id"] for r in left] == sorted(ahead[1:])
+    assert all(r["attempts"] == 0 and r["locked_by"] is None for r in left)
+    assert value(db, "select count(*) from graphile_worker._private_py_cancellations") == 0

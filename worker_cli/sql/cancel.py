@@ -30,29 +30,45 @@ REQUEST_CANCELS = """
   on conflict (job_id) do nothing
 """
 
-# Upkeep (with the pruning, by whichever pool wins its lock): a job with a
-# cancel request that is no longer locked (its Node worker failed it, its
-# crashed pool's jobs were released) is recorded as cancelled; requests of
-# jobs that are gone (the job succeeded) are deleted.
-FINALIZE_CANCELLED = """
+# Record as cancelled the jobs that have a cancel request: their rows
+# deleted, a history row each (state cancelled, kept a day) listed in the
+# expiry ledger (migrations/py/000011.sql, at most 1,000 ids a ledger row),
+# their uniqueness locks and requests deleted. Two callers:
+# - a pool writing its jobs' failures or giving back unstarted jobs
+#   (%(job_ids)s, sent after FAIL_BATCH or RETURN_JOBS in the same
+#   transaction: they leave such a job locked by this pool, %(pool_id)s): its
+#   named queue is unlocked; the history keeps the failure's message
+#   (%(messages)s, beside %(job_ids)s; none: the job's last_error) and
+#   whether it timed out (%(timed_out)s);
+# - the upkeep (with the pruning, by whichever pool wins its lock;
+#   %(job_ids)s and %(pool_id)s null): a job with a cancel request that is no
+#   longer locked (its Node worker failed it, its crashed pool's jobs were
+#   released); requests of jobs that are gone (the job succeeded) are deleted.
+# Returns how many jobs were recorded.
+RECORD_CANCELLED = """
   with cancelled as (
     delete from {schema}._private_jobs as j
     using {schema}._private_py_cancellations as c
-    where c.job_id = j.id and j.locked_at is null
+    where c.job_id = j.id
+      and case when %(job_ids)s::bigint[] is null then j.locked_at is null
+        else j.id = any(%(job_ids)s::bigint[]) and j.locked_by = %(pool_id)s end
     returning j.*, c.requested_at, c.reason
   ),
   recorded as (
     insert into {schema}._private_py_job_history (
       job_id, state, task_identifier, queue_name, key, priority, attempts, max_attempts,
-      revision, flags, last_error, created_at, run_at, finished_at, cancel_requested_at,
-      cancel_reason, expires_at
+      revision, flags, last_error, created_at, run_at, started_at, finished_at, pool_id,
+      cancel_requested_at, cancel_reason, timed_out, expires_at
     )
     select d.id, 'cancelled', t.identifier, q.queue_name, d.key, d.priority, d.attempts,
-      d.max_attempts, d.revision, d.flags, d.last_error, d.created_at, d.run_at, now(),
-      d.requested_at, d.reason, now() + interval '1 day'
+      d.max_attempts, d.revision, d.flags, coalesce(m.message, d.last_error), d.created_at,
+      d.run_at, d.locked_at, now(), d.locked_by, d.requested_at, d.reason,
+      d.id = any(%(timed_out)s::bigint[]), now() + interval '1 day'
     from cancelled as d
     join {schema}._private_tasks as t on t.id = d.task_id
     left join {schema}._private_job_queues as q on q.id = d.job_queue_id
+    left join unnest(%(job_ids)s::bigint[], %(messages)s::text[]) as m (id, message)
+      on m.id = d.id
     on conflict (job_id) do nothing
     returning job_id, expires_at
   ),
@@ -67,10 +83,19 @@ FINALIZE_CANCELLED = """
     delete from {schema}._private_py_unique_locks as l
     where l.job_id in (select cancelled.id from cancelled)
   ),
-  stale_requests as (
+  unlocked as (
+    update {schema}._private_job_queues as q
+    set locked_at = null, locked_by = null
+    where q.id in (
+        select cancelled.job_queue_id from cancelled where cancelled.locked_by = %(pool_id)s
+      )
+      and q.locked_by = %(pool_id)s
+  ),
+  answered as (
     delete from {schema}._private_py_cancellations as c
-    where not exists (select 1 from {schema}._private_jobs as j where j.id = c.job_id)
-       or c.job_id in (select cancelled.id from cancelled)
+    where c.job_id in (select cancelled.id from cancelled)
+      or (%(job_ids)s::bigint[] is null
+          and not exists (select 1 from {schema}._private_jobs as j where j.id = c.job_id))
   )
   select count(*) from cancelled
 """

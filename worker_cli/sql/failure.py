@@ -1,9 +1,8 @@
 """The statements that fail a pool's jobs or give them back (the completer's,
-through :mod:`worker_cli.worker.pipeline.result_writer`). Both record a job that has a
-cancel request as cancelled instead: its row deleted, a history row
-(state cancelled, kept 1 day) listed in the expiry ledger
-(migrations/py/000011.sql, at most 1,000 ids a ledger row), its uniqueness
-lock and its request deleted."""
+through :mod:`worker_cli.worker.pipeline.result_writer`). Both leave a job
+that has a cancel request locked by the pool, untouched, for
+:data:`~worker_cli.sql.cancel.RECORD_CANCELLED`, sent after them in the same
+transaction, to record as cancelled."""
 
 from __future__ import annotations
 
@@ -19,9 +18,9 @@ from __future__ import annotations
 # seconds) gives the attempt back and keeps last_error, as a job given back
 # at shutdown, and is counted in the job's options; past %(max_snoozes)s it
 # is a failure. A job with a cancel request (py_cancel_jobs, a timeout whose
-# task says on_timeout="cancel", a task raising Cancel) is not retried: it is
-# deleted and recorded as cancelled, timed out or not
-# (timed_out). Each failed attempt (not a snooze) appends its error to
+# task says on_timeout="cancel", a task raising Cancel) is not retried: its
+# row is left as it is (cancelling), for RECORD_CANCELLED to record, with this
+# failure's message. Each failed attempt (not a snooze) appends its error to
 # _private_py_job_errors (migrations/py/000018.sql): last_error keeps only the
 # newest. The waiters of the jobs (notify_on_finish) are told, in one
 # notification.
@@ -35,51 +34,17 @@ FAIL_BATCH = """
         else f.message end as error,
       cur.attempts as attempt,
       (select t.identifier from {schema}._private_tasks as t where t.id = cur.task_id)
-        as task_identifier
+        as task_identifier,
+      exists (
+        select 1 from {schema}._private_py_cancellations as c
+        where c.job_id = f.id and cur.locked_by = %(pool_id)s
+      ) as cancelling
     from unnest(
       %(job_ids)b::bigint[], %(messages)s::text[], %(items)s::text[], %(permanent)s::bool[],
       %(timed_out)s::bool[], %(delays)s::float8[], %(snoozes)s::float8[], %(max_snoozes)s::int[]
     ) as f(id, message, items, permanent, timed_out, delay, snooze, max_snoozes)
     left join {schema}._private_py_job_options as o on o.job_id = f.id
     left join {schema}._private_jobs as cur on cur.id = f.id
-  ),
-  cancelled as (
-    delete from {schema}._private_jobs as j
-    using failure, {schema}._private_py_cancellations as c
-    where j.id = failure.id and c.job_id = j.id and j.locked_by = %(pool_id)s
-    returning j.*, failure.message as message, failure.timed_out as timed_out, c.requested_at,
-        c.reason
-  ),
-  recorded as (
-    insert into {schema}._private_py_job_history (
-      job_id, state, task_identifier, queue_name, key, priority, attempts, max_attempts,
-      revision, flags, last_error, created_at, run_at, started_at, finished_at, pool_id,
-      cancel_requested_at, cancel_reason, timed_out, expires_at
-    )
-    select d.id, 'cancelled', t.identifier, q.queue_name, d.key, d.priority, d.attempts,
-      d.max_attempts, d.revision, d.flags, d.message, d.created_at, d.run_at, d.locked_at,
-      now(), %(pool_id)s, d.requested_at, d.reason, d.timed_out, now() + interval '1 day'
-    from cancelled as d
-    join {schema}._private_tasks as t on t.id = d.task_id
-    left join {schema}._private_job_queues as q on q.id = d.job_queue_id
-    on conflict (job_id) do nothing
-    returning job_id, expires_at
-  ),
-
-  expiry as (
-    insert into {schema}._private_py_job_history_expiry (expires_at, job_ids)
-    select min(r.expires_at), array_agg(r.job_id)
-    from (select s.job_id, s.expires_at, (row_number() over () - 1) / 1000 as chunk
-          from recorded as s) as r
-    group by r.chunk
-  ),
-  released as (
-    delete from {schema}._private_py_unique_locks as l
-    where l.job_id in (select cancelled.id from cancelled)
-  ),
-  answered as (
-    delete from {schema}._private_py_cancellations as c
-    where c.job_id in (select cancelled.id from cancelled)
   ),
   failed as (
     update {schema}._private_jobs as j
@@ -105,8 +70,7 @@ FAIL_BATCH = """
         locked_by = null,
         updated_at = now()
     from failure
-    where j.id = failure.id and j.locked_by = %(pool_id)s
-      and failure.id not in (select cancelled.id from cancelled)
+    where j.id = failure.id and j.locked_by = %(pool_id)s and not failure.cancelling
     returning j.id, j.job_queue_id, failure.snoozing, j.attempts < j.max_attempts as retried
   ),
   attempt_errors as (
@@ -118,7 +82,7 @@ FAIL_BATCH = """
     from failure
     left join failed on failed.id = failure.id
     where not failure.snoozing
-      and (failed.id is not null or failure.id in (select cancelled.id from cancelled))
+      and (failed.id is not null or failure.cancelling)
   ),
   snoozes_counted as (
     insert into {schema}._private_py_job_options as o (job_id, snoozes)
@@ -128,11 +92,7 @@ FAIL_BATCH = """
   unlocked as (
     update {schema}._private_job_queues as q
     set locked_at = null, locked_by = null
-    where q.id in (
-        select failed.job_queue_id from failed
-        union all select cancelled.job_queue_id from cancelled
-      )
-      and q.locked_by = %(pool_id)s
+    where q.id in (select failed.job_queue_id from failed) and q.locked_by = %(pool_id)s
   ),
   finished as (
     select o.job_id, o.notify_on_finish
@@ -147,60 +107,20 @@ FAIL_BATCH = """
 """
 
 # Give back fetched jobs that never started (shutdown), restoring the attempt;
-# one with a cancel request is recorded as cancelled instead (never run).
+# one with a cancel request is left for RECORD_CANCELLED, which records it as
+# cancelled (never run).
 RETURN_JOBS = """
   with given as (
     select unnest(%(job_ids)b::bigint[]) as id
-  ),
-  cancelled as (
-    delete from {schema}._private_jobs as j
-    using given, {schema}._private_py_cancellations as c
-    where j.id = given.id and c.job_id = j.id and j.locked_by = %(pool_id)s
-    returning j.*, j.last_error as message, false as timed_out, c.requested_at, c.reason
-  ),
-  recorded as (
-    insert into {schema}._private_py_job_history (
-      job_id, state, task_identifier, queue_name, key, priority, attempts, max_attempts,
-      revision, flags, last_error, created_at, run_at, started_at, finished_at, pool_id,
-      cancel_requested_at, cancel_reason, timed_out, expires_at
-    )
-    select d.id, 'cancelled', t.identifier, q.queue_name, d.key, d.priority, d.attempts,
-      d.max_attempts, d.revision, d.flags, d.message, d.created_at, d.run_at, d.locked_at,
-      now(), %(pool_id)s, d.requested_at, d.reason, d.timed_out, now() + interval '1 day'
-    from cancelled as d
-    join {schema}._private_tasks as t on t.id = d.task_id
-    left join {schema}._private_job_queues as q on q.id = d.job_queue_id
-    on conflict (job_id) do nothing
-    returning job_id, expires_at
-  ),
-
-  expiry as (
-    insert into {schema}._private_py_job_history_expiry (expires_at, job_ids)
-    select min(r.expires_at), array_agg(r.job_id)
-    from (select s.job_id, s.expires_at, (row_number() over () - 1) / 1000 as chunk
-          from recorded as s) as r
-    group by r.chunk
-  ),
-  released as (
-    delete from {schema}._private_py_unique_locks as l
-    where l.job_id in (select cancelled.id from cancelled)
-  ),
-  answered as (
-    delete from {schema}._private_py_cancellations as c
-    where c.job_id in (select cancelled.id from cancelled)
   ),
   returned as (
     update {schema}._private_jobs as j
     set attempts = greatest(0, j.attempts - 1), locked_at = null, locked_by = null
     where j.id in (select given.id from given) and j.locked_by = %(pool_id)s
-      and j.id not in (select cancelled.id from cancelled)
+      and not exists (select 1 from {schema}._private_py_cancellations as c where c.job_id = j.id)
     returning j.job_queue_id
   )
   update {schema}._private_job_queues as q
   set locked_at = null, locked_by = null
-  where q.id in (
-      select returned.job_queue_id from returned
-      union all select cancelled.job_queue_id from cancelled
-    )
-    and q.locked_by = %(pool_id)s
+  where q.id in (select returned.job_queue_id from returned) and q.locked_by = %(pool_id)s
 """

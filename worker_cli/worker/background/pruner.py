@@ -56,7 +56,7 @@ class HistoryPruner:
         self._utils = utils
         self._schema = schema
         self._statement = compose(history_sql.PRUNE_HISTORY, schema)
-        self._finalize = compose(cancel_sql.FINALIZE_CANCELLED, schema)
+        self._finalize = compose(cancel_sql.RECORD_CANCELLED, schema)
         self._prune_errors = compose(history_sql.PRUNE_ATTEMPT_ERRORS, schema)
         self._interval = interval
 
@@ -75,7 +75,10 @@ class HistoryPruner:
         many were recorded (None: the database failed, which is logged)."""
         try:
             async with self._utils.pool.connection() as conn:
-                cur = await conn.execute(self._finalize)
+                cur = await conn.execute(
+                    self._finalize,
+                    {"job_ids": None, "messages": None, "timed_out": [], "pool_id": None},
+                )
                 row = await cur.fetchone()
         except psycopg.Error as exc:
             logger.warning("Recording cancelled jobs failed: %s", exc)

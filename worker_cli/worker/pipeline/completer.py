@@ -28,8 +28,6 @@ from psycopg_pool import AsyncConnectionPool
 
 from ...db.backoff import retry_until_done
 from ...jobs.job import Job
-from ...sql import compose
-from ...sql import failure as failure_sql
 from ..pool_state import PoolState
 from .outcome import Failure
 from .result_writer import HistorySettings, ResultWriter
@@ -65,11 +63,9 @@ class Completer:
         on_written: Callable[[], None],
         history: HistorySettings | None = None,
     ) -> None:
-        self._db = db
         self._pool_id = pool_id = state.id
         #: The statements (and a refused result's isolation).
         self.writer = ResultWriter(db, schema=schema, pool_id=pool_id, history=history)
-        self._return = compose(failure_sql.RETURN_JOBS, schema)
         self._delay = batch_delay
         #: Ids of the jobs the pool holds locked; written ones are removed.
         self._held = state.held
@@ -188,8 +184,5 @@ class Completer:
             logger.info("Worker pool %s: returned %d unstarted job(s)", self._pool_id, len(jobs))
 
     async def _return_jobs(self, jobs: Sequence[Job]) -> None:
-        async with self._db.connection() as conn:
-            await conn.execute(
-                self._return, {"job_ids": [job.id for job in jobs], "pool_id": self._pool_id}
-            )
+        await self.writer.give_back([job.id for job in jobs])
         self._held.difference_update(job.id for job in jobs)

@@ -95,6 +95,8 @@ class ResultWriter:
         self._history = history
         self._complete = compose(completion_sql.COMPLETE_BATCH, schema)
         self._fail = compose(failure_sql.FAIL_BATCH, schema)
+        self._return = compose(failure_sql.RETURN_JOBS, schema)
+        self._record_cancelled = compose(cancel_sql.RECORD_CANCELLED, schema)
         #: Where the waiters of finished jobs are told (wait_for_job).
         self._channel = channels.finished_channel(schema)
         self._request_cancels = compose(cancel_sql.REQUEST_CANCELS, schema)
@@ -218,23 +220,43 @@ class ResultWriter:
                     "channel": self._channel,
                 }
                 cancels = [f for f in failed if f.cancel]
-                if not cancels:
-                    await conn.execute(self._fail, params)
-                    return
-                # on_timeout="cancel": a cancel request first, in the same
-                # transaction, so that the failure is recorded as cancelled.
+                # The failures, then those of jobs with a cancel request
+                # recorded as cancelled, in one transaction.
                 async with conn.transaction():
+                    if cancels:
+                        # on_timeout="cancel": a cancel request first, so that
+                        # the failure is recorded as cancelled.
+                        await conn.execute(
+                            self._request_cancels,
+                            {
+                                "job_ids": [f.job.id for f in cancels],
+                                "reasons": [
+                                    f.cancel_reason or f"timed out ({f.message})" for f in cancels
+                                ],
+                                "pool_id": self._pool_id,
+                            },
+                        )
+                    await conn.execute(self._fail, params)
                     await conn.execute(
-                        self._request_cancels,
+                        self._record_cancelled,
                         {
-                            "job_ids": [f.job.id for f in cancels],
-                            "reasons": [
-                                f.cancel_reason or f"timed out ({f.message})" for f in cancels
-                            ],
+                            "job_ids": params["job_ids"],
+                            "messages": params["messages"],
+                            "timed_out": [f.job.id for f in failed if f.timed_out],
                             "pool_id": self._pool_id,
                         },
                     )
-                    await conn.execute(self._fail, params)
+
+    async def give_back(self, job_ids: list[int]) -> None:
+        """Give back jobs that were fetched but never started, their attempt
+        restored; one with a cancel request is recorded as cancelled (never
+        run). One transaction."""
+        async with self._db.connection() as conn, conn.transaction():
+            params = {"job_ids": job_ids, "pool_id": self._pool_id}
+            await conn.execute(self._return, params)
+            await conn.execute(
+                self._record_cancelled, {**params, "messages": None, "timed_out": []}
+            )
 
     def _complete_params(self, succeeded: Succeeded) -> dict[str, Any]:
         history = self._history
