@@ -11,7 +11,7 @@
 Fills a throwaway database (TEST_DATABASE_URL's server, else a private one)
 with a small, plausible queue and history, serves the dashboard and
 photographs a page with headless Chromium: the overview
-(bench/screenshots/dashboard-overview.png by default), the Finished view, or
+(docs/images/dashboard-overview.png by default), the Finished view, or
 the page of a finished job with a result (dashboard-finished.png,
 dashboard-finished-job.png), the Jobs list, the confirmation of a bulk
 retry (dashboard-bulk.png), a job's page with every attempt's error
@@ -34,7 +34,7 @@ from pg_server import start_server
 from worker_cli.dashboard import create_app
 from worker_cli.schema.migrate import migrate
 
-OUTPUT = Path(__file__).resolve().parent / "screenshots" / "dashboard-overview.png"
+OUTPUT = Path(__file__).resolve().parents[1] / "docs" / "images" / "dashboard-overview.png"
 
 DEMO = """
 select graphile_worker.add_jobs(array(

@@ -375,8 +375,9 @@ def test_read_only_hides_and_refuses_the_actions(db: str, browser: WebDriver) ->
 
 
 def readme_fastapi_example() -> str:
-    """The README's example of mounting the dashboard in a FastAPI app."""
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    """The dashboard guide's example of mounting it in a FastAPI app."""
+    page = Path(__file__).resolve().parents[2] / "docs" / "guides" / "dashboard.md"
+    readme = page.read_text(encoding="utf-8")
     [example] = [
         block
         for block in re.findall(r"```python\n(.*?)```", readme, re.DOTALL)
@@ -388,13 +389,13 @@ def readme_fastapi_example() -> str:
 def test_mounted_under_a_prefix_behind_the_apps_own_auth(
     db: str, browser: WebDriver, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The README's FastAPI example, as written: the app's own check in front,
+    """The dashboard guide's FastAPI example, as written: the app's own check in front,
     links, stylesheet and actions under the prefix, and the page refreshing
     itself."""
     job_id = add_job(db, "hello")
     monkeypatch.setenv("DATABASE_URL", db)
     namespace: dict[str, Any] = {}
-    exec(compile(readme_fastapi_example(), "README.md", "exec"), namespace)
+    exec(compile(readme_fastapi_example(), "docs/guides/dashboard.md", "exec"), namespace)
     with serve_app(namespace["app"]) as url:
         base = url + "/admin/queue"
         assert http(base + "/").status == 403  # the application's own check

@@ -1,4 +1,4 @@
-"""The README's "Django Tasks" section, run as written: its settings, tasks,
+"""The Django guide (docs/guides/django.md), run as written: its settings, tasks,
 views and ASGI application in a new project, its commands as a user types
 them (on a database without the schema)."""
 
@@ -18,7 +18,10 @@ from pg_server import PgServer
 
 pytestmark = pytest.mark.db
 
-README = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+#: The whole page: the Django guide is one section.
+GUIDE = (Path(__file__).resolve().parents[2] / "docs" / "guides" / "django.md").read_text(
+    encoding="utf-8"
+)
 
 BASE_SETTINGS = """\
 import os
@@ -76,7 +79,7 @@ class Order(models.Model):
 """,
 }
 
-#: What the project's user does next, from Python, as a script the README's
+#: What the project's user does next, from Python, as a script the guide's
 #: way (the csrftoken cookie's value in X-CSRFToken; refused without it): an
 #: order placed (its task enqueued), a request that fails inside atomic()
 #: (nothing enqueued).
@@ -96,7 +99,7 @@ print(json.dumps({"placed": placed, "failed": failed, "refused": refused}))
 """
 
 #: Then: the receipt's status through a view, and the ASGI application of the
-#: README (the dashboard for staff only, Django's views beside it).
+#: guide (the dashboard for staff only, Django's views beside it).
 READ_BACK = """\
 import asyncio, django, json, sys
 django.setup()
@@ -129,9 +132,7 @@ print(json.dumps({"receipt": receipt, "anonymous": anonymous, "staff": as_staff,
 
 
 def section() -> str:
-    start = README.index("\n## Django Tasks\n")
-    end = README.index("\n## ", start + 1)
-    return README[start:end]
+    return GUIDE
 
 
 def blocks(lang: str) -> list[str]:

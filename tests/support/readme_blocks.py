@@ -1,5 +1,5 @@
-"""The README's code blocks and transcripts, for the tests that run them as
-written, in the environment a user has."""
+"""The documentation's code blocks and transcripts (the pages under docs/),
+for the tests that run them as written, in the environment a user has."""
 
 from __future__ import annotations
 
@@ -14,16 +14,47 @@ from dbhelpers import cli_path
 
 #: The folder of this Python's scripts (graphile-worker among them).
 BIN = str(Path(sys.executable).parent)
-README = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+ROOT = Path(__file__).resolve().parents[2]
+DOCS = ROOT / "docs"
+
+
+def pages() -> dict[str, str]:
+    """Every page of the docs, by its path below docs/ (``guides/tasks.md``)."""
+    return {
+        path.relative_to(DOCS).as_posix(): path.read_text(encoding="utf-8")
+        for path in sorted(DOCS.rglob("*.md"))
+    }
+
+
+def headings(text: str) -> list[tuple[int, int, str]]:
+    """``(line, level, title)`` of each heading of ``text``, outside code blocks."""
+    found = []
+    fenced = False
+    for number, line in enumerate(text.splitlines()):
+        if line.startswith("```"):
+            fenced = not fenced
+        elif not fenced and (match := re.match(r"(#+) (.*)", line)):
+            found.append((number, len(match.group(1)), match.group(2)))
+    return found
 
 
 def section(heading: str) -> str:
-    """The README text under ``heading`` (a ``###`` heading of "Python
-    applications"), up to the next heading of that level or above."""
-    start = README.index("\n" + heading + "\n")
-    end = re.search(r"\n#{2,3} ", README[start + len(heading) + 2 :])
-    assert end is not None
-    return README[start : start + len(heading) + 2 + end.start()]
+    """The text under ``heading`` (its title, with or without the ``#``s: the
+    pages' levels differ), on whichever page has it, up to the next heading of
+    its level or above. A title must be on exactly one page, once."""
+    title = heading.lstrip("#").strip()
+    found = [
+        (text, number, level, marks)
+        for text in pages().values()
+        for marks in [headings(text)]
+        for number, level, name in marks
+        if name == title
+    ]
+    assert len(found) == 1, f"{title!r} is a heading {len(found)} times in docs/, not once"
+    [(text, number, level, marks)] = found
+    lines = text.splitlines()
+    end = next((n for n, lv, _ in marks if n > number and lv <= level), len(lines))
+    return "\n".join(lines[number:end]) + "\n"
 
 
 def blocks(heading: str, lang: str) -> list[str]:

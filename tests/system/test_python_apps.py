@@ -1,4 +1,4 @@
-"""The README's "Python applications" section, run as written.
+"""The "Python applications" guide (docs/guides/python-apps.md), run as written.
 
 Each code block that starts with ``# <file>`` is written to that file; the
 quickstart's shell block is run with bash; the recipes run with the real
@@ -35,7 +35,6 @@ from readme_blocks import BIN, app_env, blocks, write_files
 pytestmark = pytest.mark.db
 
 ROOT = Path(__file__).resolve().parents[2]
-README = (ROOT / "README.md").read_text(encoding="utf-8")
 JOBS = "graphile_worker._private_jobs"
 
 
@@ -109,7 +108,7 @@ urlpatterns = [
 def django_site(
     pg: PgServer, migrated_template: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[str, ModuleType]]:
-    """Django configured on a fresh database, with the README's shop app."""
+    """Django configured on a fresh database, with the guide's shop app."""
     import django
     from django.conf import settings
 
@@ -229,7 +228,7 @@ def test_sqlalchemy_session_commit_and_rollback(db: str, orders_module: Any) -> 
     assert value(db, "select count(*) from orders") == 1
     assert value(db, f"select count(*) from {JOBS}") == 1
 
-    # A Core connection's transaction, as the README says.
+    # A Core connection's transaction, as the guide says.
     from worker_cli import make_sync_worker_utils
 
     with orders_module.engine.begin() as conn:

@@ -1,5 +1,5 @@
-"""The README's "How the code is organised" names every package and module of
-``worker_cli``, and names none that is gone.
+"""The code map (docs/internals/code-map.md, "How the code is organised")
+names every package and module of ``worker_cli``, and names none that is gone.
 
 A module is named by its path below ``worker_cli/`` in backquotes
 (``worker/pipeline/fetcher.py``), a package by its folder (``worker/pipeline/``);
@@ -17,14 +17,11 @@ pytestmark = pytest.mark.unit
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "worker_cli"
-HEADING = "## How the code is organised"
+CODE_MAP = ROOT / "docs" / "internals" / "code-map.md"
 
 
 def code_map() -> str:
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    start = readme.index("\n" + HEADING + "\n")
-    end = readme.index("\n## ", start + len(HEADING) + 2)
-    return readme[start:end]
+    return CODE_MAP.read_text(encoding="utf-8")
 
 
 def named(text: str) -> set[str]:
@@ -51,9 +48,9 @@ def modules() -> set[str]:
 
 def test_every_module_and_package_is_in_the_code_map() -> None:
     missing = sorted(modules() - named(code_map()))
-    assert not missing, "not in the README's code map: " + ", ".join(missing)
+    assert not missing, "not in the code map (docs/internals/code-map.md): " + ", ".join(missing)
 
 
 def test_the_code_map_names_nothing_that_is_gone() -> None:
     gone = sorted(name for name in named(code_map()) if not (PACKAGE / name).exists())
-    assert not gone, "named by the README's code map but not in worker_cli: " + ", ".join(gone)
+    assert not gone, "named by the code map but not in worker_cli: " + ", ".join(gone)

@@ -20,7 +20,7 @@ from worker_cli.config.options import FLAGS
 
 pytestmark = pytest.mark.unit
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+OPTIONS_PAGE = Path(__file__).resolve().parents[2] / "docs" / "reference" / "options.md"
 
 #: Environment variables of the options, cleared for every test.
 OPTION_ENVVARS = (
@@ -379,10 +379,10 @@ def test_load_config_errors_are_the_command_lines(tmp_path: Path) -> None:
 
 
 def _readme_config_example() -> str:
-    text = README.read_text()
+    text = OPTIONS_PAGE.read_text()
     section = text[text.index("### Configuration file") :]
     found = re.search(r"```toml\n(.*?)```", section, re.S)
-    assert found, "the README's Configuration file section has a TOML example"
+    assert found, "the docs' Configuration file section has a TOML example"
     return found[1]
 
 

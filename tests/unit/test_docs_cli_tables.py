@@ -1,8 +1,9 @@
-"""The README's flag tables and ``graphile-worker --help`` agree.
+"""The docs' flag tables and ``graphile-worker --help`` agree.
 
 Options come from the click command itself (what ``--help`` prints) and are
-checked against the table under "## Running the worker" (the worker) and under
-"### <Command>" (each subcommand): the same flags, the same variables.
+checked against the table under "The worker's options" (the worker, in
+docs/reference/options.md) and under each command's heading in the guides
+(``graphile-worker jobs``, ...): the same flags, the same variables.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pathlib import Path
 import click
 import pytest
 from dbhelpers import run_cli
+from readme_blocks import section
 
 import worker_cli
 from worker_cli.cli.commands import command
@@ -21,29 +23,19 @@ from worker_cli.cli.commands import command
 pytestmark = pytest.mark.unit
 
 
-ROOT = Path(__file__).resolve().parents[2]
-README = (ROOT / "README.md").read_text(encoding="utf-8")
 SOURCE = "\n".join(
     p.read_text(encoding="utf-8") for p in Path(worker_cli.__file__).parent.rglob("*.py")
 )
 
 Row = tuple[frozenset[str], frozenset[str]]  # (flags, environment variables)
 
-
-def section(heading: str) -> str:
-    """The README text under ``heading`` up to the next heading of any level."""
-    lines = README.splitlines()
-    if heading not in lines and heading.startswith("### "):
-        heading = heading[1:]  # a command with a section of its own (## Dashboard)
-    start = lines.index(heading) + 1
-    end = next(
-        (i for i in range(start, len(lines)) if lines[i].startswith("#")),
-        len(lines),
-    )
-    return "\n".join(lines[start:end])
+#: The worker's table, and the headings of the commands whose section is not
+#: named after the command.
+WORKER = "The worker's options"
+HEADINGS = {"dashboard": "Dashboard", "cancel": "Cancelling a job"}
 
 
-def readme_table(heading: str) -> list[Row]:
+def docs_table(heading: str) -> list[Row]:
     """The ``| flag | environment | ...`` table under ``heading``."""
     lines = section(heading).splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("| flag | environment |"))
@@ -64,7 +56,7 @@ def readme_table(heading: str) -> list[Row]:
 
 
 def click_options(cmd: click.Command) -> list[Row]:
-    """The visible options of ``cmd`` (with -h/--help), as README rows."""
+    """The visible options of ``cmd`` (with -h/--help), as rows of the docs."""
     ctx = click.Context(cmd, info_name="graphile-worker", **cmd.context_settings)
     options = []
     for param in cmd.get_params(ctx):
@@ -91,28 +83,28 @@ def check(options: Iterable[Row], table: list[Row]) -> None:
     options = list(options)
     documented = set(row_of)
     offered = {flag for flags, _ in options for flag in flags}
-    assert offered - documented == set(), "options missing from the README table"
-    assert documented - offered == set(), "README rows for options that do not exist"
+    assert offered - documented == set(), "options missing from the docs' table"
+    assert documented - offered == set(), "rows in the docs for options that do not exist"
     for flags, envvars in options:
         rows = {row_of[flag] for flag in flags}
-        assert len(rows) == 1, f"{sorted(flags)} are split over README rows"
+        assert len(rows) == 1, f"{sorted(flags)} are split over rows of the docs"
         [(_, documented_envvars)] = rows
         assert documented_envvars == envvars, f"{sorted(flags)}: environment variables differ"
 
 
-COMMANDS = [pytest.param((), "## Running the worker", id="worker")] + [
-    pytest.param((name,), f"### {name.replace('-', ' ').capitalize()}", id=name)
+COMMANDS = [pytest.param((), WORKER, id="worker")] + [
+    pytest.param((name,), HEADINGS.get(name, f"`graphile-worker {name}`"), id=name)
     for name in command.commands
 ]
 
 
 @pytest.mark.parametrize("args,heading", COMMANDS)
-def test_readme_table_matches_the_options(args: tuple[str, ...], heading: str) -> None:
+def test_docs_table_matches_the_options(args: tuple[str, ...], heading: str) -> None:
     cmd: click.Command = command
     for name in args:
         assert isinstance(cmd, click.Group)
         cmd = cmd.commands[name]
-    table = readme_table(heading)
+    table = docs_table(heading)
     options = click_options(cmd)
     check(options, table)
     # And --help, as printed, lists exactly those options.
@@ -122,9 +114,9 @@ def test_readme_table_matches_the_options(args: tuple[str, ...], heading: str) -
 
 
 def test_environment_only_rows_name_variables_the_code_reads() -> None:
-    for flags, envvars in readme_table("## Running the worker"):
+    for flags, envvars in docs_table(WORKER):
         if not flags:
-            assert envvars, "a README row with neither a flag nor a variable"
+            assert envvars, "a row of the docs with neither a flag nor a variable"
             for name in envvars:
                 assert f'"{name}"' in SOURCE, f"{name} is documented but never read"
 
@@ -135,13 +127,13 @@ def test_the_check_catches_disagreements() -> None:
         (frozenset({"-s", "--schema"}), frozenset({"GRAPHILE_WORKER_SCHEMA"})),
         (frozenset({"--once"}), frozenset()),
     ]
-    with pytest.raises(AssertionError, match="missing from the README"):
+    with pytest.raises(AssertionError, match="missing from the docs"):
         check(options, options[:1])
     with pytest.raises(AssertionError, match="do not exist"):
         check(options[:1], options)
     with pytest.raises(AssertionError, match="environment variables differ"):
         check(options, [options[0], (frozenset({"--once"}), frozenset({"ONCE"}))])
-    with pytest.raises(AssertionError, match="split over README rows"):
+    with pytest.raises(AssertionError, match="split over rows"):
         check(
             options,
             [
