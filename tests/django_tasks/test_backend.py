@@ -10,7 +10,7 @@ import pickle
 import uuid
 
 import pytest
-from conftest import log_lines
+from conftest import log_lines, manage
 from dbhelpers import rows, value
 
 pytestmark = pytest.mark.db
@@ -175,6 +175,24 @@ def test_checks(site: str) -> None:
         INSTALLED_APPS=["jobsapp"],
     ):
         assert ids() == ["graphile_worker.E001", "graphile_worker.E003"]
+
+
+def test_manage_py_check_and_migrate_warn_while_the_schema_is_missing(site: str) -> None:
+    # Django 6.1 calls backend.check() without the databases: the app's own
+    # check looks. The alias "bare" is a database without the schema.
+    done = manage("check")
+    assert done.returncode == 0, done.stderr
+    warning = (
+        "(graphile_worker.W002) graphile-worker's schema 'graphile_worker' is not installed "
+        "(or not migrated) in database 'bare'"
+    )
+    assert warning in done.stderr
+    assert "Run `python manage.py graphile_worker --schema-only`" in done.stderr
+    assert "database 'default'" not in done.stderr  # it has the schema
+    done = manage("migrate", "--database", "bare", "-v", "0")
+    assert done.returncode == 0 and warning in done.stderr, done.stderr
+    done = manage("migrate", "-v", "0")
+    assert done.returncode == 0 and "W002" not in done.stderr, done.stderr
 
 
 def test_bad_options_are_one_clear_error(site: str) -> None:

@@ -6,9 +6,16 @@ queue's tables are graphile-worker's (``manage.py graphile_worker
 from __future__ import annotations
 
 from django.apps import AppConfig
+from django.core import checks
 
 
 class GraphileWorkerConfig(AppConfig):  # type: ignore[misc]
     name = "worker_cli.contrib.django"
     label = "graphile_worker"
     verbose_name = "graphile-worker"
+
+    def ready(self) -> None:
+        from .checks import check_schemas
+
+        # Django's own check of the task backends does not pass the databases.
+        checks.register(check_schemas)
