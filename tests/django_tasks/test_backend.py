@@ -195,6 +195,20 @@ def test_manage_py_check_and_migrate_warn_while_the_schema_is_missing(site: str)
     assert done.returncode == 0 and "W002" not in done.stderr, done.stderr
 
 
+def test_a_task_outside_the_installed_apps_is_refused_at_enqueue(site: str) -> None:
+    from django.tasks.exceptions import InvalidTask
+    from outside_tasks import stray
+
+    with pytest.raises(InvalidTask) as refused:
+        stray.enqueue(1)
+    assert str(refused.value) == (
+        "Task 'outside_tasks.stray' is in the module 'outside_tasks', which is not in an "
+        "installed app, and the worker runs only the tasks of INSTALLED_APPS: move it to a "
+        "module of an installed app (such as myapp/tasks.py) or add its app to INSTALLED_APPS."
+    )
+    assert counts(site) == (0, 0)
+
+
 def test_bad_options_are_one_clear_error(site: str) -> None:
     from django.core.exceptions import ImproperlyConfigured
 
