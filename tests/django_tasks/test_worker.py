@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from conftest import log_lines, manage, start_worker, stop, wait_for
 from dbhelpers import rows, value
+from pg_server import PgServer
 
 pytestmark = pytest.mark.db
 
@@ -354,6 +355,34 @@ def test_schema_only_and_clear_errors(site: str) -> None:
     assert done.returncode == 2 and "The connection 'nope' doesn't exist" in done.stderr
     done = manage("graphile_worker", "--schema", "other")
     assert done.returncode == 2 and "leave it out" in done.stderr
+
+
+def test_an_unusable_configuration_is_one_line(
+    site: str, pg: PgServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def refused(*args: str) -> str:
+        done = manage("graphile_worker", *args)
+        assert done.returncode == 1, done.stdout + done.stderr
+        assert done.stdout == "" and len(done.stderr.splitlines()) == 1, done.stderr
+        return done.stderr
+
+    with monkeypatch.context() as patch:
+        patch.setenv("DJANGO_SQLITE", "1")
+        assert refused("--once") == (
+            "Error (graphile_worker.E002): TASKS['default'] uses database 'default', whose "
+            "ENGINE is 'django.db.backends.sqlite3': graphile-worker needs PostgreSQL "
+            "(django.db.backends.postgresql). Set DATABASES['default'] to a PostgreSQL "
+            "database (ENGINE 'django.db.backends.postgresql'), or OPTIONS['database'] to "
+            "the alias of one.\n"
+        )
+    with monkeypatch.context() as patch:
+        patch.setenv("DJANGO_DATABASE_URL", pg.url("no_such_database_i43"))
+        assert "could not connect to the database" in refused("--once")
+    # A database without the schema: the worker installs it, no warning first.
+    with monkeypatch.context() as patch:
+        patch.setenv("DJANGO_DATABASE_URL", pg.url(pg.create_database()))
+        done = manage("graphile_worker", "--once")
+        assert done.returncode == 0 and "W002" not in done.stderr, done.stderr
 
 
 def test_finished_results_are_pruned_after_keep_results_days(site: str) -> None:

@@ -31,6 +31,8 @@ DATABASES = {
     "default": _database(os.environ["DJANGO_DATABASE_URL"]),
     "bare": _database(os.environ.get("DJANGO_BARE_DATABASE_URL", "postgres:///bare")),
 }
+if os.environ.get("DJANGO_SQLITE") == "1":  # DJANGO_SQLITE=1: startproject's database
+    DATABASES["default"] = {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}
 TASKS = {
     "default": {
         "BACKEND": "worker_cli.contrib.django.GraphileWorkerBackend",
