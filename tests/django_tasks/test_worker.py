@@ -80,6 +80,20 @@ def test_signals_sent_by_the_backend_and_the_worker(site: str) -> None:
     assert f"Task id={bad.id} path=jobsapp.tasks.fail state=FAILED" in out
 
 
+def test_each_log_line_prints_once_with_debug_on(
+    site: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # DEBUG = True gives Django's "django" logger a console handler of its
+    # own; the project's LOGGING gives "django.tasks" one too.
+    from jobsapp.tasks import add
+
+    monkeypatch.setenv("DJANGO_DEBUG", "1")
+    ok = add.enqueue(2, 2)
+    out = run_once()
+    for state in ("RUNNING", "SUCCESSFUL"):
+        assert out.count(f"Task id={ok.id} path=jobsapp.tasks.add state={state}") == 1, out
+
+
 def test_priority_order_and_fifo(site: str) -> None:
     from django.db import transaction
     from jobsapp.tasks import record

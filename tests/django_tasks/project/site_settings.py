@@ -19,7 +19,8 @@ def _database(url: str) -> dict[str, object]:
 
 
 SECRET_KEY = "test"
-DEBUG = False
+# DJANGO_DEBUG=1: DEBUG on (Django then logs to the console itself).
+DEBUG = os.environ.get("DJANGO_DEBUG") == "1"
 # DJANGO_USE_TZ=0: naive datetimes in TIME_ZONE (a test of that case).
 USE_TZ = os.environ.get("DJANGO_USE_TZ", "1") == "1"
 TIME_ZONE = "UTC" if USE_TZ else "Europe/Paris"
