@@ -6,11 +6,14 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import math
+import os
 import pickle
+import subprocess
+import sys
 import uuid
 
 import pytest
-from conftest import log_lines, manage
+from conftest import PROJECT, log_lines, manage
 from dbhelpers import rows, value
 
 pytestmark = pytest.mark.db
@@ -193,6 +196,26 @@ def test_manage_py_check_and_migrate_warn_while_the_schema_is_missing(site: str)
     assert done.returncode == 0 and warning in done.stderr, done.stderr
     done = manage("migrate", "-v", "0")
     assert done.returncode == 0 and "W002" not in done.stderr, done.stderr
+    # runserver (on a port of the system's choosing) checks before it serves.
+    server = subprocess.Popen(
+        [sys.executable, "manage.py", "runserver", "--noreload", "127.0.0.1:0"],
+        cwd=PROJECT,
+        env=dict(os.environ),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        assert server.stdout is not None
+        seen = []
+        for line in server.stdout:
+            seen.append(line)
+            if line.startswith("System check identified") and "(0 silenced)" in line:
+                break  # the last line of the checks' report
+    finally:
+        server.terminate()
+        server.communicate(timeout=30)
+    assert warning in "".join(seen)
 
 
 def test_a_task_outside_the_installed_apps_is_refused_at_enqueue(site: str) -> None:
