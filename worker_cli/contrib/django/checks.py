@@ -80,27 +80,22 @@ def check_backend(
 
 
 def check_schemas(
-    app_configs: Any = None, databases: Iterable[str] | None = None, **kwargs: Any
+    backends: Iterable[BackendSettings], databases: Iterable[str] | None
 ) -> list[checks.CheckMessage]:
-    """A warning for each GraphileWorkerBackend whose database (one of
-    ``databases``: every alias for ``manage.py check`` and ``runserver``, the
-    one migrated for ``migrate``) has no graphile-worker schema. A backend
-    with a settings error is left to Django's check of the backends."""
-    from django.tasks import task_backends
-
-    from .backend import GraphileWorkerBackend
-
+    """A warning for each of ``backends`` (GraphileWorkerBackends) whose
+    database (one of ``databases``: every alias for ``manage.py check`` and
+    ``runserver``, the one migrated for ``migrate``) has no graphile-worker
+    schema. A backend with a settings error is left to Django's check of the
+    backends."""
+    aliases = set(databases or ())
     found: list[checks.CheckMessage] = []
     seen: set[tuple[str, str]] = set()
-    for backend in task_backends.all():
-        if not isinstance(backend, GraphileWorkerBackend):
-            continue
+    for backend in backends:
         place = (backend.database, backend.schema)
-        if place in seen or check_backend(backend, None):
+        if place in seen or backend.database not in aliases or check_backend(backend, None):
             continue
         seen.add(place)
-        if databases is not None and backend.database in databases:
-            found.extend(_check_schema(backend))
+        found.extend(_check_schema(backend))
     return found
 
 
