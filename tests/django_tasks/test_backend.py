@@ -6,11 +6,14 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import math
+import os
 import pickle
+import subprocess
+import sys
 import uuid
 
 import pytest
-from conftest import log_lines
+from conftest import PROJECT, log_lines, manage
 from dbhelpers import rows, value
 
 pytestmark = pytest.mark.db
@@ -175,6 +178,58 @@ def test_checks(site: str) -> None:
         INSTALLED_APPS=["jobsapp"],
     ):
         assert ids() == ["graphile_worker.E001", "graphile_worker.E003"]
+
+
+def test_manage_py_check_and_migrate_warn_while_the_schema_is_missing(site: str) -> None:
+    # Django 6.1 calls backend.check() without the databases: the app's own
+    # check looks. The alias "bare" is a database without the schema.
+    done = manage("check")
+    assert done.returncode == 0, done.stderr
+    warning = (
+        "(graphile_worker.W002) graphile-worker's schema 'graphile_worker' is not installed "
+        "(or not migrated) in database 'bare'"
+    )
+    assert warning in done.stderr
+    assert "Run `python manage.py graphile_worker --schema-only`" in done.stderr
+    assert "database 'default'" not in done.stderr  # it has the schema
+    done = manage("migrate", "--database", "bare", "-v", "0")
+    assert done.returncode == 0 and warning in done.stderr, done.stderr
+    done = manage("migrate", "-v", "0")
+    assert done.returncode == 0 and "W002" not in done.stderr, done.stderr
+    # runserver (on a port of the system's choosing) checks before it serves.
+    server = subprocess.Popen(
+        [sys.executable, "manage.py", "runserver", "--noreload", "127.0.0.1:0"],
+        cwd=PROJECT,
+        env=dict(os.environ),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        assert server.stdout is not None
+        seen = []
+        for line in server.stdout:
+            seen.append(line)
+            if line.startswith("System check identified") and "(0 silenced)" in line:
+                break  # the last line of the checks' report
+    finally:
+        server.terminate()
+        server.communicate(timeout=30)
+    assert warning in "".join(seen)
+
+
+def test_a_task_outside_the_installed_apps_is_refused_at_enqueue(site: str) -> None:
+    from django.tasks.exceptions import InvalidTask
+    from outside_tasks import stray
+
+    with pytest.raises(InvalidTask) as refused:
+        stray.enqueue(1)
+    assert str(refused.value) == (
+        "Task 'outside_tasks.stray' is in the module 'outside_tasks', which is not in an "
+        "installed app, and the worker runs only the tasks of INSTALLED_APPS: move it to a "
+        "module of an installed app (such as myapp/tasks.py) or add its app to INSTALLED_APPS."
+    )
+    assert counts(site) == (0, 0)
 
 
 def test_bad_options_are_one_clear_error(site: str) -> None:

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from conftest import log_lines, manage, start_worker, stop, wait_for
 from dbhelpers import rows, value
+from pg_server import PgServer
 
 pytestmark = pytest.mark.db
 
@@ -77,6 +78,20 @@ def test_signals_sent_by_the_backend_and_the_worker(site: str) -> None:
     # Django's own receivers log in the worker; the failure with its traceback.
     assert f"Task id={ok.id} path=jobsapp.tasks.add state=SUCCESSFUL" in out
     assert f"Task id={bad.id} path=jobsapp.tasks.fail state=FAILED" in out
+
+
+def test_each_log_line_prints_once_with_debug_on(
+    site: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # DEBUG = True gives Django's "django" logger a console handler of its
+    # own; the project's LOGGING gives "django.tasks" one too.
+    from jobsapp.tasks import add
+
+    monkeypatch.setenv("DJANGO_DEBUG", "1")
+    ok = add.enqueue(2, 2)
+    out = run_once()
+    for state in ("RUNNING", "SUCCESSFUL"):
+        assert out.count(f"Task id={ok.id} path=jobsapp.tasks.add state={state}") == 1, out
 
 
 def test_priority_order_and_fifo(site: str) -> None:
@@ -354,6 +369,34 @@ def test_schema_only_and_clear_errors(site: str) -> None:
     assert done.returncode == 2 and "The connection 'nope' doesn't exist" in done.stderr
     done = manage("graphile_worker", "--schema", "other")
     assert done.returncode == 2 and "leave it out" in done.stderr
+
+
+def test_an_unusable_configuration_is_one_line(
+    site: str, pg: PgServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def refused(*args: str) -> str:
+        done = manage("graphile_worker", *args)
+        assert done.returncode == 1, done.stdout + done.stderr
+        assert done.stdout == "" and len(done.stderr.splitlines()) == 1, done.stderr
+        return done.stderr
+
+    with monkeypatch.context() as patch:
+        patch.setenv("DJANGO_SQLITE", "1")
+        assert refused("--once") == (
+            "Error (graphile_worker.E002): TASKS['default'] uses database 'default', whose "
+            "ENGINE is 'django.db.backends.sqlite3': graphile-worker needs PostgreSQL "
+            "(django.db.backends.postgresql). Set DATABASES['default'] to a PostgreSQL "
+            "database (ENGINE 'django.db.backends.postgresql'), or OPTIONS['database'] to "
+            "the alias of one.\n"
+        )
+    with monkeypatch.context() as patch:
+        patch.setenv("DJANGO_DATABASE_URL", pg.url("no_such_database_i43"))
+        assert "could not connect to the database" in refused("--once")
+    # A database without the schema: the worker installs it, no warning first.
+    with monkeypatch.context() as patch:
+        patch.setenv("DJANGO_DATABASE_URL", pg.url(pg.create_database()))
+        done = manage("graphile_worker", "--once")
+        assert done.returncode == 0 and "W002" not in done.stderr, done.stderr
 
 
 def test_finished_results_are_pruned_after_keep_results_days(site: str) -> None:

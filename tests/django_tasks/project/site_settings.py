@@ -19,7 +19,8 @@ def _database(url: str) -> dict[str, object]:
 
 
 SECRET_KEY = "test"
-DEBUG = False
+# DJANGO_DEBUG=1: DEBUG on (Django then logs to the console itself).
+DEBUG = os.environ.get("DJANGO_DEBUG") == "1"
 # DJANGO_USE_TZ=0: naive datetimes in TIME_ZONE (a test of that case).
 USE_TZ = os.environ.get("DJANGO_USE_TZ", "1") == "1"
 TIME_ZONE = "UTC" if USE_TZ else "Europe/Paris"
@@ -31,6 +32,8 @@ DATABASES = {
     "default": _database(os.environ["DJANGO_DATABASE_URL"]),
     "bare": _database(os.environ.get("DJANGO_BARE_DATABASE_URL", "postgres:///bare")),
 }
+if os.environ.get("DJANGO_SQLITE") == "1":  # DJANGO_SQLITE=1: startproject's database
+    DATABASES["default"] = {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}
 TASKS = {
     "default": {
         "BACKEND": "worker_cli.contrib.django.GraphileWorkerBackend",

@@ -30,7 +30,7 @@ from ...sql import django as django_sql
 from ...sql import render
 from .names import MAX_QUEUE_NAME, identifier_of
 from .storable import json_text
-from .task_results import StoredResult, django_time
+from .task_results import StoredResult, django_time, in_an_installed_app
 
 __all__ = ["GraphileWorkerBackend", "GraphileWorkerTask"]
 
@@ -120,6 +120,7 @@ class GraphileWorkerBackend(BaseTaskBackend):  # type: ignore[misc]
 
     def enqueue(self, task: Task, args: Any, kwargs: Any) -> TaskResult:
         self.validate_task(task)
+        _check_runnable(task)
         args, args_json = json_text(args, "argument")
         kwargs, kwargs_json = json_text(kwargs, "argument")
         result_id = str(uuid.uuid4())
@@ -216,6 +217,20 @@ class _Cursor:
                 f"migrated) in database {backend.database!r}: run "
                 "`python manage.py graphile_worker --schema-only`"
             ) from error
+
+
+def _check_runnable(task: Task) -> None:
+    """Refuse a task the worker would not run: one whose module is not in an
+    installed app (checked here, not in ``validate_task``: Django validates a
+    task as it is defined, maybe before the apps are loaded)."""
+    module = task.func.__module__
+    if not in_an_installed_app(module):
+        raise InvalidTask(
+            f"Task {task.module_path!r} is in the module {module!r}, which is not in an "
+            "installed app, and the worker runs only the tasks of INSTALLED_APPS: move it to "
+            "a module of an installed app (such as myapp/tasks.py) or add its app to "
+            "INSTALLED_APPS."
+        )
 
 
 def _sqlstate(error: BaseException) -> str | None:

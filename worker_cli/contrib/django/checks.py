@@ -1,5 +1,8 @@
-"""The backend's system checks (``manage.py check``; ``check --database``
-and ``migrate`` also look at the database)."""
+"""The backend's system checks. Django's own check of the task backends
+(``backend.check()``, which Django 6.1 calls without the databases) says what
+is wrong with the settings; :func:`check_schemas`, registered by the app,
+looks in the database for graphile-worker's schema, so that ``manage.py
+check``, ``runserver`` and ``migrate`` warn while it is missing."""
 
 from __future__ import annotations
 
@@ -14,7 +17,7 @@ from django.db import DatabaseError, connections
 from ...sql import django as django_sql
 from .names import MAX_QUEUE_NAME
 
-__all__ = ["check_backend"]
+__all__ = ["check_backend", "check_schemas"]
 
 APP = "worker_cli.contrib.django"
 
@@ -57,6 +60,8 @@ def check_backend(
             checks.Error(
                 f"{where} uses database {backend.database!r}, whose ENGINE is {engine!r}: "
                 "graphile-worker needs PostgreSQL (django.db.backends.postgresql)",
+                hint=f"Set DATABASES[{backend.database!r}] to a PostgreSQL database (ENGINE "
+                "'django.db.backends.postgresql'), or OPTIONS['database'] to the alias of one.",
                 id="graphile_worker.E002",
             )
         )
@@ -70,6 +75,26 @@ def check_backend(
                 )
             )
     if not found and databases is not None and backend.database in databases:
+        found.extend(_check_schema(backend))
+    return found
+
+
+def check_schemas(
+    backends: Iterable[BackendSettings], databases: Iterable[str] | None
+) -> list[checks.CheckMessage]:
+    """A warning for each of ``backends`` (GraphileWorkerBackends) whose
+    database (one of ``databases``: every alias for ``manage.py check`` and
+    ``runserver``, the one migrated for ``migrate``) has no graphile-worker
+    schema. A backend with a settings error is left to Django's check of the
+    backends."""
+    aliases = set(databases or ())
+    found: list[checks.CheckMessage] = []
+    seen: set[tuple[str, str]] = set()
+    for backend in backends:
+        place = (backend.database, backend.schema)
+        if place in seen or backend.database not in aliases or check_backend(backend, None):
+            continue
+        seen.add(place)
         found.extend(_check_schema(backend))
     return found
 

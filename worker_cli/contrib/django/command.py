@@ -10,6 +10,8 @@ named by ``--queue-name``. It takes the worker's own flags (``-j``,
 
 from __future__ import annotations
 
+import logging
+import sys
 from typing import Any
 
 import click
@@ -112,6 +114,7 @@ def command(
     queues = _queues(backend, queue_names)
     options = worker_settings(ctx, worker_flags)
     logs.configure(log_format)
+    _print_once()
     try:
         conninfo = conninfo_of(backend.database)
     except GraphileWorkerError as exc:
@@ -133,6 +136,30 @@ def command(
         progress_interval=progress_interval,
         tracing=tracing,
     )
+
+
+def _print_once() -> None:
+    """Each log line once, in the worker's format: a handler printing to the
+    terminal (stderr or stdout) on a logger whose records also reach the root
+    logger's (the worker's) is removed, such as Django's ``console`` handler
+    of the ``django`` logger under ``DEBUG = True``. A logger that does not
+    propagate keeps its own handlers."""
+    terminal = {sys.stderr, sys.stdout, sys.__stderr__, sys.__stdout__}
+    for logger in list(logging.Logger.manager.loggerDict.values()):
+        if not isinstance(logger, logging.Logger) or not _reaches_root(logger):
+            continue
+        for handler in list(logger.handlers):
+            if isinstance(handler, logging.StreamHandler) and handler.stream in terminal:
+                logger.removeHandler(handler)
+
+
+def _reaches_root(logger: logging.Logger) -> bool:
+    current: logging.Logger | None = logger
+    while current is not None and current.parent is not None:
+        if not current.propagate:
+            return False
+        current = current.parent
+    return True
 
 
 def _backend(alias: str) -> GraphileWorkerBackend:

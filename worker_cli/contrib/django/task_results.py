@@ -27,7 +27,7 @@ from django.utils import timezone
 
 from .storable import error_record
 
-__all__ = ["StoredResult", "django_time", "load_task", "lost_attempt"]
+__all__ = ["StoredResult", "django_time", "in_an_installed_app", "load_task", "lost_attempt"]
 
 #: The exception class of an attempt that ended without an outcome.
 LOST = "worker_cli.errors.JobLost"
@@ -167,7 +167,7 @@ def load_task(path: str) -> Task:
     module_name, _, name = path.rpartition(".")
     module = sys.modules.get(module_name)
     if module is None:
-        if not _in_an_installed_app(module_name):
+        if not in_an_installed_app(module_name):
             raise SuspiciousOperation(
                 f"{path!r} is not a Django Task: {module_name!r} is not in an installed app"
             )
@@ -178,7 +178,8 @@ def load_task(path: str) -> Task:
     return found
 
 
-def _in_an_installed_app(module_name: str) -> bool:
+def in_an_installed_app(module_name: str) -> bool:
+    """Whether the module is an installed app's package or one of its modules."""
     return any(
         module_name == app.name or module_name.startswith(app.name + ".")
         for app in apps.get_app_configs()
