@@ -357,8 +357,12 @@ async def test_a_job_not_started_in_time_is_given_back_and_its_start_uncounted(
     clock = ClockBound()
     async with utils.pool.connection() as conn:
         await clock.refresh(conn)
-    deadlines.set(jobs, clock)
-    assert deadlines.admit(jobs[0])  # at once: in time
+    # The first job counted a minute from now (in time whatever this machine's
+    # load), the second when fetched, START_WITHIN * 1.5 ago by its admission.
+    assert jobs[0].locked_at is not None
+    in_time = jobs[0]._replace(locked_at=jobs[0].locked_at + timedelta(minutes=1))
+    deadlines.set([in_time, jobs[1]], clock)
+    assert deadlines.admit(in_time)  # in time
     await asyncio.sleep(START_WITHIN * 1.5)
     assert not deadlines.admit(jobs[1])  # stalled: too late
     loop = asyncio.create_task(deadlines.run())
