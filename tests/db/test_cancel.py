@@ -477,9 +477,9 @@ def test_the_cancel_command(db: str) -> None:
     done = run_cli("cancel", "-c", db, str(waiting), str(running), "999999", "--reason", "cli")
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == [
-        f"Job {waiting}: cancelled",
-        f"Job {running}: running (told to stop; recorded when it ends)",
-        "Job 999999: unknown",
+        f"Cancelled 1 job: {waiting}",
+        "Not found: 999999",
+        f"Told 1 running job to stop (recorded as cancelled when it ends): {running}",
     ]
     assert history(db, waiting)["cancel_reason"] == "cli"
     bad = run_cli("cancel", "-c", db, "x")

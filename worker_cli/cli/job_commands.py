@@ -13,14 +13,13 @@ from ..jobs.job_spec import SMALLINT_MAX, SMALLINT_MIN
 from .common import CONTEXT_SETTINGS, connection_option, run_async, schema_option, shared
 from .params import MAX_WAIT, aware_datetime, json_payload, number
 from .params import job_id as job_id_param
-from .params import job_ids as job_ids_param
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from ..jobs.job_state import AttemptError, JobResult
 
-__all__ = ["WAIT_TIMEOUT_EXIT", "add_job", "cancel", "format_record", "job"]
+__all__ = ["WAIT_TIMEOUT_EXIT", "add_job", "format_record", "job"]
 
 #: Exit code of ``job --wait`` when the job has not finished in time.
 WAIT_TIMEOUT_EXIT = 3
@@ -204,34 +203,3 @@ def format_record(record: JobResult, errors: Sequence[AttemptError] = ()) -> str
             f"    attempt {error.attempt} at {error.failed_at.isoformat()} ({then}): {first}"
         )
     return "\n".join(lines)
-
-
-@click.command("cancel", context_settings=CONTEXT_SETTINGS)
-@connection_option
-@schema_option
-@click.argument("ids", metavar="ID...", nargs=-1, callback=job_ids_param)
-@click.option("--reason", metavar="TEXT", help="Why: kept with the job's record.")
-@click.pass_context
-def cancel(
-    ctx: click.Context, connection: str | None, schema: str, ids: list[int], reason: str | None
-) -> None:
-    """Cancel jobs: a waiting one never runs; a running one is told (its
-    outcome is recorded as cancelled unless it succeeds). Prints each job's
-    state after the call."""
-    from ..client.worker_utils import make_worker_utils
-    from ..errors import JobSpecError
-    from ..jobs.text_args import check_text
-
-    try:  # a byte that is not UTF-8 arrives as a lone surrogate
-        check_text(reason, "reason")
-    except JobSpecError as exc:
-        raise click.BadParameter(exc.reason, ctx, param_hint="'--reason'") from None
-    connection, schema = shared(ctx, connection, schema)
-
-    async def cancel_them() -> dict[int, str]:
-        async with make_worker_utils(connection, schema=schema) as utils:
-            return dict(await utils.cancel_jobs(ids, reason))
-
-    for job_id, state in run_async(cancel_them()).items():
-        told = " (told to stop; recorded when it ends)" if state == "running" else ""
-        click.echo(f"Job {job_id}: {state}{told}")
