@@ -117,6 +117,25 @@ def test_add_job_command_adds_one_job_with_its_options(db: str) -> None:
 
 
 @pytest.mark.db
+def test_add_job_says_when_the_key_replaced_updated_or_kept_a_job(db: str) -> None:
+    def add(*args: str) -> str:
+        result = run_cli("add-job", "-c", db, "hello", "--job-key", "k", *args)
+        assert result.returncode == 0, result.stderr
+        return result.stdout
+
+    job_id = value(db, "select id from graphile_worker.add_job('hello', job_key => 'k')")
+    assert add("--queue", "q").startswith(f"Replaced job {job_id} (hello, key k) in queue 'q', ")
+    assert add("--job-key-mode", "preserve_run_at").startswith(
+        f"Updated job {job_id} (hello, key k), its run_at kept, run at "
+    )
+    assert add("--job-key-mode", "unsafe_dedupe").startswith(
+        f"Kept job {job_id} (key k): a job has this key already (unsafe_dedupe); nothing was added"
+    )
+    assert value(db, "select count(*) from graphile_worker.jobs") == 1
+    assert run_cli("add-job", "-c", db, "hello", "--job-key", "new").stdout.startswith("Added job")
+
+
+@pytest.mark.db
 def test_add_job_command_refuses_bad_input_and_adds_nothing(db: str) -> None:
     bad_json = run_cli("add-job", "-c", db, "hello", "{name: 1}")
     assert bad_json.returncode == 2

@@ -17,6 +17,7 @@ from .params import job_id as job_id_param
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
+    from ..jobs.job import Job
     from ..jobs.job_state import AttemptError, JobResult
 
 __all__ = ["WAIT_TIMEOUT_EXIT", "add_job", "format_record", "job"]
@@ -93,10 +94,27 @@ def add_job(
         job = run_async(add())
     except ValueError as exc:  # JobSpecError names the field
         raise click.UsageError(str(exc), ctx) from None
+    click.echo(added(job, job_key_mode))
+
+
+def added(job: Job, mode: str | None) -> str:
+    """What ``add-job`` did: a new job; or, where a job had the key already
+    (graphile-worker moved its revision), that job replaced (``replace``),
+    updated with its run_at kept (``preserve_run_at``) or left as it was
+    (``unsafe_dedupe``)."""
     where = f" in queue {job.queue_name!r}" if job.queue_name else ""
-    click.echo(
-        f"Added job {job.id} ({job.task_identifier}){where}, run at {job.run_at.isoformat()}."
-    )
+    run_at = job.run_at.isoformat()
+    if job.key is None or not job.revision:
+        return f"Added job {job.id} ({job.task_identifier}){where}, run at {run_at}."
+    if mode == "unsafe_dedupe":
+        return (
+            f"Kept job {job.id} (key {job.key}): a job has this key already "
+            f"(unsafe_dedupe); nothing was added, run at {run_at}."
+        )
+    done = "Updated" if mode == "preserve_run_at" else "Replaced"
+    kept = ", its run_at kept" if mode == "preserve_run_at" else ""
+    named = f"{job.task_identifier}, key {job.key}"
+    return f"{done} job {job.id} ({named}){where}{kept}, run at {run_at}."
 
 
 @click.command("job", context_settings=CONTEXT_SETTINGS)
