@@ -161,7 +161,9 @@ def test_values_are_escaped_in_the_html(db: str) -> None:
 
 
 def test_without_the_schema(empty_db: str) -> None:
-    refused = run_cli("dashboard", "-c", empty_db)
+    # --port 0: whatever serves 8080 (the default) on this machine, the
+    # schema's absence is what is said.
+    refused = run_cli("dashboard", "-c", empty_db, "--port", "0")
     assert refused.returncode == 1
     assert "is not installed in this database" in refused.stderr
     with serve_app(create_app(empty_db)) as url:
@@ -237,3 +239,4 @@ def test_the_overview_flags_stranded_tasks(db: str) -> None:
     table = page.body.split('id="tasks-table"')[1].split("</table>")[0]
     flagged = re.findall(r'>([^<]+)</a> <span class="badge badge-stranded"', table)
     assert flagged == ["&lt;i&gt;x&lt;/i&gt;", "b"]
+
