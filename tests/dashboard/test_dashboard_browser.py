@@ -168,6 +168,34 @@ def confirm(browser: WebDriver, url: str, job_id: int, action: str) -> None:
     wait_for(browser, "#confirm-form")
 
 
+def test_the_jobs_key_column_shows_the_key(db: str, browser: WebDriver) -> None:
+    """The Jobs list's key column shows the keys (an ellipsis past 160 px),
+    not the chart legend's 10-px swatch (the two rules shared the class
+    ``key``); the legend keeps its swatches."""
+    key = "order-2026-11-29-customer-12345-and-more-to-overflow"
+    add_job(db, "hello", job_key=key)
+    add_job(db, "hello", job_key="k7")
+    with serve_app(create_app(db, refresh=0)) as url:
+        browser.get(url + "/jobs")
+        wait_for(browser, "#jobs-table")
+        cells = browser.find_elements(By.CSS_SELECTOR, "#jobs-table tbody td.key")
+        widths = [cell.size["width"] for cell in cells]
+        long_cell = next(cell for cell in cells if cell.get_attribute("textContent") == key)
+        style = browser.execute_script(
+            "const s = getComputedStyle(arguments[0]);"
+            "return [s.display, s.maxWidth, s.textOverflow, arguments[0].clientWidth];",
+            long_cell,
+        )
+        # A table cell (the swatch's rule made it a 10-px inline block: a
+        # 30-px column with its padding), cut with an ellipsis past its width.
+        assert style[:3] == ["table-cell", "160px", "ellipsis"], style
+        assert min(widths) >= 150, widths
+        assert console_errors(browser) == []
+        browser.get(url + "/")
+        swatch = wait_for(browser, "#throughput-totals .swatch-completed")
+        assert (swatch.size["width"], swatch.size["height"]) == (10, 10)
+
+
 def test_each_action_confirmed_changes_the_database(db: str, browser: WebDriver) -> None:
     failed = add_job(db, "hello", max_attempts=3)
     update_job(db, failed, "attempts = 3, last_error = 'boom'")

@@ -161,7 +161,9 @@ def test_values_are_escaped_in_the_html(db: str) -> None:
 
 
 def test_without_the_schema(empty_db: str) -> None:
-    refused = run_cli("dashboard", "-c", empty_db)
+    # --port 0: whatever serves 8080 (the default) on this machine, the
+    # schema's absence is what is said.
+    refused = run_cli("dashboard", "-c", empty_db, "--port", "0")
     assert refused.returncode == 1
     assert "is not installed in this database" in refused.stderr
     with serve_app(create_app(empty_db)) as url:
@@ -237,3 +239,40 @@ def test_the_overview_flags_stranded_tasks(db: str) -> None:
     table = page.body.split('id="tasks-table"')[1].split("</table>")[0]
     flagged = re.findall(r'>([^<]+)</a> <span class="badge badge-stranded"', table)
     assert flagged == ["&lt;i&gt;x&lt;/i&gt;", "b"]
+
+
+def liveness_line(body: str) -> str:
+    """The overview's line about the worker pools, as text."""
+    found = re.search(r'<p class="[^"]*" id="liveness">(.*?)</p>', body, re.S)
+    assert found is not None, body[:3000]
+    return " ".join(re.sub(r"<[^>]+>", "", found.group(1)).split())
+
+
+def test_the_overview_says_which_worker_pools_are_alive(db: str) -> None:
+    """From the heartbeats the Worker pools page reads: pools alive (and
+    their slots), pools silent past their timeout, and holders of running
+    jobs with no heartbeat (a Node worker)."""
+    with serve_app(create_app(db, refresh=0)) as url:
+        assert liveness_line(http(url + "/").body) == "Worker pools: 0 alive"
+        beats = "graphile_worker._private_py_heartbeats"
+        rows(
+            db,
+            f"insert into {beats} (pool_id, timeout, concurrency) values "
+            "('pool-a', interval '5 minutes', 4), ('pool-b', interval '5 minutes', 2)",
+        )
+        rows(
+            db,
+            f"insert into {beats} (pool_id, timeout, beat_at) "
+            "values ('pool-dead', interval '1 minute', now() - interval '10 minutes')",
+        )
+        node = add_job(db)
+        rows(db, "update graphile_worker._private_jobs set locked_at = now(), "
+                 "locked_by = 'worker-node' where id = %s", (node,))  # fmt: skip
+        page = http(url + "/")
+    assert page.status == 200
+    assert re.fullmatch(
+        r"Worker pools: 2 alive \(6 slots\); 1 silent past its timeout \(dead; last beat "
+        r"10m 0\ds ago\); 1 holding jobs without a heartbeat \(Node workers, or heartbeats off\)",
+        liveness_line(page.body),
+    ), liveness_line(page.body)
+    assert 'pools">Worker pools</a>' in page.body.split('id="liveness"')[1].split("</p>")[0]

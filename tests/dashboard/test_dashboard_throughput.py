@@ -213,6 +213,32 @@ def test_six_hours_by_five_minutes_reach_further(db: str, url: str) -> None:
     assert total(day, "added") == "2"  # the live job added 5 hours ago
 
 
+def test_the_range_fits_fresh_activity(db: str, url: str) -> None:
+    """Activity of the last minutes only: the default 6 h chart shows the
+    last hour by minute (it put everything into its rightmost 5-minute bars),
+    and says so; what 24 h holds within 6 h is shown by 5 minutes."""
+    now = db_now(db)
+    record(db, 1_000_001, now - timedelta(minutes=3), created_at=now - timedelta(minutes=4))
+    record(db, 1_000_002, now - timedelta(minutes=12), created_at=now - timedelta(minutes=13))
+    events = [(now - timedelta(minutes=m), "completed") for m in (3, 12)]
+    events += [(now - timedelta(minutes=m), "added") for m in (4, 13)]
+    page = http(url + "/").body
+    assert_chart(page, events, 60, 60)
+    assert "last 1 h" in page and 'id="chart-fitted"' in page
+    assert "(nothing earlier in the last 6 h)" in page
+    assert '<option value="6" selected>6 h</option>' in page  # the choice stays
+    assert total(page, "completed") == "2"
+    record(db, 1_000_003, now - timedelta(hours=3), created_at=now - timedelta(hours=3))
+    events += [(now - timedelta(hours=3), "completed"), (now - timedelta(hours=3), "added")]
+    day = http(url + "/?hours=24").body
+    assert_chart(day, events, 300, 72)
+    assert "(nothing earlier in the last 24 h)" in day
+    six = http(url + "/?hours=6").body
+    assert_chart(six, events, 300, 72)
+    assert 'id="chart-fitted"' not in six
+    list_history_for_expiry(db)
+
+
 def test_an_empty_history_is_said_and_a_bad_choice_refused(url: str) -> None:
     page = http(url + "/")
     assert page.status == 200

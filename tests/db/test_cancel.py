@@ -86,7 +86,9 @@ async def test_a_cancelled_job_releases_its_unique_lock(utils: WorkerUtils, db: 
     assert not again.conflict and again.job_id != first.job_id
 
 
-async def test_a_running_async_task_gets_cancelled_error(utils: WorkerUtils, db: str) -> None:
+async def test_a_running_async_task_gets_cancelled_error(
+    utils: WorkerUtils, db: str, caplog: Any
+) -> None:
     job = await utils.add_job("long", {})
     others = [await utils.add_job("short", {"n": n}) for n in range(3)]
     started = asyncio.Event()
@@ -105,6 +107,7 @@ async def test_a_running_async_task_gets_cancelled_error(utils: WorkerUtils, db:
     async def short(payload: Any, helpers: Helpers) -> None:
         short_ran.append(helpers.job.id)
 
+    caplog.set_level(logging.INFO, logger="graphile_worker")
     async with worker(db, {"long": long, "short": short}, concurrency=1) as runner:
         await started.wait()
         asked = time.monotonic()
@@ -120,6 +123,14 @@ async def test_a_running_async_task_gets_cancelled_error(utils: WorkerUtils, db:
     assert row["last_error"] == "JobCancelled: cancelled: user asked"
     assert sorted(short_ran) == [o.id for o in others]
     assert value(db, "select count(*) from graphile_worker._private_py_cancellations") == 0
+    # An operator's cancel is no error: one INFO line naming the job, no traceback.
+    [line] = [r for r in caplog.records if f"Job {job.id} " in r.getMessage()]
+    assert (line.levelname, line.exc_info, line.exc_text) == ("INFO", None, None)
+    assert line.getMessage().startswith(f"Job {job.id} (long, ")
+    assert line.getMessage().endswith(
+        "cancelled while it ran (it stopped with 'JobCancelled: cancelled: user asked'): "
+        "recorded as cancelled (no retry)"
+    )
 
 
 async def test_a_task_that_returns_anyway_succeeded(utils: WorkerUtils, db: str) -> None:
@@ -477,9 +488,9 @@ def test_the_cancel_command(db: str) -> None:
     done = run_cli("cancel", "-c", db, str(waiting), str(running), "999999", "--reason", "cli")
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == [
-        f"Job {waiting}: cancelled",
-        f"Job {running}: running (told to stop; recorded when it ends)",
-        "Job 999999: unknown",
+        f"Cancelled 1 job: {waiting}",
+        "Not found: 999999",
+        f"Told 1 running job to stop (recorded as cancelled when it ends): {running}",
     ]
     assert history(db, waiting)["cancel_reason"] == "cli"
     bad = run_cli("cancel", "-c", db, "x")

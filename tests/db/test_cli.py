@@ -99,6 +99,34 @@ def test_python_dash_m_works_the_same(empty_db: str) -> None:
 
 
 @pytest.mark.db
+def test_the_first_run_logs_one_migration_line(empty_db: str, tmp_path: Path) -> None:
+    """The first run on an empty database says in one line what it
+    installed (it printed a line per revision: 26 of them); the revisions are
+    DEBUG lines (GRAPHILE_LOGGER_DEBUG)."""
+    from worker_cli.schema.migrate import LATEST_REVISION, MigrationFiles
+
+    (tmp_path / "tasks").mkdir()
+    (tmp_path / "tasks" / "t.py").write_text("def task(payload, helpers):\n    pass\n")
+    first = run_cli("-c", empty_db, "--once", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    py = MigrationFiles().py_revisions()
+    count = LATEST_REVISION + len(py)
+    said = [line for line in first.stderr.splitlines() if "migrat" in line or "revision" in line]
+    assert len(said) == 1, first.stderr
+    assert said[0].endswith(
+        f" INFO Schema 'graphile_worker' migrated to revision {LATEST_REVISION} ({count} "
+        f"migrations: graphile-worker 1-{LATEST_REVISION}, Python-only 1-{max(py)})"
+    )
+    again = run_cli("-c", empty_db, "--once", cwd=tmp_path)
+    assert again.returncode == 0 and "migrat" not in again.stderr, again.stderr
+    schema = "graphile_worker_debug"
+    debug = run_cli("-c", empty_db, "--schema-only", "-s", schema,
+                    env={"GRAPHILE_LOGGER_DEBUG": "1"})  # fmt: skip
+    assert debug.returncode == 0, debug.stderr
+    assert f"applied Python-only migration {max(py)} to {schema}" in debug.stderr
+
+
+@pytest.mark.db
 def test_add_job_command_adds_one_job_with_its_options(db: str) -> None:
     result = run_cli(
         "add-job", "-c", db, "hello", '{"name": "CLI"}', "--queue", "q1", "--priority", "-3",
@@ -114,6 +142,25 @@ def test_add_job_command_adds_one_job_with_its_options(db: str) -> None:
     )
     assert row == ["hello", "q1", -3, True, 4, "k1", {"slow": True, "big": True}]
     assert value(db, "select payload from graphile_worker._private_jobs") == {"name": "CLI"}
+
+
+@pytest.mark.db
+def test_add_job_says_when_the_key_replaced_updated_or_kept_a_job(db: str) -> None:
+    def add(*args: str) -> str:
+        result = run_cli("add-job", "-c", db, "hello", "--job-key", "k", *args)
+        assert result.returncode == 0, result.stderr
+        return result.stdout
+
+    job_id = value(db, "select id from graphile_worker.add_job('hello', job_key => 'k')")
+    assert add("--queue", "q").startswith(f"Replaced job {job_id} (hello, key k) in queue 'q', ")
+    assert add("--job-key-mode", "preserve_run_at").startswith(
+        f"Updated job {job_id} (hello, key k), its run_at kept, run at "
+    )
+    assert add("--job-key-mode", "unsafe_dedupe").startswith(
+        f"Kept job {job_id} (key k): a job has this key already (unsafe_dedupe); nothing was added"
+    )
+    assert value(db, "select count(*) from graphile_worker.jobs") == 1
+    assert run_cli("add-job", "-c", db, "hello", "--job-key", "new").stdout.startswith("Added job")
 
 
 @pytest.mark.db

@@ -1,6 +1,7 @@
 """The admin subcommands, run as a user runs them: ``jobs`` (the list),
-``retry``, ``reschedule``, ``fail``, ``remove`` and ``migrate``; their filters,
-``--json``, the confirmation, refused input, locked jobs, and batches."""
+``retry``, ``reschedule``, ``fail``, ``remove``, ``cancel`` and ``migrate``;
+their filters, ``--json``, the confirmation, refused input, locked jobs,
+nothing matched, and batches."""
 
 from __future__ import annotations
 
@@ -177,7 +178,10 @@ def test_a_database_without_the_schema_is_one_line(empty_db: str) -> None:
 # --- choosing the jobs of an action -----------------------------------------------
 
 
-@pytest.mark.parametrize("action", ["retry", "fail", "remove", "reschedule"])
+ACTIONS = ["retry", "fail", "remove", "reschedule", "cancel"]
+
+
+@pytest.mark.parametrize("action", ACTIONS)
 def test_an_action_refuses_no_choice_more_than_one_and_bad_ids(
     db: str, mixed: dict[str, int], action: str
 ) -> None:
@@ -192,7 +196,7 @@ def test_an_action_refuses_no_choice_more_than_one_and_bad_ids(
     assert snapshot(db) == before
 
 
-@pytest.mark.parametrize("action", ["retry", "fail", "remove", "reschedule"])
+@pytest.mark.parametrize("action", ACTIONS)
 def test_a_filter_asks_first_and_no_changes_nothing(
     db: str, mixed: dict[str, int], action: str
 ) -> None:
@@ -201,16 +205,41 @@ def test_a_filter_asks_first_and_no_changes_nothing(
     for answer in ("n\n", ""):  # no, and no answer at all
         result = cli(action, "-c", db, "--task", "charge_card", *extra, answer=answer)
         refused(result, 1, "not confirmed: nothing was changed")
+        held = "running: told to stop" if action == "cancel" else "locked by a worker: skipped"
         assert (
-            "6 jobs match (task charge_card); 1 of them locked by a worker: skipped. "
-            f"{action.capitalize()} them? [y/N]"
+            f"6 jobs match (task charge_card); 1 of them {held}. {action.capitalize()} them? [y/N]"
         ) in result.stderr
     assert snapshot(db) == before
     result = cli(action, "-c", db, "--queue", "mail", "--json", *extra, answer="y\n")
     assert json.loads(ok(result))["changed"] == [mixed["welcome"]]
     assert "1 job matches (queue mail)" in result.stderr
     nothing = cli(action, "-c", db, "--task", "nosuch", *extra)
-    assert ok(nothing).strip() == "No job matches (task nosuch): nothing was changed."
+    refused(nothing, 1, "no job matches (task nosuch): nothing was changed")
+    assert nothing.stdout == ""
+
+
+@pytest.mark.parametrize("action", ACTIONS)
+def test_nothing_matched_exits_1_by_id_key_or_filter_alike(
+    db: str, mixed: dict[str, int], action: str
+) -> None:
+    """No such job is exit code 1 and one line, whichever way the jobs were
+    chosen (``retry 999`` exited 0 saying "Not found", ``retry --key nosuch``
+    1); some found among ids is exit code 0, the missing ones listed."""
+    before = snapshot(db)
+    extra = ["--priority", "1"] if action == "reschedule" else []
+    for args, text in (
+        (["999999"], "no job has the id 999999: nothing was changed"),
+        (["999998", "999999"], "no job has any of the ids 999998, 999999: nothing was changed"),
+        (["--key", "nosuch"], "no job has the key 'nosuch': nothing was changed"),
+        (["--state", "retrying", "--task", "nosuch", "-y"], "no job matches"),
+    ):
+        for json_flag in ([], ["--json"]):
+            result = cli(action, "-c", db, *args, *json_flag, *extra)
+            refused(result, 1, text)
+            assert result.stdout == ""
+    assert snapshot(db) == before
+    some = ok(cli(action, "-c", db, str(mixed["waiting"]), "999999", *extra))
+    assert some.splitlines()[-1] == "Not found: 999999"
 
 
 # --- retry ----------------------------------------------------------------------
@@ -362,10 +391,46 @@ def test_remove_releases_the_uniqueness_lock(db: str) -> None:
     assert rows(db, unique)[0]["conflict"] is False
 
 
+# --- cancel ---------------------------------------------------------------------
+
+
+def history_state(db: str, job_id: int) -> str | None:
+    found = rows(db, "select state, cancel_reason from graphile_worker._private_py_job_history "
+                 "where job_id = %s", (job_id,))  # fmt: skip
+    return f"{found[0]['state']} ({found[0]['cancel_reason']})" if found else None
+
+
+def test_cancel_by_ids_key_and_filters_as_the_other_actions(db: str, mixed: dict[str, int]) -> None:
+    out = ok(cli("cancel", "-c", db, str(mixed["waiting"]), str(mixed["locked"]), "999999"))
+    assert out.splitlines() == [
+        f"Cancelled 1 job: {mixed['waiting']}",
+        "Not found: 999999",
+        f"Told 1 running job to stop (recorded as cancelled when it ends): {mixed['locked']}",
+    ]
+    assert job(db, mixed["waiting"]) is None and history_state(db, mixed["waiting"]) == (
+        "cancelled (None)"
+    )
+    locked = job(db, mixed["locked"])
+    assert locked and locked["attempts"] == locked["max_attempts"]  # never retried
+    again = ok(cli("cancel", "-c", db, str(mixed["waiting"])))
+    assert (
+        again.splitlines()[-1] == f"Left 1 job as they were (finished already): {mixed['waiting']}"
+    )
+    by_key = json.loads(
+        ok(cli("cancel", "-c", db, "--key", "welcome-7", "--json", "--reason", "k"))
+    )
+    assert by_key["changed"] == [mixed["welcome"]]
+    assert history_state(db, mixed["welcome"]) == "cancelled (k)"
+    by_filter = cli("cancel", "-c", db, "--task", "charge_card", "--state", "scheduled", "-y")
+    assert ok(by_filter).strip() == f"Cancelled 1 job: {mixed['scheduled']}"
+    refused(cli("cancel", "-c", db, "--key", "later-1", "--task", "email"), 2, "only one")
+    assert job(db, mixed["later"]) is not None
+
+
 # --- batches --------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("action", ["retry", "reschedule", "fail", "remove"])
+@pytest.mark.parametrize("action", ["retry", "reschedule", "fail", "remove", "cancel"])
 def test_a_large_filter_is_done_in_batches(db: str, action: str) -> None:
     rows(db, "select graphile_worker.add_job('bulk', json_build_object('n', g), max_attempts => 5)"
              " from generate_series(1, 2500) as g")  # fmt: skip
@@ -374,17 +439,18 @@ def test_a_large_filter_is_done_in_batches(db: str, action: str) -> None:
     rows(db, f"update {JOBS} set locked_at = now(), locked_by = 'w' where id = any(%s)", (held,))
     extra = ["--priority", "3"] if action == "reschedule" else []
     out = json.loads(ok(cli(action, "-c", db, "--task", "bulk", "--yes", "--json", *extra)))
+    held_as = "stopped" if action == "cancel" else "locked"  # cancel tells them to stop
     assert out["counts"] == {
         "changed": 2497,
-        "locked": 3,
+        "locked": 0,
         "missing": 0,
         "unchanged": 0,
         "stopped": 0,
-    }
-    assert out["locked"] == held
+    } | {held_as: 3}
+    assert out[held_as] == held
     left = rows(db, f"select id, attempts, priority, last_error, xmin::text as tx from {JOBS} "
                 "where locked_at is null order by id")  # fmt: skip
-    if action == "remove":
+    if action in ("remove", "cancel"):
         assert left == []
         return
     assert len(left) == 2497

@@ -6,6 +6,7 @@ spends no attempt and holds up no other; limits live in the database."""
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
 import time
 from collections.abc import Sequence
@@ -202,6 +203,12 @@ def test_the_cli_sets_lists_and_removes_limits_with_one_line_for_bad_input(db: s
         "(0 in the last 1s), per value of payload field 'account_id' (0 seen)\n"
     )
     assert run_cli("limits", "-c", db).stdout.startswith("task charge: at most 3 running")
+    [as_json] = json.loads(run_cli("limits", "-c", db, "--json").stdout)
+    assert {k: v for k, v in as_json.items() if k != "updated_at"} == {
+        "kind": "task", "name": "charge", "max_running": 3, "max_starts": 50,
+        "per_seconds": 1.0, "partition_by": "account_id", "running": 0,
+        "recent_starts": 0, "partitions": 0,
+    }  # fmt: skip
     for args, message in [
         ((), "give one of --queue NAME, --task IDENTIFIER, --operation NAME"),
         (("--task", "a", "--operation", "b", "--max-running", "1"), "give one of"),
@@ -220,10 +227,15 @@ def test_the_cli_sets_lists_and_removes_limits_with_one_line_for_bad_input(db: s
         assert failed.returncode == 2, (args, failed.stdout)
         assert message in failed.stderr, (args, failed.stderr)
         assert "Traceback" not in failed.stderr
-    assert run_cli("limit", "-c", db, "--task", "charge", "--remove").stdout == (
-        "Removed the limit of task charge\n"
+    removed = run_cli("limit", "-c", db, "--task", "charge", "--remove")
+    assert removed.stdout == "Removed the limit of task charge\n"
+    # Not silently undone: a task's declared limit comes back at the next start.
+    assert removed.stderr == (
+        "Warning: if task charge declares a limit (@task_options(limit=...)), the next "
+        "worker start that loads it sets that limit again\n"
     )
     assert run_cli("limits", "-c", db).stdout == "Nothing is limited\n"
+    assert json.loads(run_cli("limits", "-c", db, "--json").stdout) == []
 
 
 @pytest.mark.db

@@ -193,8 +193,22 @@ def test_the_cli_pauses_lists_and_resumes_with_one_line_for_bad_input(db: str) -
     assert run_cli("pause", "-c", db, "--task", "*").returncode == 0
     listed = run_cli("pauses", "-c", db).stdout.splitlines()
     assert [line.split(":")[0] for line in listed] == ["queue mail", "every task"]
-    assert run_cli("resume", "-c", db, "--task", "*").stdout == "Resumed task *\n"
-    assert run_cli("resume", "-c", db, "--task", "*").stdout == "Task * was not paused\n"
+    as_json = json.loads(run_cli("pauses", "-c", db, "--json").stdout)
+    assert [(p["kind"], p["name"], p["reason"], p["hold_queue_lock"]) for p in as_json] == [
+        ("queue", "mail", "deploy", False),
+        ("task", "*", None, False),
+    ]
+    assert as_json[0]["resume_at"] > as_json[0]["paused_at"] and as_json[1]["resume_at"] is None
+    # resume answers as pause said it: "every task", "every named queue".
+    assert run_cli("resume", "-c", db, "--task", "*").stdout == "Resumed every task\n"
+    assert run_cli("resume", "-c", db, "--task", "*").stdout == (
+        "No pause of every task was in force\n"
+    )
+    assert run_cli("pause", "-c", db, "--queue", "*").stdout.startswith("Paused every named queue")
+    assert run_cli("resume", "-c", db, "--queue", "*").stdout == (
+        "Resumed every named queue (queues still paused on their own: mail)\n"
+    )
+    assert run_cli("pause", "-c", db, "--queue", "mail").returncode == 0
     for args, message in [
         ((), "give either --queue NAME or --task IDENTIFIER"),
         (("--queue", "a", "--for", "0s"), "a pause lasts above 0 and at most 366 days"),

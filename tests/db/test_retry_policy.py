@@ -278,14 +278,24 @@ async def test_discard_fails_the_job_for_good_and_reschedule_revives_it(
     row = job_row(db, job.id)
     assert (row["attempts"], row["max_attempts"]) == (25, 25)
     assert row["last_error"].startswith("Discard: a.csv is not a CSV file")
-    assert "failed permanently by its task's retry policy" in caplog.text
+    # A Discard is the task's decision, no bug: one WARNING line, no traceback.
+    [line] = [r for r in caplog.records if r.name == "graphile_worker.worker"]
+    assert (line.levelname, line.exc_info, line.exc_text) == ("WARNING", None, None)
+    assert line.getMessage().startswith(f"Job {job.id} (importer, ")
+    assert line.getMessage().endswith(
+        "discarded by its task (a.csv is not a CSV file): failed permanently "
+        "(no retry; `graphile-worker retry` revives it)"
+    )
     assert await utils.get_job_status(job.id) == "failed"
     await utils.reschedule_jobs([job.id], attempts=0, run_at=datetime.now(UTC))
     assert await utils.get_job_status(job.id) == "available"
 
 
 @pytest.mark.db
-async def test_cancel_from_inside_records_the_job_as_cancelled(utils: WorkerUtils, db: str) -> None:
+async def test_cancel_from_inside_records_the_job_as_cancelled(
+    utils: WorkerUtils, db: str, caplog: Any
+) -> None:
+    caplog.set_level(logging.INFO, logger="graphile_worker")
     job = await utils.add_job("charge", {"order": 7})
     runs: list[int] = []
 
@@ -298,6 +308,12 @@ async def test_cancel_from_inside_records_the_job_as_cancelled(utils: WorkerUtil
     assert value(db, f"select count(*) from {JOBS}") == 0
     record = await utils.get_job_result(job.id)
     assert (record.state, record.cancel_reason) == ("cancelled", "order 7 was refunded")
+    [line] = [r for r in caplog.records if r.name == "graphile_worker.worker"]
+    assert (line.levelname, line.exc_info, line.exc_text) == ("INFO", None, None)
+    assert line.getMessage().startswith(f"Job {job.id} (charge, ")
+    assert line.getMessage().endswith(
+        "cancelled by its task (order 7 was refunded): recorded as cancelled (no retry)"
+    )
 
 
 @pytest.mark.db

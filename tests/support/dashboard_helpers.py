@@ -9,6 +9,7 @@ test looks for is there (Selenium's explicit waits).
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -137,17 +138,24 @@ def wait_healthy(url: str, process: subprocess.Popen[str] | None = None) -> None
 
 @contextmanager
 def serve_cli(db: str, *args: str, env: dict[str, str] | None = None) -> Iterator[str]:
-    """``graphile-worker dashboard`` on a free port; yields its base URL."""
-    port = free_port()
+    """``graphile-worker dashboard`` on a port the system picks (``--port
+    0``: never a fixed one, nor one chosen here and freed again); yields the
+    base URL its log line names."""
     process = subprocess.Popen(
-        [cli_path(), "dashboard", "-c", db, "--port", str(port), "--refresh", "0", *args],
+        [cli_path(), "dashboard", "-c", db, "--port", "0", "--refresh", "0", *args],
         env={**os.environ, **(env or {})},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
-    url = f"http://127.0.0.1:{port}"
     try:
+        assert process.stderr is not None
+        said = ""
+        while (line := process.stderr.readline()) and " on http://" not in line:
+            said += line
+        found = re.search(r" on (http://[^/ ]+)/", line)
+        assert found, f"the dashboard did not say where it listens: {said + line}"
+        url = found.group(1)
         wait_healthy(url, process)
         yield url
     finally:
@@ -161,14 +169,16 @@ def serve_cli(db: str, *args: str, env: dict[str, str] | None = None) -> Iterato
 
 @contextmanager
 def serve_app(app: Any) -> Iterator[str]:
-    """An ASGI app under uvicorn in a thread of this process; yields its base URL."""
-    port = free_port()
+    """An ASGI app under uvicorn in a thread of this process, on a socket
+    bound here to a port the system picks; yields its base URL."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
     server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
+        uvicorn.Config(app, host="127.0.0.1", log_level="warning", lifespan="on")
     )
-    thread = threading.Thread(target=server.run, daemon=True)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
-    url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + WAIT
         while not server.started:
@@ -179,6 +189,7 @@ def serve_app(app: Any) -> Iterator[str]:
     finally:
         server.should_exit = True
         thread.join(WAIT)
+        sock.close()
 
 
 @contextmanager

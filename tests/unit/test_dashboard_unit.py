@@ -234,3 +234,17 @@ def test_a_result_as_shown() -> None:
         "3m 12s",
         "",
     )
+
+
+def test_port_0_binds_one_free_port_for_every_address() -> None:
+    """``dashboard --port 0`` (what the tests use: no fixed port): the system
+    picks a port, the same on each address ``localhost`` names."""
+    from worker_cli.dashboard.serve import bind, bound_port
+
+    sockets = bind("localhost", 0)
+    try:
+        ports = {sock.getsockname()[1] for sock in sockets}
+        assert ports == {bound_port(sockets)} and bound_port(sockets) > 0
+    finally:
+        for sock in sockets:
+            sock.close()

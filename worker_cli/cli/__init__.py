@@ -11,9 +11,9 @@ package; nothing imports it but ``worker_cli/__init__.py`` (lazily) and
 
 from __future__ import annotations
 
-from .admin_commands import fail, jobs, migrate, remove, reschedule, retry
+from .admin_commands import cancel, fail, jobs, migrate, remove, reschedule, retry
 from .commands import command, main
-from .job_commands import add_job, cancel, job
+from .job_commands import add_job, job
 from .limit_commands import limit, limits
 from .pause_commands import pause, pauses, resume
 

@@ -1,10 +1,12 @@
 """The admin commands: ``jobs`` (the list), ``retry``, ``reschedule``,
-``fail``, ``remove`` and ``migrate``: graphile-worker's admin functions from
-the command line, on jobs chosen by id, by key, or by filter (task, named
-queue, state: the states of ``status``). A filter's matches are counted and
-confirmed first (``--yes`` skips the question), then acted on in batches
-(:mod:`.admin_jobs`). A job a worker holds is never changed: it is skipped
-and reported.
+``fail``, ``remove``, ``cancel`` and ``migrate``: graphile-worker's admin
+functions (and ``py_cancel_jobs``) from the command line, on jobs chosen by
+id, by key, or by filter (task, named queue, state: the states of
+``status``). A filter's matches are counted and confirmed first (``--yes``
+skips the question), then acted on in batches (:mod:`.admin_jobs`). A job a
+worker holds is never changed: it is skipped and reported (``cancel`` tells
+it to stop instead). When nothing matched (no such id, key or match) an
+action changes nothing and exits with code 1, saying so in one line.
 """
 
 from __future__ import annotations
@@ -17,7 +19,6 @@ from typing import Any, TypeVar
 
 import click
 
-from ..errors import GraphileWorkerError
 from ..jobs.job_spec import SMALLINT_MAX, SMALLINT_MIN
 from ..jobs.last_error import storable
 from ..sql import admin as admin_sql
@@ -26,7 +27,7 @@ from .common import CONTEXT_SETTINGS, connection_option, run_async, schema_optio
 from .params import aware_datetime
 from .params import job_id as job_id_param
 
-__all__ = ["fail", "jobs", "migrate", "remove", "reschedule", "retry"]
+__all__ = ["cancel", "fail", "jobs", "migrate", "remove", "reschedule", "retry"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -178,6 +179,16 @@ def _confirmed(question: str) -> bool:
             click.echo(err=True)
 
 
+def _nothing(what: str) -> click.ClickException:
+    """Nothing matched: exit code 1, one line (ids, ``--key`` and filters alike)."""
+    return click.ClickException(f"{what}: nothing was changed")
+
+
+def _no_such_ids(ids: tuple[int, ...] | list[int]) -> str:
+    listed = ", ".join(str(one) for one in ids)
+    return f"no job has the id {listed}" if len(ids) == 1 else f"no job has any of the ids {listed}"
+
+
 async def _act_on_ids(
     connection: str | None,
     schema: str,
@@ -191,12 +202,12 @@ async def _act_on_ids(
     async with session(connection, schema) as db:
         if key is not None and outcome.action == "remove":
             if not await db.remove_by_key(outcome, key):
-                raise GraphileWorkerError(f"no job has the key {key!r}: nothing was changed")
+                raise _nothing(f"no job has the key {key!r}")
             return
         if key is not None:
             found = await db.job_id_by_key(key)
             if found is None:
-                raise GraphileWorkerError(f"no job has the key {key!r}: nothing was changed")
+                raise _nothing(f"no job has the key {key!r}")
             ids = (found,)
         await db.act(outcome, await db.action(outcome.action), ids, **params)
 
@@ -223,13 +234,16 @@ def _run_action(
     action: str,
     chosen: dict[str, Any],
     text: tuple[str, str, str],
+    held: str = "locked by a worker: skipped",
     **params: Any,
 ) -> None:
     """An action on the jobs ``chosen`` (the values of :func:`_selection`'s
     options): ids or a key at once; a filter's matches after their count and
     the confirmation, up to the highest id counted. ``text``: the verb
-    (``Retry``), what was done (``Retried``), why a job was left as it was.
-    Prints the outcome."""
+    (``Retry``), what was done (``Retried``), why a job was left as it was;
+    ``held``: what becomes of the matches a worker holds (for the question).
+    Prints the outcome; nothing matched (every id missing, no job with the
+    key, no match) is an error, exit code 1."""
     connection, schema = shared(ctx, chosen.pop("connection"), chosen.pop("schema"))
     yes, as_json = chosen.pop("yes"), chosen.pop("as_json")
     ids, key = chosen.pop("ids"), chosen.pop("key")
@@ -238,18 +252,19 @@ def _run_action(
     outcome = Outcome(action)
     if filters is None:
         run_async(_act_on_ids(connection, schema, outcome, ids, key, params))
+        found = outcome.changed + outcome.locked + outcome.unchanged + outcome.stopped
+        if ids and not found:
+            raise _nothing(_no_such_ids(outcome.missing))
     else:
         matches = run_async(_matches(connection, schema, filters))
-        if not matches.count and not as_json:
-            click.echo(f"No job matches ({filters.describe()}): nothing was changed.")
-            return
-        if matches.count and not yes:
-            held = f"; {matches.held:,} of them locked by a worker: skipped" if matches.held else ""
+        if not matches.count:
+            raise _nothing(f"no job matches ({filters.describe()})")
+        if not yes:
+            also = f"; {matches.held:,} of them {held}" if matches.held else ""
             count = f"{matches.count:,} job" + (" matches" if matches.count == 1 else "s match")
-            if not _confirmed(f"{count} ({filters.describe()}){held}. {verb} them?"):
+            if not _confirmed(f"{count} ({filters.describe()}){also}. {verb} them?"):
                 raise click.ClickException("not confirmed: nothing was changed")
-        if matches.count:
-            run_async(_act_on_matches(connection, schema, outcome, filters, matches.upto, params))
+        run_async(_act_on_matches(connection, schema, outcome, filters, matches.upto, params))
     if as_json:
         click.echo(outcome.as_json())
     else:
@@ -358,6 +373,32 @@ def remove(ctx: click.Context, /, **chosen: Any) -> None:
     Jobs by ID, by --key, or every job the filters match (counted and
     confirmed first)."""
     _run_action(ctx, "remove", chosen, ("Remove", "Removed", "gone meanwhile"))
+
+
+@click.command("cancel", context_settings=CONTEXT_SETTINGS)
+@_selection("Cancel")
+@click.option("--reason", metavar="TEXT", help="Why: kept with the job's record.")
+@click.pass_context
+def cancel(ctx: click.Context, /, reason: str | None, **chosen: Any) -> None:
+    """Cancel jobs (py_cancel_jobs): a waiting one never runs (recorded as
+    cancelled); a running one is told to stop (recorded as cancelled when it
+    ends, unless it succeeds). Jobs by ID, by --key, or every job the filters
+    match (counted and confirmed first)."""
+    from ..errors import JobSpecError
+    from ..jobs.text_args import check_text
+
+    try:  # a byte that is not UTF-8 arrives as a lone surrogate
+        check_text(reason, "reason")
+    except JobSpecError as exc:
+        raise click.BadParameter(exc.reason, ctx, param_hint="'--reason'") from None
+    _run_action(
+        ctx,
+        "cancel",
+        chosen,
+        ("Cancel", "Cancelled", "finished already"),
+        held="running: told to stop",
+        reason=reason,
+    )
 
 
 @click.command("migrate", context_settings=CONTEXT_SETTINGS)

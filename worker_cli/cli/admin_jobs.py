@@ -134,7 +134,16 @@ def format_outcome(outcome: Outcome, done: str, unchanged: str) -> list[str]:
         )
     if outcome.missing:
         lines.append("Not found: " + _ids(outcome.missing))
-    if outcome.stopped:
+    if outcome.stopped and outcome.action == "cancel":
+        lines.append(
+            f"Told {len(outcome.stopped):,} running job"
+            + ("" if len(outcome.stopped) == 1 else "s")
+            + " to stop (recorded as cancelled when "
+            + ("it ends" if len(outcome.stopped) == 1 else "they end")
+            + "): "
+            + _ids(outcome.stopped)
+        )
+    elif outcome.stopped:
         lines.append(
             f"Job {_ids(outcome.stopped)} is running on a worker: it keeps running, "
             "but lost its key and will not be retried"

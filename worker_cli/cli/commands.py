@@ -405,7 +405,13 @@ def _basic_auth(_ctx: click.Context, _param: click.Parameter, value: str | None)
 @connection_option
 @schema_option
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
-@click.option("--port", type=click.IntRange(1, 65535), default=8080, show_default=True)
+@click.option(
+    "--port",
+    type=click.IntRange(0, 65535),
+    default=8080,
+    show_default=True,
+    help="Port to listen on (0: a free one; the log line names it).",
+)
 @click.option("--read-only", is_flag=True, help="Show the queue; hide and refuse the actions.")
 @worker_option("no_prepared_statements")
 @click.option(

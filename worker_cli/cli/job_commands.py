@@ -13,14 +13,14 @@ from ..jobs.job_spec import SMALLINT_MAX, SMALLINT_MIN
 from .common import CONTEXT_SETTINGS, connection_option, run_async, schema_option, shared
 from .params import MAX_WAIT, aware_datetime, json_payload, number
 from .params import job_id as job_id_param
-from .params import job_ids as job_ids_param
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
+    from ..jobs.job import Job
     from ..jobs.job_state import AttemptError, JobResult
 
-__all__ = ["WAIT_TIMEOUT_EXIT", "add_job", "cancel", "format_record", "job"]
+__all__ = ["WAIT_TIMEOUT_EXIT", "add_job", "format_record", "job"]
 
 #: Exit code of ``job --wait`` when the job has not finished in time.
 WAIT_TIMEOUT_EXIT = 3
@@ -94,10 +94,27 @@ def add_job(
         job = run_async(add())
     except ValueError as exc:  # JobSpecError names the field
         raise click.UsageError(str(exc), ctx) from None
+    click.echo(added(job, job_key_mode))
+
+
+def added(job: Job, mode: str | None) -> str:
+    """What ``add-job`` did: a new job; or, where a job had the key already
+    (graphile-worker moved its revision), that job replaced (``replace``),
+    updated with its run_at kept (``preserve_run_at``) or left as it was
+    (``unsafe_dedupe``)."""
     where = f" in queue {job.queue_name!r}" if job.queue_name else ""
-    click.echo(
-        f"Added job {job.id} ({job.task_identifier}){where}, run at {job.run_at.isoformat()}."
-    )
+    run_at = job.run_at.isoformat()
+    if job.key is None or not job.revision:
+        return f"Added job {job.id} ({job.task_identifier}){where}, run at {run_at}."
+    if mode == "unsafe_dedupe":
+        return (
+            f"Kept job {job.id} (key {job.key}): a job has this key already "
+            f"(unsafe_dedupe); nothing was added, run at {run_at}."
+        )
+    done = "Updated" if mode == "preserve_run_at" else "Replaced"
+    kept = ", its run_at kept" if mode == "preserve_run_at" else ""
+    named = f"{job.task_identifier}, key {job.key}"
+    return f"{done} job {job.id} ({named}){where}{kept}, run at {run_at}."
 
 
 @click.command("job", context_settings=CONTEXT_SETTINGS)
@@ -204,34 +221,3 @@ def format_record(record: JobResult, errors: Sequence[AttemptError] = ()) -> str
             f"    attempt {error.attempt} at {error.failed_at.isoformat()} ({then}): {first}"
         )
     return "\n".join(lines)
-
-
-@click.command("cancel", context_settings=CONTEXT_SETTINGS)
-@connection_option
-@schema_option
-@click.argument("ids", metavar="ID...", nargs=-1, callback=job_ids_param)
-@click.option("--reason", metavar="TEXT", help="Why: kept with the job's record.")
-@click.pass_context
-def cancel(
-    ctx: click.Context, connection: str | None, schema: str, ids: list[int], reason: str | None
-) -> None:
-    """Cancel jobs: a waiting one never runs; a running one is told (its
-    outcome is recorded as cancelled unless it succeeds). Prints each job's
-    state after the call."""
-    from ..client.worker_utils import make_worker_utils
-    from ..errors import JobSpecError
-    from ..jobs.text_args import check_text
-
-    try:  # a byte that is not UTF-8 arrives as a lone surrogate
-        check_text(reason, "reason")
-    except JobSpecError as exc:
-        raise click.BadParameter(exc.reason, ctx, param_hint="'--reason'") from None
-    connection, schema = shared(ctx, connection, schema)
-
-    async def cancel_them() -> dict[int, str]:
-        async with make_worker_utils(connection, schema=schema) as utils:
-            return dict(await utils.cancel_jobs(ids, reason))
-
-    for job_id, state in run_async(cancel_them()).items():
-        told = " (told to stop; recorded when it ends)" if state == "running" else ""
-        click.echo(f"Job {job_id}: {state}{told}")

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -104,6 +105,12 @@ def limit(
     what = next(f"{kind} {name}" for kind, name in targets.items() if name is not None)
     if isinstance(done, bool):
         click.echo(f"Removed the limit of {what}" if done else f"{what.capitalize()} had no limit")
+        if done and task is not None:
+            click.echo(
+                f"Warning: if task {task} declares a limit (@task_options(limit=...)), "
+                "the next worker start that loads it sets that limit again",
+                err=True,
+            )
     else:
         click.echo("Limited " + _describe(done))
 
@@ -111,8 +118,9 @@ def limit(
 @click.command("limits", context_settings=CONTEXT_SETTINGS)
 @connection_option
 @schema_option
+@click.option("--json", "as_json", is_flag=True, help="Print the limits as one JSON array.")
 @click.pass_context
-def limits(ctx: click.Context, connection: str | None, schema: str) -> None:
+def limits(ctx: click.Context, connection: str | None, schema: str, as_json: bool) -> None:
     """List the limits, with how much of each is in use."""
     from ..client.worker_utils import make_worker_utils
 
@@ -123,7 +131,28 @@ def limits(ctx: click.Context, connection: str | None, schema: str) -> None:
             return await utils.list_limits()
 
     found = run_async(list_them())
+    if as_json:
+        click.echo(json.dumps([_as_dict(info) for info in found]))
+        return
     for info in found:
         click.echo(_describe(info))
     if not found:
         click.echo("Nothing is limited")
+
+
+def _as_dict(info: LimitInfo) -> dict[str, Any]:
+    """A limit and its use for ``limits --json`` (the window in seconds)."""
+    per = info.limit.per
+    seconds = per.total_seconds() if isinstance(per, timedelta) else per
+    return {
+        "kind": info.kind,
+        "name": info.name,
+        "max_running": info.limit.max_running,
+        "max_starts": info.limit.max_starts,
+        "per_seconds": seconds,
+        "partition_by": info.limit.partition_by,
+        "updated_at": info.updated_at.isoformat(),
+        "running": info.running,
+        "recent_starts": info.recent_starts,
+        "partitions": info.partitions,
+    }

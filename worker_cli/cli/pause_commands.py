@@ -1,7 +1,10 @@
-"""The commands about pauses: ``pause``, ``resume`` and ``pauses`` (the list)."""
+"""The commands about pauses: ``pause``, ``resume`` and ``pauses`` (the
+list, ``--json`` too). ``pause`` and ``resume`` name what they paused or
+resumed alike (``*``: every task, every named queue)."""
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -140,28 +143,42 @@ def resume(
     from ..client.worker_utils import make_worker_utils
 
     target = _target(queue, task)
+    kind = next(iter(target))
     connection, schema = shared(ctx, connection, schema)
 
-    async def resume_it() -> bool:
+    async def resume_it() -> tuple[bool, list[Pause]]:
         async with make_worker_utils(connection, schema=schema) as utils:
-            return await utils.resume(**target)
+            resumed = await utils.resume(**target)
+            return resumed, await utils.list_pauses() if target.get(kind) == "*" else []
 
-    kind, name = next(iter(target.items()))
+    from ..jobs.pause_spec import describe_target
+
+    name = target[kind]
     try:
-        resumed = run_async(resume_it())
+        resumed, left = run_async(resume_it())
     except ValueError as exc:  # JobSpecError: the one line naming the field
         raise click.UsageError(str(exc)) from None
-    if resumed:
-        click.echo(f"Resumed {kind} {name}")
-    else:
-        click.echo(f"{kind.capitalize()} {name} was not paused")
+    what = describe_target(kind, name)
+    if not resumed:
+        click.echo(
+            f"No pause of {what} was in force"
+            if name == "*"
+            else f"{what.capitalize()} was not paused"
+        )
+        return
+    # ``*`` ends the pause of every one, not the pauses of single ones.
+    still = ", ".join(one.name for one in left if one.kind == kind and one.name != "*")
+    click.echo(
+        f"Resumed {what}" + (f" ({kind}s still paused on their own: {still})" if still else "")
+    )
 
 
 @click.command("pauses", context_settings=CONTEXT_SETTINGS)
 @connection_option
 @schema_option
+@click.option("--json", "as_json", is_flag=True, help="Print the pauses as one JSON array.")
 @click.pass_context
-def pauses(ctx: click.Context, connection: str | None, schema: str) -> None:
+def pauses(ctx: click.Context, connection: str | None, schema: str, as_json: bool) -> None:
     """List the pauses in force."""
     from ..client.worker_utils import make_worker_utils
 
@@ -172,7 +189,22 @@ def pauses(ctx: click.Context, connection: str | None, schema: str) -> None:
             return await utils.list_pauses()
 
     found = run_async(list_them())
+    if as_json:
+        click.echo(json.dumps([_as_dict(one) for one in found]))
+        return
     for one in found:
         click.echo(_describe(one))
     if not found:
         click.echo("Nothing is paused")
+
+
+def _as_dict(pause: Pause) -> dict[str, Any]:
+    """A pause for ``pauses --json`` (times in ISO 8601)."""
+    return {
+        "kind": pause.kind,
+        "name": pause.name,
+        "paused_at": pause.paused_at.isoformat(),
+        "resume_at": pause.resume_at.isoformat() if pause.resume_at else None,
+        "reason": pause.reason,
+        "hold_queue_lock": pause.hold_queue_lock,
+    }

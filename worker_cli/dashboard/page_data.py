@@ -104,6 +104,37 @@ class JobsPage:
 
 
 @dataclass
+class Liveness:
+    """The overview's line about the worker pools, from the heartbeats the
+    Worker pools page reads (the first LIST_LIMIT rows) and the census's lock
+    holders."""
+
+    #: Pools whose last beat is within their timeout, and their slots.
+    alive: int = 0
+    slots: int = 0
+    #: Pools silent past their timeout (dead; another pool releases their
+    #: jobs and deletes the row), and the latest beat among them.
+    silent: int = 0
+    last_silent_beat: datetime | None = None
+    #: Holders of running jobs without a heartbeat row (Node workers, pools
+    #: with heartbeats off, or a dead pool's row deleted already).
+    unseen: int = 0
+
+    @classmethod
+    def of(cls, beats: list[Row], census: Census) -> Liveness:
+        live = [beat for beat in beats if beat["alive"]]
+        silent = [beat for beat in beats if not beat["alive"]]
+        known = {beat["pool_id"] for beat in beats}
+        return cls(
+            alive=len(live),
+            slots=sum(int(beat["concurrency"] or 0) for beat in live),
+            silent=len(silent),
+            last_silent_beat=max((beat["beat_at"] for beat in silent), default=None),
+            unseen=sum(1 for pool_id in census.holders if pool_id not in known),
+        )
+
+
+@dataclass
 class Overview:
     now: datetime
     revision: int | None
@@ -124,6 +155,8 @@ class Overview:
     #: STRANDED_SHOWN by identifier; none when no pool has a heartbeat row).
     stranded: list[Row] = field(default_factory=list)
     stranded_truncated: bool = False
+    #: The worker pools alive, silent, and unseen (holding jobs without a heartbeat).
+    liveness: Liveness = field(default_factory=Liveness)
 
     def stranded_of(self, task: str) -> Row | None:
         """The stranded-task row of ``task``; None if it is not stranded."""
@@ -238,6 +271,7 @@ class Reader:
         pauses = await self.pauses(PAUSES_SHOWN + 1)
         limits = await self.limits(LIMITS_SHOWN + 1)
         stranded = await self.stranded(STRANDED_SHOWN + 1)
+        beats = await self.rows(dashboard_sql.HEARTBEATS, limit=LIST_LIMIT)
         assert now is not None
         return Overview(
             now=now["now"],
@@ -254,6 +288,7 @@ class Reader:
             limits_truncated=len(limits) > LIMITS_SHOWN,
             stranded=stranded[:STRANDED_SHOWN],
             stranded_truncated=len(stranded) > STRANDED_SHOWN,
+            liveness=Liveness.of(beats, census),
         )
 
     async def stranded(self, limit: int = STRANDED_SHOWN) -> list[Row]:

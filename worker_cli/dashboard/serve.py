@@ -27,7 +27,7 @@ from .crontab_page import load_crontab
 from .page_data import Reader
 from .security import AUTH_ENVVAR, AllowedHosts, BasicAuth, is_loopback
 
-__all__ = ["bind", "check_database", "serve"]
+__all__ = ["bind", "bound_port", "check_database", "serve"]
 
 logger = logging.getLogger("graphile_worker.dashboard")
 
@@ -45,7 +45,8 @@ def refuse_unprotected(host: str, auth: BasicAuth | None) -> None:
 def bind(host: str, port: int) -> list[socket.socket]:
     """Sockets bound to every address ``host`` names (as asyncio would bind
     them for uvicorn), not yet listening; ConfigurationError in one line when
-    the port is taken or the address cannot be used."""
+    the port is taken or the address cannot be used. Port 0: a free port the
+    system picks, the same for every address (see :func:`bound_port`)."""
     shown = f"[{host}]" if ":" in host else host
     where = f"cannot serve the dashboard on {shown}:{port}"
     try:
@@ -60,6 +61,8 @@ def bind(host: str, port: int) -> list[socket.socket]:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             if family == socket.AF_INET6:
                 sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            if port == 0 and len(sockets) > 1:  # the port the first one got
+                address = (address[0], sockets[0].getsockname()[1], *address[2:])
             try:
                 sock.bind(address)
             except OSError as exc:
@@ -77,6 +80,11 @@ def bind(host: str, port: int) -> list[socket.socket]:
             ) from None
         raise ConfigurationError(f"--host: {where}: {exc.strerror or exc}") from None
     return sockets
+
+
+def bound_port(sockets: list[socket.socket]) -> int:
+    """The port ``sockets`` are bound to (the one picked for port 0)."""
+    return int(sockets[0].getsockname()[1])
 
 
 async def check_database(connection_string: str, schema: str) -> None:
@@ -137,6 +145,7 @@ def serve(
         cron_timezone=cron_timezone,
     )
     shown = f"[{host}]" if ":" in host else host
+    port = bound_port(sockets)
     logger.info(
         "Dashboard of schema %r on http://%s:%d/%s%s",
         schema_name,

@@ -23,6 +23,12 @@ migrations/py/000011.sql, so none is added):
 - added: ``created_at`` of live jobs and of history rows. A job a Node worker
   completed, or an admin function removed, leaves no row: it is not counted.
 
+The range fits the data: when everything the chosen range holds lies
+within a shorter one (a fresh queue, a burst a few minutes ago), the chart
+shows that shorter range with its finer buckets and says so, rather than
+squeezing the activity into the right edge of the longer one (its figures
+are the same: nothing earlier was left out).
+
 Bounds: one read-only statement reads the newest :data:`CHART_READ` history
 rows by their primary key (``_private_py_job_history_pkey``, backward), the
 newest :data:`CHART_READ` live jobs by theirs (``jobs_pkey1``, backward) and
@@ -135,10 +141,27 @@ class Chart:
     #: The history holds no row at all (off, Node workers only, or pruned).
     history_empty: bool
     totals: dict[str, int] = field(default_factory=dict)
+    #: The hours shown: the choice's, or a shorter range holding everything
+    #: the choice's holds (see the module's docstring).
+    hours: int = 0
+
+    def __post_init__(self) -> None:
+        self.hours = self.hours or self.choice.hours
+
+    @property
+    def fitted(self) -> bool:
+        """A shorter range than chosen is shown (nothing earlier in the chosen one)."""
+        return self.hours != self.choice.hours
 
     @property
     def step(self) -> int:
-        return self.choice.step
+        return RANGES[self.hours]
+
+    def first_active(self) -> int | None:
+        """The index of the first bucket with anything in it (None: all empty)."""
+        return next(
+            (i for i, b in enumerate(self.buckets) if b.finished or b.added or b.retried), None
+        )
 
     @property
     def longest_wait(self) -> float | None:
@@ -236,9 +259,25 @@ def nice_seconds(value: float) -> float:
 
 
 async def read_chart(reader: Reader, choice: ChartChoice, now: datetime) -> Chart:
-    """The chart of ``choice`` ending with the bucket holding ``now``."""
-    step = choice.step
-    count = choice.hours * 3600 // step
+    """The chart of ``choice`` ending with the bucket holding ``now``; or of
+    the shortest range in :data:`RANGES` that holds all its activity."""
+    chart = await _read_range(reader, choice, choice.hours, now)
+    first = chart.first_active()
+    if first is None:
+        return chart
+    # From the start of the first busy bucket to the chart's end: a shorter
+    # range (ending at or before this end) that long holds every figure.
+    span = (len(chart.buckets) - first) * chart.step
+    shorter = [hours for hours in RANGES if hours < choice.hours and hours * 3600 >= span]
+    if not shorter:
+        return chart
+    return await _read_range(reader, choice, min(shorter), now)
+
+
+async def _read_range(reader: Reader, choice: ChartChoice, hours: int, now: datetime) -> Chart:
+    """The chart of ``choice``'s task over the last ``hours``."""
+    step = RANGES[hours]
+    count = hours * 3600 // step
     epoch = now.timestamp()
     end = datetime.fromtimestamp((math.floor(epoch / step) + 1) * step, UTC)
     start = end - timedelta(seconds=step * count)
@@ -261,7 +300,9 @@ async def read_chart(reader: Reader, choice: ChartChoice, now: datetime) -> Char
     cover = await reader.row(dashboard_sql.CHART_COVERAGE, read=CHART_READ)
     assert cover is not None
     complete_from = _complete_from(cover, start)
-    chart = Chart(choice, start, buckets, complete_from, history_empty=not cover["history_read"])
+    chart = Chart(
+        choice, start, buckets, complete_from, history_empty=not cover["history_read"], hours=hours
+    )
     chart.totals = {
         kind: sum(getattr(b, kind) for b in buckets)
         for kind in ("completed", "failed", "cancelled", "added", "retried")

@@ -133,6 +133,8 @@ def job_failed(
     ``on_timeout`` (``fail`` and ``cancel`` end the job now). ``for_good``:
     the task's retry policy (or its Discard) ends the job now; ``delay``:
     the policy's seconds before the next attempt."""
+    if _quiet_end(job, worker_id, pool_id, duration_ms, message, error, cancelled, timed_out):
+        return
     if not outcome_logger.isEnabledFor(_ERROR):
         return
     misfit = isinstance(error, PayloadError)
@@ -193,6 +195,55 @@ def job_failed(
 
 
 _FAILED = "Failed task %d (%s, %.2fms, attempt %d/%d) with error %r; %s"
+
+
+def _quiet_end(
+    job: Job,
+    worker_id: str,
+    pool_id: str,
+    duration_ms: float,
+    message: str,
+    error: BaseException,
+    cancelled: bool,
+    timed_out: str | None,
+) -> bool:
+    """An ending the task or an operator chose, logged as one line without a
+    traceback (it is no bug): the task raised ``Cancel`` (INFO) or ``Discard``
+    (WARNING: the job stays failed until retried), or the job was cancelled
+    while it ran (``cancel_job``, ``graphile-worker cancel``: INFO, with what
+    the task raised as it stopped). Whether it was one of these."""
+    from ..tasks.retry_policy import Cancel, Discard
+
+    if isinstance(error, Cancel):
+        level, what = logging.INFO, f"cancelled by its task ({error.reason})"
+        fate = "recorded as cancelled (no retry)"
+    elif isinstance(error, Discard) and not cancelled and timed_out is None:
+        level, what = logging.WARNING, f"discarded by its task ({error.reason})"
+        fate = "failed permanently (no retry; `graphile-worker retry` revives it)"
+    elif cancelled and timed_out is None:
+        level, what = logging.INFO, f"cancelled while it ran (it stopped with {message!r})"
+        fate = "recorded as cancelled (no retry)"
+    else:
+        return False
+    if outcome_logger.isEnabledFor(level):
+        extra = _scope(job, worker_id, pool_id, duration_ms)
+        extra.update(error=message, retry_in_s=None, permanent=True)
+        outcome_logger.log(
+            level,
+            _ENDED,
+            job.id,
+            job.task_identifier,
+            duration_ms,
+            job.attempts,
+            job.max_attempts,
+            what,
+            fate,
+            extra=extra,
+        )
+    return True
+
+
+_ENDED = "Job %d (%s, %.2fms, attempt %d/%d) %s: %s"
 
 
 def printable(text: str) -> str:

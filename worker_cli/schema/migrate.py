@@ -181,13 +181,46 @@ def migration_plan(schema: str, files: MigrationFiles | None = None) -> Plan[Mig
             if (yield from _apply_revision(schema, files, number)):
                 applied.append(number)
         applied_py = yield from _apply_py_migrations(schema, files)
-        return MigrationReport(
+        report = MigrationReport(
             previous_revision=previous,
             applied=tuple(applied),
             applied_py=tuple(applied_py),
             revision=max(latest, LATEST_REVISION),
         )
+        if applied or applied_py:
+            logger.info("%s", migrated_line(schema, report))
+        return report
     raise MigrationError(f"could not install schema {schema!r}: other migrators kept interfering")
+
+
+def migrated_line(schema: str, report: MigrationReport) -> str:
+    """What a migration did, in one line (logged at INFO; each revision is a
+    DEBUG line): ``Schema 'graphile_worker' migrated to revision 20 (41
+    migrations: graphile-worker 1-20, Python-only 1-21)``."""
+    parts = [
+        f"{kind} {_ranges(numbers)}"
+        for kind, numbers in (
+            ("graphile-worker", report.applied),
+            ("Python-only", report.applied_py),
+        )
+        if numbers
+    ]
+    count = len(report.applied) + len(report.applied_py)
+    return (
+        f"Schema {schema!r} migrated to revision {report.revision} "
+        f"({count} migration{'' if count == 1 else 's'}: {', '.join(parts)})"
+    )
+
+
+def _ranges(numbers: Iterable[int]) -> str:
+    """``1-20``, ``3, 5-7``: sorted numbers with their runs joined."""
+    runs: list[list[int]] = []
+    for number in sorted(numbers):
+        if runs and number == runs[-1][-1] + 1:
+            runs[-1].append(number)
+        else:
+            runs.append([number])
+    return ", ".join(str(r[0]) if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs)
 
 
 def check_server_version(server_version: int) -> None:
@@ -278,7 +311,7 @@ def _install_base(schema: str, files: MigrationFiles) -> Plan[bool]:
         return False
     if not installed:
         return False
-    logger.info("installed graphile-worker schema %s (revisions 1-%d)", schema, BASE_REVISION)
+    logger.debug("installed graphile-worker schema %s (revisions 1-%d)", schema, BASE_REVISION)
     return True
 
 
@@ -306,7 +339,7 @@ def _apply_revision(schema: str, files: MigrationFiles, number: int) -> Plan[boo
         logger.debug("another migrator applied revision %d first", number)
         return False
     if applied:
-        logger.info("applied graphile-worker schema revision %d to %s", number, schema)
+        logger.debug("applied graphile-worker schema revision %d to %s", number, schema)
     return applied
 
 
@@ -339,7 +372,7 @@ def _apply_py_migrations(schema: str, files: MigrationFiles) -> Plan[list[int]]:
         with_functions = number == pending[-1]
         if (yield from transaction(_py_migration_steps(schema, files, number, with_functions))):
             applied.append(number)
-            logger.info("applied Python-only migration %d to %s", number, schema)
+            logger.debug("applied Python-only migration %d to %s", number, schema)
     return applied
 
 

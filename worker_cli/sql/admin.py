@@ -1,6 +1,6 @@
 """The statements of the admin subcommands (``graphile-worker jobs``,
-``retry``, ``reschedule``, ``fail``, ``remove``) and the dashboard's bulk
-actions.
+``retry``, ``reschedule``, ``fail``, ``remove``, ``cancel``) and the
+dashboard's bulk actions.
 
 Jobs are chosen by filters (task, named queue, state, key, ids; a null
 parameter turns a filter off) and listed, counted, or walked by id in
@@ -226,6 +226,26 @@ ACTIONS: dict[str, LiteralString] = {
     end
   from unnest(%(ids)s::bigint[]) with ordinality as i (id, n)
   left join acted as a on a.id = i.id
+  left join {schema}._private_jobs as j on j.id = i.id
+  order by i.n
+""",
+    # cancel: py_cancel_jobs (migrations/py/functions.sql); its states as
+    # outcomes: cancelled now (the job row was there before the statement) is
+    # changed, running (told to stop) is stopped, a job finished already (in
+    # the history, cancelled before included) is unchanged, unknown is missing.
+    "cancel": """
+  with acted as materialized (
+    select c.id, c.state from {schema}.py_cancel_jobs(%(ids)s::bigint[], %(reason)s::text) as c
+  )
+  select i.id,
+    case
+      when a.state = 'cancelled' and j.id is not null then 'changed'
+      when a.state = 'running' then 'stopped'
+      when a.state = 'unknown' then 'missing'
+      else 'unchanged'
+    end
+  from unnest(%(ids)s::bigint[]) with ordinality as i (id, n)
+  join (select distinct on (acted.id) acted.id, acted.state from acted) as a on a.id = i.id
   left join {schema}._private_jobs as j on j.id = i.id
   order by i.n
 """,

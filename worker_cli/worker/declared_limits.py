@@ -27,7 +27,14 @@ async def declare_limits(utils: WorkerUtils, tasks: Mapping[str, Task]) -> None:
         old = stored.get(("task", name))
         if old == limit:
             continue
-        if old is not None:
+        if old is None:
+            logger.info(
+                "Task %s declares %s; the database had no limit for it, so it is set "
+                "(`graphile-worker limit --remove` lasts until the next start)",
+                name,
+                limit,
+            )
+        else:
             logger.warning(
                 "Task %s declares %s; it replaces the limit stored in the database, %s "
                 "(the last writer wins)",
