@@ -277,7 +277,9 @@ class WorkerUtils:
         return await self._run(self._plans.cancel_jobs(job_ids, reason))
 
     async def get_job_status(self, job_id: int) -> JobState:
-        """The state of a job (see :data:`~worker_cli.jobs.job_state.JobState`)."""
+        """The state of a job (see :data:`~worker_cli.jobs.job_state.JobState`):
+        the word every command prints; ``paused`` for a job a pause holds
+        (:meth:`get_job_result`'s ``paused_by`` says which)."""
         return (await self._run(self._plans.job_result(job_id))).state
 
     async def get_job_result(self, job_id: int) -> JobResult:
