@@ -190,8 +190,8 @@ def _depth_families(queue: Depth | None, tasks: Iterable[str]) -> Iterator[Metri
     oldest = GaugeMetricFamily(
         "graphile_worker_oldest_runnable_job_age_seconds",
         "Seconds since the run_at of the job that has waited longest (due, not locked, "
-        "attempts left, not paused: status's waiting or retrying), by task and queue as "
-        "the depth; 0 when none "
+        "attempts left: status's waiting and retrying; paused ones too), by task and "
+        "queue as the depth; 0 when none "
         "waits; +Inf for a run_at of -infinity; read with the depth, so up to its cache "
         "time old.",
         labels=labels,

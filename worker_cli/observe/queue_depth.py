@@ -121,7 +121,7 @@ class Group:
     #: The jobs that failed an attempt before and will run again, paused
     #: or not (the ``retrying`` state's, and the paused ones among them).
     retrying: int
-    #: Seconds since the run_at of the oldest due job no pause holds (inf
+    #: Seconds since the run_at of the oldest due job (paused ones too; inf
     #: for a run_at of -infinity), None when none is due.
     oldest_age: float | None
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 # partition; a pause holds a whole task and named queue, so it is read once
 # per group, py_paused_by), then the jobs that failed an attempt before and
 # will run again (paused or not: the retrying gauge), then in all, with the
-# earliest run_at of the due jobs no pause holds.
+# earliest run_at of the due jobs (not running, attempts left; paused ones
+# too, as before: a paused queue's age still grows).
 # Then each task id named, and each named queue: the worker's tasks (%(tasks)s)
 # by name, every other task as null; the %(queues)s named queues with the most
 # jobs read (then by name) by name, the others as %(other)s, no named queue as
@@ -54,7 +55,7 @@ QUEUE_DEPTH = """
       case when p.held then 0 else c.retrying end as retrying,
       case when p.held then c.waiting + c.scheduled + c.retrying else 0 end as paused,
       c.running, c.failed, c.retrying as retried, c.total,
-      case when p.held then null else c.oldest end as oldest
+      c.oldest
     from counted as c
     cross join lateral (
       select {schema}.py_paused_by(c.task_id, c.job_queue_id) is not null as held
