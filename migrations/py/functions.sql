@@ -491,22 +491,74 @@ $fn$;
 -- any job id, the names of the notification channels, cancelling.
 -- ==========================================================================
 
+-- py_paused_by: the pause in force (py/000014.sql) that holds the jobs of
+-- this task and named queue (ids of _private_tasks and _private_job_queues;
+-- a null queue: no named queue), as it is shown: 'queue mail', 'task
+-- send_email', 'every queue' or 'every task' (a pause of '*', which holds
+-- every named queue or every task); null when none holds them. The fetch
+-- (py_fetch_jobs) leaves exactly these jobs alone. A queue's pause before a
+-- task's, a name before '*'.
+create or replace function {{schema}}.py_paused_by(task_id integer, job_queue_id integer)
+returns text
+language sql
+stable
+as $fn$
+  select case when p.name = '*' then 'every ' || p.kind else p.kind || ' ' || p.name end
+  from {{schema}}._private_py_pauses as p
+  where (p.resume_at is null or p.resume_at > now())
+    and (
+      (p.kind = 'task' and (p.name = '*' or p.name = (
+        select t.identifier from {{schema}}._private_tasks as t
+        where t.id = py_paused_by.task_id)))
+      or (p.kind = 'queue' and py_paused_by.job_queue_id is not null and (p.name = '*'
+        or p.name = (
+          select q.queue_name from {{schema}}._private_job_queues as q
+          where q.id = py_paused_by.job_queue_id)))
+    )
+  order by p.kind, p.name = '*', p.name
+  limit 1;
+$fn$;
+
+-- py_job_state: the state of a job still in the jobs table, in the one
+-- vocabulary every command prints (checked in this order):
+--   running    locked by a worker
+--   failed     no attempts left (attempts >= max_attempts)
+--   paused     would run (now or at its run_at), but a pause holds it
+--              (paused_by: py_paused_by's text, null when none does)
+--   retrying   failed at least once, will run again (due now or later)
+--   scheduled  never attempted, run_at in the future
+--   waiting    never attempted, due now
+create or replace function {{schema}}.py_job_state(
+  locked_at timestamptz, attempts integer, max_attempts integer, run_at timestamptz,
+  paused_by text
+) returns text
+language sql
+stable
+as $fn$
+  select case
+    when py_job_state.locked_at is not null then 'running'
+    when py_job_state.attempts >= py_job_state.max_attempts then 'failed'
+    when py_job_state.paused_by is not null then 'paused'
+    when py_job_state.attempts > 0 then 'retrying'
+    when py_job_state.run_at > now() then 'scheduled'
+    else 'waiting'
+  end;
+$fn$;
+
 -- The state of a job, from any process (py_job_status(42) in psql; the
--- utilities' get_job_status and get_job_result): one row, always.
---   scheduled  waiting for its run_at           available  due, waiting for a worker
---   running    locked by a worker               retrying   failed, will run again
---   failed     no attempts left (still a row)   succeeded  finished (history)
---   cancelled  cancelled (history)              unknown    no row anywhere: finished by
---                                                          a Node worker, removed by an
---                                                          admin function, pruned, or
---                                                          never existed
+-- utilities' get_job_status and get_job_result): one row, always. A job in
+-- the jobs table has py_job_state's state (running, failed, paused, retrying,
+-- scheduled, waiting; paused_by says which pause holds a paused one); a
+-- finished one its history's (succeeded, failed, cancelled); and
+--   unknown    no row anywhere: finished by a Node worker, removed by an
+--              admin function, pruned, or never existed
 create or replace function {{schema}}.py_job_status(job_id bigint)
 returns table (
   state text, id bigint, task_identifier text, queue_name text, key text,
   attempts smallint, max_attempts smallint, last_error text, result json,
   result_error text, created_at timestamptz, run_at timestamptz, started_at timestamptz,
   finished_at timestamptz, locked_by text, cancel_requested_at timestamptz,
-  cancel_reason text, timed_out boolean
+  cancel_reason text, timed_out boolean, paused_by text
 )
 language plpgsql
 stable
@@ -515,17 +567,15 @@ as $fn$
 begin
   return query
   select
-    case
-      when j.locked_at is not null then 'running'
-      when j.attempts >= j.max_attempts then 'failed'
-      when j.attempts > 0 then 'retrying'
-      when j.run_at > now() then 'scheduled'
-      else 'available'
-    end,
+    {{schema}}.py_job_state(j.locked_at, j.attempts, j.max_attempts, j.run_at, p.paused_by),
     j.id, t.identifier, q.queue_name, j.key, j.attempts, j.max_attempts, j.last_error,
     null::json, null::text, j.created_at, j.run_at, j.locked_at, null::timestamptz,
-    j.locked_by, c.requested_at, c.reason, false
+    j.locked_by, c.requested_at, c.reason, false,
+    case when j.locked_at is null and j.attempts < j.max_attempts then p.paused_by end
   from {{schema}}._private_jobs as j
+  cross join lateral (
+    select {{schema}}.py_paused_by(j.task_id, j.job_queue_id) as paused_by
+  ) as p
   join {{schema}}._private_tasks as t on t.id = j.task_id
   left join {{schema}}._private_job_queues as q on q.id = j.job_queue_id
   left join {{schema}}._private_py_cancellations as c on c.job_id = j.id
@@ -537,7 +587,8 @@ begin
   select
     h.state, h.job_id, h.task_identifier, h.queue_name, h.key, h.attempts, h.max_attempts,
     h.last_error, h.result, h.result_error, h.created_at, h.run_at, h.started_at,
-    h.finished_at, null::text, h.cancel_requested_at, h.cancel_reason, h.timed_out
+    h.finished_at, null::text, h.cancel_requested_at, h.cancel_reason, h.timed_out,
+    null::text
   from {{schema}}._private_py_job_history as h
   where h.job_id = py_job_status.job_id;
   if found then
@@ -548,7 +599,7 @@ begin
     'unknown'::text, py_job_status.job_id, null::text, null::text, null::text,
     null::smallint, null::smallint, null::text, null::json, null::text,
     null::timestamptz, null::timestamptz, null::timestamptz, null::timestamptz,
-    null::text, null::timestamptz, null::text, false;
+    null::text, null::timestamptz, null::text, false, null::text;
 end;
 $fn$;
 

@@ -31,6 +31,7 @@ SCHEMA = "graphile_worker"
 #: so changing the file means adding a revision and its line here.
 FUNCTIONS_AT_REVISION = {
     21: "406b006a015ba5dfe413a40a23e9d6c809dc9215d0835e3c67221e9ff104a983",
+    22: "1e07128e3f4ed05ed5bb27110ea62693462af6ff797656478b91c1fbc3a5a67b",
 }
 
 _DEFINED = re.compile(r"^create or replace function \{\{schema\}\}\.(\w+)\(", re.M)
@@ -221,25 +222,29 @@ async def test_functions_commit_with_the_last_pending_revision(
 
     with pytest.raises(psycopg.errors.DivisionByZero):
         await run_migrate(empty_db, MigrationFiles(tree))
-    # The last revision went with the functions that failed after it.
-    assert value(empty_db, "select max(id) from graphile_worker._private_py_migrations") == 20
-    assert not value(
+    # The last revision went with the functions that failed after it; the one
+    # before it (its own transaction) stays.
+    assert value(empty_db, "select max(id) from graphile_worker._private_py_migrations") == 21
+    assert value(
         empty_db,
         """select exists (select 1 from information_schema.columns
            where table_schema = 'graphile_worker' and column_name = 'job_attempts_left')""",
     )
+    assert not value(
+        empty_db, "select to_regprocedure('graphile_worker.py_paused_by(integer, integer)')"
+    )
 
     report = await run_migrate(empty_db)
-    assert report.applied_py == (21,)
+    assert report.applied_py == (22,)
 
 
 @pytest.mark.db
 async def test_functions_may_read_the_tables_of_the_last_revision(db: str, tmp_path: Path) -> None:
-    # A later revision (here 22) adds a table and a language sql function reading
+    # A later revision (here 23) adds a table and a language sql function reading
     # it, checked when created: the file runs after the revision's own SQL.
     tree = tmp_path / "migrations"
     shutil.copytree(MigrationFiles().directory, tree)
-    (tree / "py" / "000022.sql").write_text(
+    (tree / "py" / "000023.sql").write_text(
         "create table {{schema}}._private_py_example (id int primary key);\n"
     )
     functions = tree / "py" / "functions.sql"
@@ -250,5 +255,5 @@ async def test_functions_may_read_the_tables_of_the_last_revision(db: str, tmp_p
         + " $fn$;\n"
     )
     report = await run_migrate(db, MigrationFiles(tree))
-    assert report.applied_py == (22,)
+    assert report.applied_py == (23,)
     assert value(db, "select graphile_worker.py_example_count()") == 0

@@ -318,7 +318,7 @@ def test_a_live_jobs_state_is_py_job_status(db: str, url: str) -> None:
         job_id: shown_state(url, job_id) for job_id in (later, due, running, retrying, failed)
     }
     assert states == {job_id: status(db, job_id) for job_id in states}
-    assert list(states.values()) == ["scheduled", "available", "running", "retrying", "failed"]
+    assert list(states.values()) == ["scheduled", "waiting", "running", "retrying", "failed"]
 
 
 def test_a_running_job_asked_to_cancel_says_so(db: str, url: str) -> None:
@@ -456,7 +456,7 @@ def test_cancel_is_refused_read_only_and_without_its_token(db: str) -> None:
         assert http(url + action).status == 403
         refused = post(url + action, {"reason": "no"})
         assert refused.status == 403 and "read-only" in refused.body
-    assert status(db, job_id) == "available"
+    assert status(db, job_id) == "waiting"
     with serve_app(create_app(db, csrf_secret=SECRET)) as url:
         for reply in (
             http(url + action, data=b"reason=no", headers={"Cookie": COOKIE}),  # no token
@@ -465,6 +465,6 @@ def test_cancel_is_refused_read_only_and_without_its_token(db: str) -> None:
             post(url + action, {}, **{"Sec-Fetch-Site": "cross-site"}),
         ):
             assert reply.status == 403, reply.body[-400:]
-        assert status(db, job_id) == "available"
+        assert status(db, job_id) == "waiting"
         assert post(url + action).status == 303  # the same form, with its token
     assert status(db, job_id) == "cancelled"

@@ -334,7 +334,7 @@ async def test_shutdown_is_not_a_cancel(utils: WorkerUtils, db: str) -> None:
     [row] = rows(db, "select attempts, locked_by, last_error from graphile_worker._private_jobs")
     assert (row["attempts"], row["locked_by"], row["last_error"]) == (0, None, None)
     assert value(db, f"select count(*) from {HISTORY}") == 0
-    assert await utils.get_job_status(job.id) == "available"
+    assert await utils.get_job_status(job.id) == "waiting"
 
 
 async def test_sql_and_sync_twin(db: str) -> None:
@@ -381,7 +381,7 @@ async def test_a_reason_the_database_cannot_store_is_refused_naming_it(
             sync.cancel_job(job.id, reason)
         with pytest.raises(JobSpecError, match=re.escape(says)):
             sync.cancel_jobs([job.id], reason)
-    assert await utils.get_job_status(job.id) == "available"
+    assert await utils.get_job_status(job.id) == "waiting"
     assert await utils.cancel_job(job.id, "a\\x00b, written out") == "cancelled"
     assert history(db, job.id)["cancel_reason"] == "a\\x00b, written out"
 

@@ -105,19 +105,20 @@ def test_jobs_filters_each_alone_and_together(db: str, mixed: dict[str, int]) ->
     ]
     assert listed(db, "--task", "charge_card", "--state", "retrying") == [mixed["retrying"]]
     assert listed(db, "--task", "nosuch") == []
-    assert listed(db, "--state", "locked") == [mixed["stale"], mixed["locked"]]
+    assert listed(db, "--state", "running") == [mixed["stale"], mixed["locked"]]
+    assert listed(db, "--state", "failed") == [mixed["failed"]]
+    assert listed(db, "--state", "scheduled") == [mixed["scheduled"]]
+    assert set(listed(db, "--state", "waiting")) == {mixed["waiting"], mixed["welcome"]}
+    assert set(listed(db, "--state", "retrying")) == {mixed["retrying"], mixed["later"]}
+    # Earlier versions' words are still taken, as their new ones.
+    assert listed(db, "--state", "locked") == listed(db, "--state", "running")
     assert listed(db, "--state", "permanently_failed") == [mixed["failed"]]
-    assert set(listed(db, "--state", "scheduled")) == {mixed["scheduled"], mixed["later"]}
-    assert set(listed(db, "--state", "waiting")) == {
-        mixed["waiting"],
-        mixed["retrying"],
-        mixed["welcome"],
-    }
+    assert listed(db, "--state", "available") == listed(db, "--state", "waiting")
 
 
 def test_jobs_states_mean_what_status_counts(db: str, mixed: dict[str, int]) -> None:
     figures = json.loads(ok(run_cli("status", "-c", db, "--json")))
-    for state in ("waiting", "scheduled", "locked", "permanently_failed", "retrying"):
+    for state in ("waiting", "scheduled", "retrying", "paused", "running", "failed"):
         for task, counts in figures["tasks"].items():
             assert len(listed(db, "--state", state, "--task", task)) == counts[state], (state, task)
         assert len(listed(db, "--state", state)) == figures["jobs"][state], state
@@ -126,29 +127,29 @@ def test_jobs_states_mean_what_status_counts(db: str, mixed: dict[str, int]) -> 
 def test_jobs_json_fields_and_text_table(db: str, mixed: dict[str, int]) -> None:
     [failed] = json.loads(ok(cli("jobs", "-c", db, "--json", "--id", str(mixed["failed"]))))
     assert failed["task_identifier"] == "charge_card" and failed["queue_name"] is None
-    assert failed["state"] == "permanently_failed" and failed["retrying"] is False
+    assert failed["state"] == "failed" and failed["paused_by"] is None
     assert (failed["attempts"], failed["max_attempts"]) == (3, 3)
     assert failed["last_error"] == "card declined\n  at charge()"
     assert failed["run_at"].endswith("+00:00")
     every = json.loads(ok(cli("jobs", "-c", db, "--json")))
-    assert {entry["id"]: (entry["state"], entry["retrying"]) for entry in every} == {
-        mixed["waiting"]: ("waiting", False),
-        mixed["retrying"]: ("waiting", True),
-        mixed["scheduled"]: ("scheduled", False),
-        mixed["failed"]: ("permanently_failed", False),
-        mixed["locked"]: ("locked", False),
-        mixed["stale"]: ("locked", False),
-        mixed["welcome"]: ("waiting", False),
-        mixed["later"]: ("scheduled", True),
+    assert {entry["id"]: entry["state"] for entry in every} == {
+        mixed["waiting"]: "waiting",
+        mixed["retrying"]: "retrying",
+        mixed["scheduled"]: "scheduled",
+        mixed["failed"]: "failed",
+        mixed["locked"]: "running",
+        mixed["stale"]: "running",
+        mixed["welcome"]: "waiting",
+        mixed["later"]: "retrying",
     }
     text = ok(cli("jobs", "-c", db, "--task", "charge_card")).splitlines()
     assert text[0].split() == [
         "id", "task", "queue", "state", "attempts", "run_at", "last_error",
     ]  # fmt: skip
     row = next(line for line in text if line.split()[0] == str(mixed["failed"]))
-    assert "permanently_failed" in row and "3/3" in row and row.endswith("card declined")
+    assert row.split()[3] == "failed" and "3/3" in row and row.endswith("card declined")
     retrying = next(line for line in text if line.split()[0] == str(mixed["retrying"]))
-    assert "waiting, retrying" in retrying and "2/25" in retrying
+    assert retrying.split()[3] == "retrying" and "2/25" in retrying
     assert text[-1] == "6 of 6 matching jobs, newest first."
     assert ok(cli("jobs", "-c", db, "--task", "nosuch")).strip() == "No job matches (task nosuch)."
 
@@ -164,7 +165,7 @@ def test_jobs_is_bounded_and_says_how_many_more(db: str, mixed: dict[str, int]) 
 
 
 def test_jobs_refuses_bad_input(db: str, mixed: dict[str, int]) -> None:
-    refused(cli("jobs", "-c", db, "--state", "failed"), 2, "'failed' is not one of")
+    refused(cli("jobs", "-c", db, "--state", "broken"), 2, "'broken' is not one of")
     refused(cli("jobs", "-c", db, "--id", "x"), 2, "'x' is not a job id")
     refused(cli("jobs", "-c", db, "--limit", "0"), 2, "--limit")
     refused(cli("jobs", "-c", db, "--limit", "10001"), 2, "--limit")
@@ -265,7 +266,7 @@ def test_retry_makes_jobs_runnable_and_keeps_their_error(db: str, mixed: dict[st
 
 def test_retry_by_filter_and_locked_jobs_left_alone(db: str, mixed: dict[str, int]) -> None:
     locked_before = job(db, mixed["locked"])
-    out = json.loads(ok(cli("retry", "-c", db, "--state", "locked", "--yes", "--json")))
+    out = json.loads(ok(cli("retry", "-c", db, "--state", "running", "--yes", "--json")))
     # A lock more than 4 hours old is a crashed worker's: changed, as
     # graphile-worker's reschedule_jobs does.
     assert out["changed"] == [mixed["stale"]] and out["locked"] == [mixed["locked"]]
@@ -344,7 +345,7 @@ def test_fail_by_filter_and_key_and_refuses_an_empty_reason(db: str, mixed: dict
     out = json.loads(ok(cli("fail", "-c", db, "--key", "later-1", "--json")))
     assert out["changed"] == [mixed["later"]]
     out = json.loads(ok(cli("fail", "-c", db, "--state", "waiting", "--yes", "--json")))
-    assert sorted(out["changed"]) == sorted([mixed["waiting"], mixed["retrying"], mixed["welcome"]])
+    assert sorted(out["changed"]) == sorted([mixed["waiting"], mixed["welcome"]])
     assert listed(db, "--state", "waiting") == []
 
 
@@ -358,7 +359,7 @@ def test_remove_by_ids_filter_and_key(db: str, mixed: dict[str, int]) -> None:
         f"Skipped 1 job locked by a worker (left alone): {mixed['locked']}",
     ]
     assert job(db, mixed["waiting"]) is None and job(db, mixed["locked"]) is not None
-    out = json.loads(ok(cli("remove", "-c", db, "--state", "permanently_failed", "-y", "--json")))
+    out = json.loads(ok(cli("remove", "-c", db, "--state", "failed", "-y", "--json")))
     assert out["changed"] == [mixed["failed"]] and job(db, mixed["failed"]) is None
     assert ok(cli("remove", "-c", db, "--key", "welcome-7")).strip() == (
         f"Removed 1 job: {mixed['welcome']}"

@@ -135,7 +135,7 @@ async def test_the_states_of_live_jobs(utils: WorkerUtils, db: str) -> None:
 
     await drain(db, {"fails": fails})
     assert await utils.get_job_status(later.id) == "scheduled"
-    assert await utils.get_job_status(due.id) == "available"
+    assert await utils.get_job_status(due.id) == "waiting"
     retrying = await utils.get_job_result(retry.id)
     assert (retrying.state, retrying.last_error, retrying.attempts) == (
         "retrying",
@@ -195,7 +195,7 @@ async def test_a_job_due_at_minus_infinity_has_a_readable_state(
 ) -> None:
     job_id = value(db, "select id from graphile_worker.add_job('t', run_at => '-infinity')")
     record = await utils.get_job_result(job_id)
-    assert record.state == "available" and record.run_at is not None
+    assert record.state == "waiting" and record.run_at is not None
     assert record.run_at.year == 1
 
 

@@ -113,8 +113,10 @@ def test_the_command_serves_exact_counts_of_the_jobs_it_ran(db: str, tmp_path: P
         assert depth == {
             "waiting": 0,
             "scheduled": 0,
-            "locked": 0,
-            "permanently_failed": failed,
+            "retrying": 0,
+            "paused": 0,
+            "running": 0,
+            "failed": failed,
         }
     assert sample(samples, "process_cpu_seconds_total") > 0
 
@@ -198,8 +200,8 @@ async def test_running_and_local_queue_gauges(utils: WorkerUtils, db: str) -> No
     assert sample(samples, "graphile_worker_jobs_stuck") == 0
     assert sample(samples, "graphile_worker_local_queue_length") == 3
     depth = "graphile_worker_queue_depth"
-    assert sample(samples, depth, task="hold", queue="", state="locked") == 1
-    assert sample(samples, depth, task="other", queue="", state="locked") == 3
+    assert sample(samples, depth, task="hold", queue="", state="running") == 1
+    assert sample(samples, depth, task="other", queue="", state="running") == 3
 
 
 @pytest.mark.db
@@ -244,8 +246,8 @@ async def add_jobs_in_every_state(db: str) -> None:
     rows(db, "select graphile_worker.add_job('a', run_at => now() + interval '1 hour')")
     rows(db, "select graphile_worker.add_job('b', run_at => now() + interval '1 hour')")
     ids = [r["id"] for r in rows(db, f"select id from {JOBS} order by id")]
-    # a: 3 due (one of them failed before), 1 scheduled after a failure
-    # b: 1 locked, 1 permanently failed, 1 scheduled
+    # a: 2 waiting, 2 retrying (one due, one later)
+    # b: 1 running, 1 failed, 1 scheduled
     rows(db, f"update {JOBS} set attempts = 1 where id = any(%s)", [[ids[0], ids[5]]])
     rows(db, f"update {JOBS} set locked_at = now(), locked_by = 'x' where id = %s", [ids[3]])
     rows(db, f"update {JOBS} set attempts = max_attempts where id = %s", [ids[4]])
@@ -279,12 +281,11 @@ async def test_queue_depth_is_the_status_figures_by_task(db: str) -> None:
     status = await read_status(db)
     other = queue_depth.OTHER_TASKS
     expected = {
-        ("a", "waiting"): 3,
-        ("a", "scheduled"): 1,
+        ("a", "waiting"): 2,
         ("a", "retrying"): 2,
         ("b", "waiting"): 0,
-        ("b", "locked"): 1,
-        ("b", "permanently_failed"): 1,
+        ("b", "running"): 1,
+        ("b", "failed"): 1,
         ("b", "scheduled"): 1,
         (other, "waiting"): 2,
         (other, "scheduled"): 1,
@@ -292,8 +293,11 @@ async def test_queue_depth_is_the_status_figures_by_task(db: str) -> None:
     unknown = [status.tasks[f"unknown_{i}"] for i in (1, 2, 3)]
     for task in ("a", "b", "mine", other):  # the worker's own task too, with no job
         for state in (*queue_depth.STATES, "retrying"):
-            if state == "retrying":  # a subset of waiting and scheduled, a metric of its own
+            if state == "retrying":  # a state, and a gauge of its own (paused ones too)
                 got = sample(samples, "graphile_worker_queue_depth_retrying", task=task, queue="")
+                assert got == sample(
+                    samples, "graphile_worker_queue_depth", task=task, queue="", state=state
+                )
             else:
                 got = sample(
                     samples, "graphile_worker_queue_depth", task=task, queue="", state=state
@@ -309,7 +313,7 @@ async def test_queue_depth_is_the_status_figures_by_task(db: str) -> None:
 @pytest.mark.db
 async def test_other_tasks_share_one_series_whatever_their_number(db: str) -> None:
     """5,000 task names the worker does not have made 25,000 series: now the
-    worker's tasks and (other), four states each, and nothing else."""
+    worker's tasks and (other), six states each, and nothing else."""
     add_other_jobs(db, 5000)
     rows(db, "select graphile_worker.add_job('mine', run_at => now() + interval '1 day')")
 

@@ -62,17 +62,16 @@ async def nothing(payload: Any, helpers: Helpers) -> None:
 @pytest.mark.db
 async def test_the_states_partition_the_jobs_by_task_and_queue(db: str) -> None:
     """Each job in exactly one state: the depth adds up to the table, per task
-    and per named queue to `graphile-worker status`'s figures; retrying is a
-    subset, apart."""
+    and per named queue to `graphile-worker status`'s figures; the retrying
+    gauge counts the retrying jobs (and paused ones that failed before)."""
     a_mail = add(db, "a", "mail", 4)
     a_none = add(db, "a", None, 2)
     b_mail = add(db, "b", "mail", 3, "now() + interval '1 hour'")
     add(db, "b", "sms", 1)
     add(db, "elsewhere", "sms", 2)
-    # a/mail: 1 locked, 1 permanently failed, 1 retrying (waiting after a
-    # failed attempt), 1 waiting; a/none: 1 retrying scheduled, 1 waiting;
-    # b/mail: 1 permanently failed (scheduled in the future: still failed),
-    # 1 retrying scheduled, 1 scheduled.
+    # a/mail: 1 running, 1 failed, 1 retrying (due after a failed attempt),
+    # 1 waiting; a/none: 1 retrying (later), 1 waiting; b/mail: 1 failed
+    # (scheduled in the future: still failed), 1 retrying (later), 1 scheduled.
     rows(db, f"update {JOBS} set locked_at = now(), locked_by = 'x' where id = %s", [a_mail[0]])
     failed = [a_mail[1], b_mail[0]]
     rows(db, f"update {JOBS} set attempts = max_attempts where id = any(%s)", [failed])
@@ -82,6 +81,8 @@ async def test_the_states_partition_the_jobs_by_task_and_queue(db: str) -> None:
         f"update {JOBS} set attempts = 1, run_at = now() + interval '1 hour' where id = %s",
         [a_none[0]],
     )
+    # sms is paused: its jobs are paused, whatever they would be otherwise.
+    rows(db, "select 1 from graphile_worker.py_pause('queue', 'sms')")
     tasks = {"a": nothing, "b": nothing, "mine": nothing}
     async with (
         served() as server,
@@ -91,13 +92,13 @@ async def test_the_states_partition_the_jobs_by_task_and_queue(db: str) -> None:
     status = await read_status(db)
     other = queue_depth.OTHER_TASKS
     expected = {
-        ("a", "mail"): {"waiting": 2, "locked": 1, "permanently_failed": 1},
-        ("a", ""): {"waiting": 1, "scheduled": 1},
-        ("b", "mail"): {"scheduled": 2, "permanently_failed": 1},
-        ("b", "sms"): {"waiting": 1},
+        ("a", "mail"): {"waiting": 1, "retrying": 1, "running": 1, "failed": 1},
+        ("a", ""): {"waiting": 1, "retrying": 1},
+        ("b", "mail"): {"scheduled": 1, "retrying": 1, "failed": 1},
+        ("b", "sms"): {"paused": 1},
         ("b", ""): {},  # a task of the worker's: there, at 0, with no job
         ("mine", ""): {},
-        (other, "sms"): {"waiting": 2},
+        (other, "sms"): {"paused": 2},
         (other, ""): {},
     }
     assert depth(samples) == {

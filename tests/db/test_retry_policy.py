@@ -288,7 +288,7 @@ async def test_discard_fails_the_job_for_good_and_reschedule_revives_it(
     )
     assert await utils.get_job_status(job.id) == "failed"
     await utils.reschedule_jobs([job.id], attempts=0, run_at=datetime.now(UTC))
-    assert await utils.get_job_status(job.id) == "available"
+    assert await utils.get_job_status(job.id) == "waiting"
 
 
 @pytest.mark.db

@@ -89,34 +89,35 @@ async def test_status_in_every_state_text_and_json(utils: WorkerUtils, db: str) 
     assert text.returncode == 0, text.stderr
     lines = text.stdout.splitlines()
     assert re.fullmatch(r"Schema 'graphile_worker' \(revision 20\) at \S+", lines[0]), lines[0]
-    assert lines[1:7] == [
+    assert lines[1:8] == [
         "Jobs: 9",
-        "  waiting: 4  (due now)",
-        "  scheduled: 2  (run_at in the future)",
-        "  locked: 2  (being run)",
-        "  permanently_failed: 1  (attempts >= max_attempts)",
-        "  retrying: 2  (waiting or scheduled after a failed attempt)",
+        "  waiting: 3  (due now, never attempted)",
+        "  scheduled: 1  (run_at in the future, never attempted)",
+        "  retrying: 2  (failed before, will run again)",
+        "  paused: 0  (held by a pause)",
+        "  running: 2  (locked by a worker)",
+        "  failed: 1  (attempts >= max_attempts)",
     ]
-    assert lines[7] == f"Oldest waiting job: {ids['oldest']} (report), due for 1h 00m"
+    assert lines[8] == f"Oldest waiting job: {ids['oldest']} (report), due for 1h 00m"
     # The live worker runs resize only: report and email have runnable jobs
     # (the one of report in the queue "mail" too: its queue is locked, not the job).
-    assert lines[8:11] == [
+    assert lines[9:12] == [
         "Stranded tasks: 2  (runnable jobs, but no live Python worker handles it; "
         "Node workers are not seen)",
         "  email: 1 runnable, oldest due for 10m 00s",
         "  report: 3 runnable, oldest due for 1h 00m",
     ]
-    header = ["total", "waiting", "scheduled", "locked", "permanently_failed", "retrying"]
-    assert _split("\n".join(lines[11:])) == [
+    header = ["total", "waiting", "scheduled", "retrying", "paused", "running", "failed"]
+    assert _split("\n".join(lines[12:])) == [
         [],
         ["task", *header],
-        ["email", "4", "1", "1", "1", "1", "2"],
-        ["report", "4", "3", "1", "0", "0", "0"],
-        ["resize", "1", "0", "0", "1", "0", "0"],
+        ["email", "4", "0", "0", "2", "0", "1", "1"],
+        ["report", "4", "3", "1", "0", "0", "0", "0"],
+        ["resize", "1", "0", "0", "0", "0", "1", "0"],
         [],
         ["queue", *header, "locked_by"],
-        ["mail", "2", "1", "0", "1", "0", "0", pool_id, _age_cell(lines, "mail")],
-        ["reports", "1", "0", "0", "1", "0", "0", "pool-crashed", "(5h", "00m)"],
+        ["mail", "2", "1", "0", "0", "0", "1", "0", pool_id, _age_cell(lines, "mail")],
+        ["reports", "1", "0", "0", "0", "0", "1", "0", "pool-crashed", "(5h", "00m)"],
     ]
     assert re.fullmatch(r"\(\d+s\)", _age_cell(lines, "mail"))
 
@@ -125,12 +126,14 @@ async def test_status_in_every_state_text_and_json(utils: WorkerUtils, db: str) 
     assert document["schema"] == "graphile_worker" and document["revision"] == 20
     assert document["jobs"] == {
         "total": 9,
-        "waiting": 4,
-        "scheduled": 2,
-        "locked": 2,
-        "permanently_failed": 1,
+        "waiting": 3,
+        "scheduled": 1,
         "retrying": 2,
+        "paused": 0,
+        "running": 2,
+        "failed": 1,
     }
+    assert document["paused_by"] == {}
     oldest = document["oldest_waiting"]
     assert (oldest["job_id"], oldest["task_identifier"], oldest["queue_name"]) == (
         ids["oldest"],
@@ -138,16 +141,16 @@ async def test_status_in_every_state_text_and_json(utils: WorkerUtils, db: str) 
         None,
     )
     assert 3600 <= oldest["age_seconds"] < 3660
-    counts = ["total", "waiting", "scheduled", "locked", "permanently_failed", "retrying"]
+    counts = ["total", "waiting", "scheduled", "retrying", "paused", "running", "failed"]
     assert {name: [task[c] for c in counts] for name, task in document["tasks"].items()} == {
-        "email": [4, 1, 1, 1, 1, 2],
-        "report": [4, 3, 1, 0, 0, 0],
-        "resize": [1, 0, 0, 1, 0, 0],
+        "email": [4, 0, 0, 2, 0, 1, 1],
+        "report": [4, 3, 1, 0, 0, 0, 0],
+        "resize": [1, 0, 0, 0, 0, 1, 0],
     }
     queues = document["queues"]
     assert {name: [q[c] for c in counts] for name, q in queues.items()} == {
-        "mail": [2, 1, 0, 1, 0, 0],
-        "reports": [1, 0, 0, 1, 0, 0],
+        "mail": [2, 1, 0, 0, 0, 1, 0],
+        "reports": [1, 0, 0, 0, 0, 1, 0],
     }
     assert queues["mail"]["locked_by"] == pool_id and queues["mail"]["locked_for_seconds"] < 60
     assert [(s["task_identifier"], s["runnable"]) for s in document["stranded"]] == [
@@ -168,11 +171,12 @@ def test_status_of_an_empty_queue(db: str) -> None:
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines()[1:] == [
         "Jobs: 0",
-        "  waiting: 0  (due now)",
-        "  scheduled: 0  (run_at in the future)",
-        "  locked: 0  (being run)",
-        "  permanently_failed: 0  (attempts >= max_attempts)",
-        "  retrying: 0  (waiting or scheduled after a failed attempt)",
+        "  waiting: 0  (due now, never attempted)",
+        "  scheduled: 0  (run_at in the future, never attempted)",
+        "  retrying: 0  (failed before, will run again)",
+        "  paused: 0  (held by a pause)",
+        "  running: 0  (locked by a worker)",
+        "  failed: 0  (attempts >= max_attempts)",
         "Oldest waiting job: none",
         "Stranded tasks: not checked: no Python worker heartbeat to compare with "
         "(no Python worker is running, or heartbeats are off)",
@@ -228,20 +232,20 @@ def test_status_shows_run_at_times_python_cannot_hold(db: str) -> None:
     lines = result.stdout.splitlines()
     assert lines[1:4] == [
         "Jobs: 2",
-        "  waiting: 1  (due now)",
-        "  scheduled: 1  (run_at in the future)",
+        "  waiting: 1  (due now, never attempted)",
+        "  scheduled: 1  (run_at in the future, never attempted)",
     ]
     assert re.fullmatch(
         rf"Oldest waiting job: {bc} \(bc\), due for \d+d \d\dh "
         r"\(run_at 0044-03-1[45] [0-9:]+[-+][0-9:]+ BC\)",  # in the server's time zone
-        lines[7],
-    ), lines[7]
+        lines[8],
+    ), lines[8]
 
     always = value(db, "select (graphile_worker.add_job('always', run_at => '-infinity')).id")
     result = run_cli("status", "-c", db)
     assert result.returncode == 0, result.stderr
     assert (
-        result.stdout.splitlines()[7]
+        result.stdout.splitlines()[8]
         == f"Oldest waiting job: {always} (always), due since -infinity"
     )
     as_json = run_cli("status", "-c", db, "--json")
@@ -265,7 +269,7 @@ def test_status_shows_a_queue_locked_since_minus_infinity(db: str) -> None:
     )
     result = run_cli("status", "-c", db)
     assert result.returncode == 0, result.stderr
-    assert _split(result.stdout)[-1] == ["stuck", "1", "1", "0", "0", "0", "0", "pool-gone"]
+    assert _split(result.stdout)[-1] == ["stuck", "1", "1", "0", "0", "0", "0", "0", "pool-gone"]
     as_json = run_cli("status", "-c", db, "--json")
     stuck = json.loads(as_json.stdout)["queues"]["stuck"]
     assert (stuck["locked_by"], stuck["locked_for_seconds"]) == ("pool-gone", None)
@@ -356,7 +360,7 @@ def test_status_shows_stranded_tasks_text_and_json(db: str) -> None:
     _stranded_jobs(db)
     unchecked = run_cli("status", "-c", db)
     assert unchecked.returncode == 0, unchecked.stderr
-    assert unchecked.stdout.splitlines()[8] == (
+    assert unchecked.stdout.splitlines()[9] == (
         "Stranded tasks: not checked: no Python worker heartbeat to compare with "
         "(no Python worker is running, or heartbeats are off)"
     )
@@ -365,7 +369,7 @@ def test_status_shows_stranded_tasks_text_and_json(db: str) -> None:
     _beat(db, "pool-a", ["a"])
     text = run_cli("status", "-c", db)
     assert text.returncode == 0, text.stderr
-    assert text.stdout.splitlines()[8:10] == [
+    assert text.stdout.splitlines()[9:11] == [
         "Stranded tasks: 1  (runnable jobs, but no live Python worker handles it; "
         "Node workers are not seen)",
         "  b: 3 runnable, oldest due for 1h 00m",
@@ -376,5 +380,5 @@ def test_status_shows_stranded_tasks_text_and_json(db: str) -> None:
     assert 3600 <= b["oldest_age_seconds"] < 3660 and b["oldest_run_at"].startswith("20")
 
     rows(db, f"update {BEATS} set task_identifiers = array['a', 'b']")
-    assert run_cli("status", "-c", db).stdout.splitlines()[8] == "Stranded tasks: none"
+    assert run_cli("status", "-c", db).stdout.splitlines()[9] == "Stranded tasks: none"
     assert json.loads(run_cli("status", "-c", db, "--json").stdout)["stranded"] == []

@@ -341,7 +341,7 @@ async def test_with_its_notifications_lost_the_poll_finds_the_job(
     monkeypatch.setattr(worker_utils, "finished_channel", lambda schema: "elsewhere")
     job = await utils.add_job("double", {"n": 3})
     waiter = asyncio.create_task(utils.wait_for_job(job.id, timeout=30))
-    await until(lambda: reads.states == ["available"], what="the waiter's first read")
+    await until(lambda: reads.states == ["waiting"], what="the waiter's first read")
     await drain(db, {"double": double})
     record = await woken(waiter, within=8)  # reads 1 s after the first, then 2 s after that
     assert record.state == "succeeded" and record.result == 6
@@ -352,7 +352,7 @@ async def test_after_its_listener_reconnects_a_waiter_reads_again(
 ) -> None:
     job = await utils.add_job("t", {})
     waiter = asyncio.create_task(utils.wait_for_job(job.id, timeout=30))
-    await until(lambda: reads.states == ["available"], what="the waiter's first read")
+    await until(lambda: reads.states == ["waiting"], what="the waiter's first read")
     await utils.complete_jobs([job.id])  # an admin function: no notification
     terminated = value(
         db,
@@ -362,7 +362,7 @@ async def test_after_its_listener_reconnects_a_waiter_reads_again(
     assert terminated == 1
     record = await woken(waiter)
     assert record.state == "unknown"  # seen, then gone: no grace
-    assert reads.states == ["available", "unknown"]
+    assert reads.states == ["waiting", "unknown"]
     assert "Waiting for jobs: LISTEN connection lost" in caplog.text
 
 
@@ -377,7 +377,7 @@ async def test_a_wait_lasts_through_a_database_restart(
             await utils.migrate()
             job = await utils.add_job("double", {"n": 5})
             waiter = asyncio.create_task(utils.wait_for_job(job.id, timeout=60))
-            await until(lambda: reads.states == ["available"], what="the waiter's first read")
+            await until(lambda: reads.states == ["waiting"], what="the waiter's first read")
             await asyncio.to_thread(server.stop)
             await asyncio.to_thread(server.start)
             # Once listening again, every waiter reads (on the pool's connections,
@@ -405,8 +405,8 @@ async def test_a_timeout_raises_wait_timeout_and_leaves_the_job_alone(
             await utils.wait_for_job(job.id, timeout=0.3)
     error = raised.value
     assert isinstance(error, TimeoutError) and isinstance(error, GraphileWorkerError)
-    assert str(error) == f"job {job.id} did not finish within 0.3s (it is available)"
-    assert error.job_id == job.id and error.last is not None and error.last.state == "available"
+    assert str(error) == f"job {job.id} did not finish within 0.3s (it is waiting)"
+    assert error.job_id == job.id and error.last is not None and error.last.state == "waiting"
     assert rows(db, "select * from graphile_worker._private_jobs") == before
 
 
@@ -421,7 +421,7 @@ async def test_until_attempt_returns_at_a_failure_and_final_waits_through_the_re
     job = await utils.add_job("flaky", {}, max_attempts=3)
     attempt = asyncio.create_task(utils.wait_for_job(job.id, timeout=30, until="attempt"))
     final = asyncio.create_task(utils.wait_for_job(job.id, timeout=30))
-    await until(lambda: reads.states.count("available") == 2, what="both first reads")
+    await until(lambda: reads.states.count("waiting") == 2, what="both first reads")
     async with worker(db, {"flaky": flaky}, poll_interval=0.05):
         record = await woken(attempt)
         assert (record.state, record.last_error, record.attempts) == (
@@ -453,7 +453,7 @@ async def test_a_job_committed_during_the_grace_is_waited_for(
         waiter = asyncio.create_task(utils.wait_for_job(job_id, timeout=20))
         await until(lambda: reads.states == ["unknown"], what="the waiter's first read")
         app.commit()
-    await until(lambda: "available" in reads.states, what="a read in the grace")
+    await until(lambda: "waiting" in reads.states, what="a read in the grace")
     await drain(db, {"double": double})
     record = await waiter
     assert record.state == "succeeded" and record.result == 14
@@ -526,13 +526,13 @@ async def test_the_sync_twin_waits_the_same_way(db: str, reads: Reads, no_poll: 
         other = sync.add_job("double", {"n": 9})
         waiter = asyncio.create_task(asyncio.to_thread(sync.wait_for_job, job.id, 30))
         waiter_2 = asyncio.create_task(asyncio.to_thread(sync.wait_for_job, other.id, 30))
-        await until(lambda: reads.states == ["available"] * 2, what="both first reads")
+        await until(lambda: reads.states == ["waiting"] * 2, what="both first reads")
         assert waiter_connections(db) == 1
         await drain(db, {"double": double})
         record = await woken(waiter)
         assert record.state == "succeeded" and record.result == 8
         assert (await woken(waiter_2)).result == 18
-        assert reads.states == ["available"] * 2 + ["succeeded"] * 2  # woken by the notification
+        assert reads.states == ["waiting"] * 2 + ["succeeded"] * 2  # woken by the notification
         sync.add_job("t", {})
         late = sync.add_job("t", {})
         with pytest.raises(WaitTimeout, match=f"job {late.id} did not finish within 0.2s"):
@@ -597,8 +597,8 @@ async def test_the_job_command_waits(utils: WorkerUtils, db: str) -> None:
     job = await utils.add_job("double", {"n": 4})
     late = await cli("job", "-c", db, str(job.id), "--wait", "0.3")
     assert late.returncode == 3
-    assert late.stdout.splitlines()[0] == f"Job {job.id}: available"
-    assert late.stderr == f"Error: job {job.id} did not finish within 0.3s (it is available)\n"
+    assert late.stdout.splitlines()[0] == f"Job {job.id}: waiting"
+    assert late.stderr == f"Error: job {job.id} did not finish within 0.3s (it is waiting)\n"
     waiting_cli = await asyncio.create_subprocess_exec(
         cli_path(), "job", "-c", db, str(job.id), "--wait", "30", "--json",
         stdout=subprocess.PIPE, stderr=subprocess.PIPE,

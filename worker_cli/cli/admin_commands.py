@@ -1,8 +1,8 @@
 """The admin commands: ``jobs`` (the list), ``retry``, ``reschedule``,
 ``fail``, ``remove``, ``cancel`` and ``migrate``: graphile-worker's admin
 functions (and ``py_cancel_jobs``) from the command line, on jobs chosen by
-id, by key, or by filter (task, named queue, state: the states of
-``status``). A filter's matches are counted and confirmed first (``--yes``
+id, by key, or by filter (task, named queue, state: the words every
+command prints). A filter's matches are counted and confirmed first (``--yes``
 skips the question), then acted on in batches (:mod:`.admin_jobs`). A job a
 worker holds is never changed: it is skipped and reported (``cancel`` tells
 it to stop instead). When nothing matched (no such id, key or match) an
@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 import click
 
 from ..jobs.job_spec import SMALLINT_MAX, SMALLINT_MIN
+from ..jobs.job_state import STATE_ALIASES
 from ..jobs.last_error import storable
 from ..sql import admin as admin_sql
 from .admin_jobs import Filters, Matches, Outcome, format_jobs, format_outcome, jobs_json, session
@@ -65,11 +66,26 @@ def _reason(_ctx: click.Context, _param: click.Parameter, value: str | None) -> 
 
 _task = click.option("--task", metavar="IDENTIFIER", help="Only jobs of this task.")
 _queue = click.option("--queue", metavar="NAME", help="Only jobs in this named queue.")
+
+
+class StateChoice(click.Choice):  # type: ignore[type-arg]
+    """A state word, as every command prints it; an earlier version's word
+    (``available``, ``locked``, ``permanently_failed``) is taken as its
+    new one."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, str):
+            value = STATE_ALIASES.get(value.strip().lower(), value)
+        return super().convert(value, param, ctx)
+
+
 _state = click.option(
     "--state",
-    type=click.Choice(list(admin_sql.STATES)),
-    help="Only jobs in this state, as `status` counts them (retrying: waiting or "
-    "scheduled after a failed attempt).",
+    type=StateChoice(list(admin_sql.STATES), case_sensitive=False),
+    help="Only jobs in this state, as `job ID`, `jobs` and `status` name it (waiting: "
+    "due, never attempted; retrying: failed before, will run again; paused: held by "
+    "a pause). A finished job's state (succeeded, cancelled, removed, unknown) selects "
+    "nothing here.",
 )
 _json = click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 

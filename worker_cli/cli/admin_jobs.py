@@ -82,15 +82,16 @@ def _first_line(error: str | None) -> str:
 
 
 def format_jobs(jobs: list[dict[str, Any]]) -> list[str]:
-    """The jobs as a table: id, task, queue, state, attempts, run_at, the
-    first line of the last error."""
+    """The jobs as a table: id, task, queue, state (a paused job's with the
+    pause holding it: ``paused (queue mail)``), attempts, run_at, the first
+    line of the last error."""
     header = ["id", "task", "queue", "state", "attempts", "run_at", "last_error"]
     body = [
         [
             str(job["id"]),
             job["task_identifier"],
             job["queue_name"] or "-",
-            job["state"] + (", retrying" if job["retrying"] else ""),
+            job["state"] + (f" ({job['paused_by']})" if job["paused_by"] else ""),
             f"{job['attempts']}/{job['max_attempts']}",
             job["run_at"].isoformat(timespec="seconds")
             if isinstance(job["run_at"], datetime)

@@ -192,7 +192,8 @@ def format_record(record: JobResult, errors: Sequence[AttemptError] = ()) -> str
     """A job's record as ``graphile-worker job`` prints it: one field a line,
     only those it has; then its attempt errors, oldest first, each by the
     first line of its error."""
-    lines = [f"Job {record.id}: {record.state}"]
+    held = f" ({record.paused_by})" if record.state == "paused" and record.paused_by else ""
+    lines = [f"Job {record.id}: {record.state}{held}"]
     if record.state == "unknown":
         lines.append(
             "  no row anywhere: finished by a Node worker, removed by an admin function, "

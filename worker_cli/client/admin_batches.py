@@ -21,6 +21,7 @@ from typing import Any, LiteralString
 
 import psycopg
 
+from ..jobs.job_state import STATE_ALIASES
 from ..sql import admin as admin_sql
 from ..sql import compose
 from ..sql import jobs as jobs_sql
@@ -48,11 +49,12 @@ class Filters:
             "queue": self.queue,
             "key": self.key,
             "ids": list(self.ids) if self.ids else None,
-            "state": self.state,
+            # an earlier version's word (a bookmarked dashboard link) as its new one
+            "state": STATE_ALIASES.get(self.state, self.state) if self.state else None,
         }
 
     def describe(self) -> str:
-        """``task charge_card, state permanently_failed`` (for the prompt)."""
+        """``task charge_card, state failed`` (for the prompt)."""
         parts = [
             f"{name} {value}"
             for name, value in (("task", self.task), ("queue", self.queue), ("state", self.state))

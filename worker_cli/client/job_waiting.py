@@ -161,8 +161,11 @@ class Waiting:
             # seen: perhaps not committed yet, until the grace is over.
             return self.seen or self._clock() >= self.grace_end
         self.seen = True
+        # An attempt has ended when the job will run again: retrying, or
+        # paused after a failed attempt (a pause holds it now).
         return record.state in FINAL_STATES or (
-            self.until == "attempt" and record.state == "retrying"
+            self.until == "attempt"
+            and (record.state == "retrying" or (record.state == "paused" and bool(record.attempts)))
         )
 
     def next(self, record: JobResult | None) -> JobResult | float:

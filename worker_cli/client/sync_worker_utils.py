@@ -271,7 +271,9 @@ class SyncWorkerUtils:
         return self._run(self._plans.cancel_jobs(job_ids, reason))
 
     def get_job_status(self, job_id: int) -> JobState:
-        """The state of a job (see :data:`~worker_cli.jobs.job_state.JobState`)."""
+        """The state of a job (see :data:`~worker_cli.jobs.job_state.JobState`):
+        the word every command prints; ``paused`` for a job a pause holds
+        (:meth:`get_job_result`'s ``paused_by`` says which)."""
         return (self._run(self._plans.job_result(job_id))).state
 
     def get_job_result(self, job_id: int) -> JobResult:
@@ -292,11 +294,11 @@ class SyncWorkerUtils:
         until: Until = "final",
         allow_in_task: bool = False,
     ) -> JobResult:
-        """Wait until the job is finished (``succeeded``, ``cancelled``,
-        ``failed`` or ``unknown``; with ``until="attempt"`` also ``retrying``)
-        and return its record (as :meth:`get_job_result`). ``timeout``
-        (seconds) raises :class:`WaitTimeout`, leaving the job alone. Refused
-        inside a task of this process's worker unless ``allow_in_task``. See
+        """Wait until the job is finished (``succeeded``, ``cancelled``, ``failed`` or
+        ``unknown``; with ``until="attempt"`` also ``retrying``, or ``paused`` after a
+        failed attempt) and return its record (as :meth:`get_job_result`). ``timeout``
+        (seconds) raises :class:`WaitTimeout`, leaving the job alone. Refused inside a
+        task of this process's worker unless ``allow_in_task``. See
         :mod:`worker_cli.client.job_waiting` and the README."""
         check_wait(
             job_id, timeout, until, allow_in_task=allow_in_task, given=self._given is not None

@@ -29,6 +29,7 @@ from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 
 from ..client.admin_batches import BATCH, Filters, Outcome, Session
+from ..jobs.job_state import STATE_ALIASES
 from ..jobs.last_error import storable
 from .actions import READ_ONLY, checked_form, refused
 from .filters import JOB_STATES
@@ -70,6 +71,7 @@ def filters_of(values: ImmutableMultiDict[str, str] | dict[str, str]) -> Filters
     task = checked_text(values.get("task") or "", "task") or None
     queue = checked_text(values.get("queue") or "", "queue") or None
     state = values.get("state") or None
+    state = STATE_ALIASES.get(state, state) if state else None  # an earlier version's link
     if state is not None and state not in JOB_STATES:
         raise BadInput(f"unknown state {shown(state)}")
     if task is None and queue is None and state is None:

@@ -5,6 +5,8 @@ by. Its statements, and the index each one reads, are in
 
 from __future__ import annotations
 
+from ..sql.admin import LIVE_STATES
+
 __all__ = [
     "FINISHED_STATES",
     "JOB_STATES",
@@ -14,16 +16,9 @@ __all__ = [
 #: Rows a window scan examines at most (newest jobs by id; named queues).
 WINDOW = 10_000
 
-#: The states a job can be in, as the state filter and the counts name them
-#: (``graphile-worker status`` uses the same words). ``retrying`` is not a
-#: state of its own: waiting or scheduled jobs that failed before.
-JOB_STATES: tuple[str, ...] = (
-    "waiting",
-    "scheduled",
-    "locked",
-    "permanently_failed",
-    "retrying",
-)
+#: The states a job in the jobs table can be in, as the state filter and the
+#: counts name them: the words every command prints (py_job_state).
+JOB_STATES: tuple[str, ...] = LIVE_STATES
 
 
 #: The states of a finished job (the history's), as the Finished view's filter

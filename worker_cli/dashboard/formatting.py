@@ -19,14 +19,14 @@ __all__ = ["FILTERS", "length", "pretty_json"]
 #: A payload longer than this (pretty-printed) is cut on the job's page.
 PAYLOAD_SHOWN = 200_000
 
+#: The states' words as the pages show them: the words every command prints
+#: (py_job_state, py_job_status), on the list, a job's page and the Finished
+#: view alike; then the badges that are not states.
 STATE_LABELS = {
     "waiting": "waiting",
     "scheduled": "scheduled",
-    "locked": "locked",
-    "permanently_failed": "permanently failed",
     "retrying": "retrying",
-    # py_job_status's words (a job's page, the Finished view)
-    "available": "available",
+    "paused": "paused",
     "running": "running",
     "failed": "failed",
     "succeeded": "succeeded",

@@ -72,22 +72,21 @@ def _approximate(value: float) -> str:
 
 @dataclass
 class StateCounts:
-    """Jobs by state (``graphile-worker status``'s words): every job is exactly
-    one of waiting, scheduled, locked and permanently_failed; retrying counts
-    the waiting and scheduled jobs that failed before."""
+    """Jobs by state (the words every command prints, as ``graphile-worker
+    status`` counts them): every job is exactly one of waiting, scheduled,
+    retrying, paused, running and failed."""
 
     total: float = 0
     waiting: float = 0
     scheduled: float = 0
-    locked: float = 0
-    permanently_failed: float = 0
     retrying: float = 0
+    paused: float = 0
+    running: float = 0
+    failed: float = 0
 
-    def add(self, state: str, retrying: bool, jobs: float) -> None:
+    def add(self, state: str, jobs: float) -> None:
         self.total += jobs
         setattr(self, state, getattr(self, state) + jobs)
-        if retrying:
-            self.retrying += jobs
 
 
 @dataclass
@@ -127,14 +126,12 @@ class Census:
         scale = census.scale
         for row in rows:
             jobs = float(row["jobs"]) * scale
-            state, retrying = row["state"], bool(row["retrying"])
-            census.jobs.add(state, retrying, jobs)
+            state = row["state"]
+            census.jobs.add(state, jobs)
             task = row["task_identifier"] or "?"
-            census.tasks.setdefault(task, StateCounts()).add(state, retrying, jobs)
+            census.tasks.setdefault(task, StateCounts()).add(state, jobs)
             if row["queue_name"] is not None:
-                census.queues.setdefault(row["queue_name"], StateCounts()).add(
-                    state, retrying, jobs
-                )
+                census.queues.setdefault(row["queue_name"], StateCounts()).add(state, jobs)
             if row["locked_by"] is not None:
                 holder = census.holders.setdefault(row["locked_by"], Holder())
                 holder.jobs += jobs

@@ -15,6 +15,7 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
+from ..jobs.job_state import STATE_ALIASES
 from .filters import FINISHED_STATES, JOB_STATES, WINDOW
 from .finished import finished_filter_of
 from .inputs import BadInput, checked_text, parse_cursor, parse_job_id, shown
@@ -52,6 +53,7 @@ def job_filter_of(request: Request) -> tuple[JobFilter, list[str]]:
             problems.append(f"{exc}; showing every {name}")
             texts[name] = None
     state = params.get("state") or None
+    state = STATE_ALIASES.get(state, state) if state else None  # an earlier version's link
     if state is not None and state not in JOB_STATES:
         problems.append(f"unknown state {shown(state)}; showing every state")
         state = None

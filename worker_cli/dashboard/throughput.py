@@ -51,7 +51,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from ..sql import dashboard as dashboard_sql
-from .filters import WINDOW
+from .filters import JOB_STATES, WINDOW
 from .inputs import BadInput, checked_text, shown
 
 if TYPE_CHECKING:
@@ -341,6 +341,7 @@ def routes(dashboard: Site) -> list[Route]:
             data=data,
             now=data.now,
             window=WINDOW,
+            states=JOB_STATES,
             chart=chart,
             chart_tasks=tasks,
             chart_ranges=list(RANGES),

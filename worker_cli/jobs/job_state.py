@@ -1,8 +1,10 @@
 """A job's state and result, as any process can read them.
 
 One state model for every job id (the SQL function ``py_job_status`` decides
-it; see migrations/py/000007.sql): ``scheduled``, ``available``, ``running``,
-``retrying``, ``failed`` (no attempts left), ``succeeded``, ``cancelled``, and
+it; see migrations/py/functions.sql), the words every command prints:
+``running``, ``failed`` (no attempts left), ``paused`` (held by a pause:
+``paused_by`` says which), ``retrying``, ``scheduled``, ``waiting`` (due now,
+never attempted), ``succeeded``, ``cancelled``, and
 ``unknown`` (no row anywhere: finished by a Node worker, removed by an admin
 function, pruned from the history, or never added). :class:`JobResult` is
 the record the utilities return (``get_job_result``, ``wait_for_job``), and
@@ -24,6 +26,7 @@ from .last_error import describe
 __all__ = [
     "FINAL_STATES",
     "JOB_RESULT_COLUMNS",
+    "STATE_ALIASES",
     "AttemptError",
     "JobResult",
     "JobState",
@@ -33,11 +36,12 @@ __all__ = [
 ]
 
 JobState = Literal[
-    "scheduled",
-    "available",
     "running",
-    "retrying",
     "failed",
+    "paused",
+    "retrying",
+    "scheduled",
+    "waiting",
     "succeeded",
     "cancelled",
     "unknown",
@@ -67,7 +71,17 @@ JOB_RESULT_COLUMNS = (
     "cancel_requested_at",
     "cancel_reason",
     "timed_out",
+    "paused_by",
 )
+
+#: Words of earlier versions, still accepted wherever a state is given (never
+#: printed): ``available`` (now ``waiting``), ``locked`` (``running``),
+#: ``permanently_failed`` (``failed``).
+STATE_ALIASES: dict[str, str] = {
+    "available": "waiting",
+    "locked": "running",
+    "permanently_failed": "failed",
+}
 
 
 class ResultUnavailable(GraphileWorkerError):
@@ -103,6 +117,9 @@ class JobResult:
     cancel_requested_at: datetime | None = None
     cancel_reason: str | None = None
     timed_out: bool = False
+    #: The pause holding it (``paused`` only): ``queue mail``, ``task
+    #: send_email``, ``every queue`` or ``every task``.
+    paused_by: str | None = None
     _result: Any = field(default=None, repr=False)
 
     @classmethod

@@ -4,7 +4,10 @@ Every ``interval`` seconds: jobs this pool has run to an outcome, the rate
 over the last interval, and the due jobs of its tasks still waiting (one
 ``count(*)`` on the jobs' main index, capped at :data:`REMAINING_CAP` rows so
 a huge queue costs at most that much per line). When the pool ends, a last
-line gives the total and the average rate.
+line gives the total and the average rate. A pool that drained its queue
+ends with one more line when pauses hold due jobs of its tasks
+(:func:`log_held_by_pauses`): "Done: 0 jobs" alone would not say why they
+did not run.
 """
 
 from __future__ import annotations
@@ -12,9 +15,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import psycopg
+from psycopg_pool import AsyncConnectionPool
 
 from ..sql import compose
 from ..sql import status as status_sql
@@ -22,7 +27,7 @@ from ..sql import status as status_sql
 if TYPE_CHECKING:
     from .pool_view import ObservedPool
 
-__all__ = ["REMAINING_CAP", "ProgressReporter"]
+__all__ = ["REMAINING_CAP", "ProgressReporter", "log_held_by_pauses"]
 
 logger = logging.getLogger("graphile_worker.progress")
 
@@ -107,6 +112,34 @@ class ProgressReporter:
             logger.warning("Progress: could not count the remaining jobs: %s", exc)
             return None
         return int(row[0]) if row else None
+
+
+async def log_held_by_pauses(
+    pool: AsyncConnectionPool[Any], schema: str, tasks: Sequence[str], pool_id: str
+) -> None:
+    """Log, as a warning, how many due jobs of ``tasks`` a pause holds and
+    which pauses (nothing when none does; a failed count is logged and
+    otherwise ignored)."""
+    try:
+        async with pool.connection() as conn:
+            cur = await conn.execute(
+                compose(status_sql.HELD_BY_PAUSES, schema), {"identifiers": list(tasks)}
+            )
+            held = [(str(by), int(jobs)) for by, jobs in await cur.fetchall()]
+    except psycopg.Error as exc:
+        logger.warning("Could not count the jobs held by pauses: %s", exc)
+        return
+    if not held:
+        return
+    total = sum(jobs for _by, jobs in held)
+    logger.warning(
+        "Left %s due job%s held by pauses: %s (they run once resumed: "
+        "`graphile-worker pauses` lists them)",
+        f"{total:,}",
+        "" if total == 1 else "s",
+        ", ".join(f"{by} ({jobs:,})" for by, jobs in held),
+        extra={"pool_id": pool_id, "jobs_held": total, "held_by": dict(held)},
+    )
 
 
 def _rate(per_second: float) -> str:

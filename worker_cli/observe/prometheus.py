@@ -174,7 +174,7 @@ def _depth_families(queue: Depth | None, tasks: Iterable[str]) -> Iterator[Metri
         "graphile_worker_queue_depth",
         "Jobs in the queue (all workers) by task, named queue and state, as "
         "`graphile-worker status` counts them: each job in exactly one of waiting, "
-        "scheduled, locked, permanently_failed; task: one of this worker's tasks, or "
+        "scheduled, retrying, paused, running, failed; task: one of this worker's tasks, or "
         "(other) for every other task's jobs; queue: the named queue, empty for none, "
         f"(other) past the {QUEUE_LABELS} named queues with the most jobs; read at most "
         "every few seconds, over a bounded number of rows.",
@@ -182,14 +182,16 @@ def _depth_families(queue: Depth | None, tasks: Iterable[str]) -> Iterator[Metri
     )
     retrying = GaugeMetricFamily(
         "graphile_worker_queue_depth_retrying",
-        "Of the waiting and scheduled jobs of graphile_worker_queue_depth, those that "
-        "failed an attempt before (a subset: status's retrying); read with the depth.",
+        "The jobs that failed an attempt before and will run again: "
+        "graphile_worker_queue_depth's retrying, and its paused jobs that failed "
+        "before; read with the depth.",
         labels=labels,
     )
     oldest = GaugeMetricFamily(
         "graphile_worker_oldest_runnable_job_age_seconds",
         "Seconds since the run_at of the job that has waited longest (due, not locked, "
-        "attempts left: status's waiting), by task and queue as the depth; 0 when none "
+        "attempts left: status's waiting and retrying; paused ones too), by task and "
+        "queue as the depth; 0 when none "
         "waits; +Inf for a run_at of -infinity; read with the depth, so up to its cache "
         "time old.",
         labels=labels,

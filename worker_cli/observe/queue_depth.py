@@ -68,10 +68,10 @@ __all__ = [
 
 logger = logging.getLogger("graphile_worker.metrics")
 
-#: The states of a job, as ``graphile-worker status`` counts them: every job is
-#: exactly one of them (status's retrying, a subset of the waiting and
-#: scheduled jobs, is a figure of its own: :attr:`Group.retrying`).
-STATES = ("waiting", "scheduled", "locked", "permanently_failed")
+#: The states of a job, as every command prints them (``graphile-worker
+#: status`` counts them so): every job is exactly one of them. (Before issue
+#: 43 the labels were waiting, scheduled, locked and permanently_failed.)
+STATES = ("waiting", "scheduled", "retrying", "paused", "running", "failed")
 #: The ``task`` label of the jobs of every task the worker does not run (in
 #: parentheses, unlike a usual task name; a task of the worker's so named
 #: would add up with them), and the ``queue`` label of the named queues past
@@ -118,10 +118,11 @@ class Group:
 
     #: In the order of STATES: each job in exactly one.
     states: tuple[int, ...]
-    #: The waiting and scheduled jobs that failed an attempt before.
+    #: The jobs that failed an attempt before and will run again, paused
+    #: or not (the ``retrying`` state's, and the paused ones among them).
     retrying: int
-    #: Seconds since the run_at of the oldest waiting job (inf for a run_at
-    #: of -infinity), None when none waits.
+    #: Seconds since the run_at of the oldest due job (paused ones too; inf
+    #: for a run_at of -infinity), None when none is due.
     oldest_age: float | None
 
 
@@ -245,7 +246,7 @@ class QueueDepth:
             limits = tuple(_limit_use(row) for row in await cur.fetchall())
             cur = await conn.execute(self._stranded, {"tasks": STRANDED_TASKS, "cap": STRANDED_CAP})
             stranded = tuple((str(row[0]), int(row[1])) for row in await cur.fetchall())
-        scanned = sum(int(row[7]) for row in rows)
+        scanned = sum(int(row[9]) for row in rows)
         return Depth(
             _groups(rows),
             truncated=scanned > SCAN_LIMIT,
@@ -262,8 +263,8 @@ def _groups(rows: list[tuple[Any, ...]]) -> dict[tuple[str, str], Group]:
     groups: dict[tuple[str, str], Group] = {}
     for task, queue, *figures in rows:
         key = (OTHER_TASKS if task is None else str(task), str(queue))
-        states = tuple(int(count) for count in figures[:4])
-        retrying, age = int(figures[4]), figures[6]
+        states = tuple(int(count) for count in figures[: len(STATES)])
+        retrying, age = int(figures[len(STATES)]), figures[len(STATES) + 2]
         oldest = None if age is None else float(age)
         before = groups.get(key)
         if before is not None:

@@ -40,7 +40,7 @@ __all__ = [
 ]
 
 #: The counters, in the order they are printed.
-COUNTERS = ("total", "waiting", "scheduled", "locked", "permanently_failed", "retrying")
+COUNTERS = ("total", "waiting", "scheduled", "retrying", "paused", "running", "failed")
 
 #: Stranded tasks: tasks not run by a live Python pool examined at most, and
 #: runnable jobs counted at most per task (more: the count says so).
@@ -58,17 +58,19 @@ STRANDED_UNCHECKED = (
 
 @dataclass
 class Counts:
-    """Jobs by state. Every job is exactly one of waiting (due now), scheduled
-    (``run_at`` in the future), locked (being run, or held by a crashed
-    worker) and permanently_failed (``attempts >= max_attempts``); retrying
-    counts the waiting and scheduled jobs that were attempted before."""
+    """Jobs by state, in the words every command prints: each job is exactly
+    one of waiting (never attempted, due now), scheduled (never attempted,
+    ``run_at`` in the future), retrying (failed before, will run again),
+    paused (held by a pause), running (locked by a worker, or held by a
+    crashed one) and failed (``attempts >= max_attempts``)."""
 
     total: int = 0
     waiting: int = 0
     scheduled: int = 0
-    locked: int = 0
-    permanently_failed: int = 0
     retrying: int = 0
+    paused: int = 0
+    running: int = 0
+    failed: int = 0
 
     def add(self, other: Counts) -> None:
         for name in COUNTERS:
@@ -118,6 +120,8 @@ class Status:
     oldest_waiting: OldestWaiting | None = None
     tasks: dict[str, Counts] = field(default_factory=dict)
     queues: dict[str, QueueStatus] = field(default_factory=dict)
+    #: The paused jobs by the pause holding them (``queue mail``, ``every task``).
+    paused_by: dict[str, int] = field(default_factory=dict)
     #: Tasks that no live Python worker handles, by identifier; None when not
     #: checked (no heartbeat row: nothing to compare with).
     stranded: list[StrandedTask] | None = None
@@ -223,8 +227,10 @@ def _assemble(
     locked_queues: Iterable[tuple[Any, ...]],
 ) -> Status:
     status = Status(schema=schema, revision=revision, time=now)
-    for identifier, queue_name, *figures in counts:
+    for identifier, queue_name, *figures, paused_by in counts:
         group = Counts(*(int(x) for x in figures))
+        if group.paused:
+            status.paused_by[paused_by] = status.paused_by.get(paused_by, 0) + group.paused
         status.jobs.add(group)
         status.tasks.setdefault(identifier, Counts()).add(group)
         if queue_name is not None:
@@ -238,6 +244,7 @@ def _assemble(
         status.oldest_waiting = OldestWaiting(
             job_id, identifier, queue_name, run_at, None if age is None else round(float(age), 3)
         )
+    status.paused_by = dict(sorted(status.paused_by.items()))
     status.tasks = dict(sorted(status.tasks.items()))
     status.queues = dict(sorted(status.queues.items()))
     return status
@@ -276,11 +283,12 @@ def format_text(status: Status) -> str:
     lines = [
         f"Schema {status.schema!r} (revision {revision}) at {status.time.isoformat()}",
         f"Jobs: {jobs.total}",
-        f"  waiting: {jobs.waiting}  (due now)",
-        f"  scheduled: {jobs.scheduled}  (run_at in the future)",
-        f"  locked: {jobs.locked}  (being run)",
-        f"  permanently_failed: {jobs.permanently_failed}  (attempts >= max_attempts)",
-        f"  retrying: {jobs.retrying}  (waiting or scheduled after a failed attempt)",
+        f"  waiting: {jobs.waiting}  (due now, never attempted)",
+        f"  scheduled: {jobs.scheduled}  (run_at in the future, never attempted)",
+        f"  retrying: {jobs.retrying}  (failed before, will run again)",
+        f"  paused: {jobs.paused}  (held by a pause{_held(status.paused_by)})",
+        f"  running: {jobs.running}  (locked by a worker)",
+        f"  failed: {jobs.failed}  (attempts >= max_attempts)",
     ]
     oldest = status.oldest_waiting
     if oldest is None:
@@ -312,6 +320,11 @@ def format_text(status: Status) -> str:
             )
         )
     return "\n".join(lines)
+
+
+def _held(paused_by: dict[str, int]) -> str:
+    """``: queue mail 3, task report 1`` (the pauses holding jobs), or nothing."""
+    return (": " + ", ".join(f"{by} {n}" for by, n in paused_by.items())) if paused_by else ""
 
 
 def _stranded_lines(stranded: list[StrandedTask] | None) -> list[str]:

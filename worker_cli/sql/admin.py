@@ -4,14 +4,15 @@ dashboard's bulk actions.
 
 Jobs are chosen by filters (task, named queue, state, key, ids; a null
 parameter turns a filter off) and listed, counted, or walked by id in
-batches: one statement each, the state (none, or one of :data:`STATES`) a
-parameter like the other filters. The actions go through graphile-worker's own admin
-functions (``reschedule_jobs``, ``permanently_fail_jobs``,
-``complete_jobs``), so a job locked by a worker (less than 4 hours ago) is
-left alone exactly as those functions leave it; each action statement takes
-one batch of ids and returns each id, in the order given, with what became
-of it: changed; locked (a worker holds it: left alone); missing (no such
-job); unchanged (the action does not apply to it). The job rows read there
+batches: one statement each, the state (none, or one of :data:`STATES`:
+py_job_state's word, a pause counted) a parameter like the other filters.
+The actions go through graphile-worker's own admin functions
+(``reschedule_jobs``, ``permanently_fail_jobs``, ``complete_jobs``), so a
+job locked by a worker (less than 4 hours ago) is left alone exactly as
+those functions leave it; each action statement takes one batch of ids and
+returns each id, in the order given, with what became of it: changed; locked
+(a worker holds it: left alone); missing (no such job); unchanged (the
+action does not apply to it). The job rows read there
 are those from before the statement.
 """
 
@@ -19,26 +20,33 @@ from __future__ import annotations
 
 from typing import LiteralString
 
-#: The states ``--state`` takes, as ``graphile-worker status`` counts them:
-#: every job is exactly one of waiting, scheduled, locked and
-#: permanently_failed; retrying is the waiting and scheduled jobs attempted
-#: before.
-STATES: tuple[str, ...] = ("waiting", "scheduled", "locked", "permanently_failed", "retrying")
+#: The states of a job in the jobs table (py_job_state, migrations/py/
+#: functions.sql), as every command prints them: each job is exactly one.
+LIVE_STATES: tuple[str, ...] = ("waiting", "scheduled", "retrying", "paused", "running", "failed")
+#: The other words a command prints for a job: finished (the history, ``job
+#: ID``) or gone without a trace (``unknown``). ``--state`` takes them too;
+#: they select no job of the jobs table.
+FINISHED_STATES: tuple[str, ...] = ("succeeded", "cancelled", "removed", "unknown")
+#: Every word ``--state`` takes (earlier versions' words are aliases too:
+#: :data:`worker_cli.jobs.job_state.STATE_ALIASES`).
+STATES: tuple[str, ...] = LIVE_STATES + FINISHED_STATES
 
 # Up to %(limit)s jobs matching the filters, newest (highest id) first, with
 # their task, queue and state (jobs_pkey1, backward).
 LIST_JOBS: LiteralString = """
-  select j.id, t.identifier as task_identifier, q.queue_name, case
-      when j.locked_at is not null then 'locked'
-      when j.attempts >= j.max_attempts then 'permanently_failed'
-      when j.run_at <= now() then 'waiting'
-      else 'scheduled' end as state,
-    (j.locked_at is null and j.attempts < j.max_attempts and j.attempts > 0) as retrying,
+  select j.id, t.identifier as task_identifier, q.queue_name,
+    {schema}.py_job_state(j.locked_at, j.attempts, j.max_attempts, j.run_at, p.paused_by)
+      as state,
+    case when j.locked_at is null and j.attempts < j.max_attempts then p.paused_by end
+      as paused_by,
     j.attempts, j.max_attempts, j.priority, j.run_at, j.created_at, j.key,
     j.locked_by, j.locked_at, j.last_error
   from {schema}._private_jobs as j
   join {schema}._private_tasks as t on t.id = j.task_id
   left join {schema}._private_job_queues as q on q.id = j.job_queue_id
+  cross join lateral (
+    select {schema}.py_paused_by(j.task_id, j.job_queue_id) as paused_by
+  ) as p
   where
     (%(task)s::text is null or j.task_id = (
       select t.id from {schema}._private_tasks as t where t.identifier = %(task)s::text))
@@ -46,11 +54,8 @@ LIST_JOBS: LiteralString = """
       select q.id from {schema}._private_job_queues as q where q.queue_name = %(queue)s::text))
     and (%(key)s::text is null or j.key = %(key)s::text)
     and (%(ids)s::bigint[] is null or j.id = any(%(ids)s::bigint[]))
-    and (%(state)s::text is null or %(state)s::text = case when j.locked_at is not null
-      then 'locked' when j.attempts >= j.max_attempts then 'permanently_failed'
-      when j.run_at <= now() then 'waiting' else 'scheduled' end
-      or %(state)s::text = 'retrying'
-        and j.locked_at is null and j.attempts < j.max_attempts and j.attempts > 0)
+    and (%(state)s::text is null or %(state)s::text = {schema}.py_job_state(
+      j.locked_at, j.attempts, j.max_attempts, j.run_at, p.paused_by))
   order by j.id desc
   limit %(limit)s
 """
@@ -70,11 +75,9 @@ COUNT_JOBS: LiteralString = """
       select q.id from {schema}._private_job_queues as q where q.queue_name = %(queue)s::text))
     and (%(key)s::text is null or j.key = %(key)s::text)
     and (%(ids)s::bigint[] is null or j.id = any(%(ids)s::bigint[]))
-    and (%(state)s::text is null or %(state)s::text = case when j.locked_at is not null
-      then 'locked' when j.attempts >= j.max_attempts then 'permanently_failed'
-      when j.run_at <= now() then 'waiting' else 'scheduled' end
-      or %(state)s::text = 'retrying'
-        and j.locked_at is null and j.attempts < j.max_attempts and j.attempts > 0)
+    and (%(state)s::text is null or %(state)s::text = {schema}.py_job_state(
+      j.locked_at, j.attempts, j.max_attempts, j.run_at,
+      {schema}.py_paused_by(j.task_id, j.job_queue_id)))
 """
 
 # The ids of the next %(batch)s matching jobs above %(after)s, up to
@@ -90,11 +93,9 @@ NEXT_BATCH: LiteralString = """
       select q.id from {schema}._private_job_queues as q where q.queue_name = %(queue)s::text))
     and (%(key)s::text is null or j.key = %(key)s::text)
     and (%(ids)s::bigint[] is null or j.id = any(%(ids)s::bigint[]))
-    and (%(state)s::text is null or %(state)s::text = case when j.locked_at is not null
-      then 'locked' when j.attempts >= j.max_attempts then 'permanently_failed'
-      when j.run_at <= now() then 'waiting' else 'scheduled' end
-      or %(state)s::text = 'retrying'
-        and j.locked_at is null and j.attempts < j.max_attempts and j.attempts > 0)
+    and (%(state)s::text is null or %(state)s::text = {schema}.py_job_state(
+      j.locked_at, j.attempts, j.max_attempts, j.run_at,
+      {schema}.py_paused_by(j.task_id, j.job_queue_id)))
     and j.id > %(after)s and j.id <= %(upto)s
   order by j.id
   limit %(batch)s

@@ -54,29 +54,33 @@ JOBS_PAGES = """
     / current_setting('block_size')::bigint as pages
 """
 
-# Jobs by task, named queue, state, "retrying" and holder. No index: a sample
-# scan (TABLESAMPLE SYSTEM) reading each page with probability %(percent)s, so
-# about job_counts.SAMPLE_PAGES pages whatever the table's size; at 100 percent it
-# reads every page and the counts are exact (dashboard/job_counts.py decides). Task and
-# queue names are looked up per group (tasks_pkey, job_queues_pkey1).
+# Jobs by task, named queue, state and holder, in the words every command
+# prints (py_job_state). No index: a sample scan (TABLESAMPLE SYSTEM) reading
+# each page with probability %(percent)s, so about job_counts.SAMPLE_PAGES
+# pages whatever the table's size; at 100 percent it reads every page and the
+# counts are exact (dashboard/job_counts.py decides). A pause holds a whole
+# task and named queue, so it is read per group (py_paused_by), as are the
+# task and queue names (tasks_pkey, job_queues_pkey1).
 CENSUS = """
   with sampled as (
     select j.task_id, j.job_queue_id,
-        case when j.locked_at is not null then 'locked' when j.attempts >= j.max_attempts then
-        'permanently_failed' when j.run_at <= now() then 'waiting' else 'scheduled' end as state,
-        (j.locked_at is null and j.attempts < j.max_attempts and j.attempts > 0) as retrying,
+        {schema}.py_job_state(j.locked_at, j.attempts, j.max_attempts, j.run_at, null)
+          as state,
       case when j.locked_at is not null then j.locked_by end as locked_by,
       min(j.locked_at) as locked_since,
       count(*) as jobs
     from {schema}._private_jobs as j tablesample system (%(percent)s::real)
-    group by 1, 2, 3, 4, 5
+    group by 1, 2, 3, 4
   )
   select
     (select t.identifier from {schema}._private_tasks as t where t.id = s.task_id)
       as task_identifier,
     (select q.queue_name from {schema}._private_job_queues as q where q.id = s.job_queue_id)
       as queue_name,
-    s.state, s.retrying, s.locked_by, s.locked_since, s.jobs
+    case when s.state in ('waiting', 'scheduled', 'retrying')
+      and {schema}.py_paused_by(s.task_id, s.job_queue_id) is not null then 'paused'
+      else s.state end as state,
+    s.locked_by, s.locked_since, s.jobs
   from sampled as s
 """
 
@@ -123,8 +127,8 @@ OLDEST_WAITING = """
   limit 1
 """
 
-# The latest failures: jobs with a last_error that are not running (retrying
-# or permanently failed), newest error first, among the newest %(window)s jobs.
+# The latest failures: jobs with a last_error that are not running (retrying,
+# paused or failed: py_job_state's word), newest error first, among the newest %(window)s jobs.
 # jobs_pkey1, backward: nothing indexes last_error or updated_at, so only that
 # window is examined; `examined` tells the page whether it was full. The
 # %(limit)s shown are chosen inside the window (`shown`, materialized so the
@@ -157,8 +161,8 @@ LATEST_FAILURES = """
       (select q.queue_name from {schema}._private_job_queues as q
        where q.id = j.job_queue_id) as queue_name,
       j.attempts, j.max_attempts, left(j.last_error, 500) as last_error, j.updated_at,
-          case when j.locked_at is not null then 'locked' when j.attempts >= j.max_attempts then
-          'permanently_failed' when j.run_at <= now() then 'waiting' else 'scheduled' end as state
+      {schema}.py_job_state(j.locked_at, j.attempts, j.max_attempts, j.run_at,
+        {schema}.py_paused_by(j.task_id, j.job_queue_id)) as state
     from shown as s
     join {schema}._private_jobs as j on j.id = s.id
     order by s.updated_at desc, s.id desc
@@ -199,10 +203,14 @@ PAUSES = """
 JOBS_PAGE = """
   with scanned as materialized (
     select j.id, j.task_id, j.job_queue_id,
-        case when j.locked_at is not null then 'locked' when j.attempts >= j.max_attempts then
-        'permanently_failed' when j.run_at <= now() then 'waiting' else 'scheduled' end as state,
-        (j.locked_at is null and j.attempts < j.max_attempts and j.attempts > 0) as retrying
+      {schema}.py_job_state(j.locked_at, j.attempts, j.max_attempts, j.run_at, p.paused_by)
+        as state,
+      case when j.locked_at is null and j.attempts < j.max_attempts then p.paused_by end
+        as paused_by
     from {schema}._private_jobs as j
+    cross join lateral (
+      select {schema}.py_paused_by(j.task_id, j.job_queue_id) as paused_by
+    ) as p
     where j.id < %(before)s::bigint
     order by j.id desc
     limit %(window)s
@@ -211,15 +219,14 @@ JOBS_PAGE = """
     select count(*)::int as examined, min(s.id) as lowest from scanned as s
   ),
   shown as materialized (
-    select s.id, s.state, s.retrying
+    select s.id, s.state, s.paused_by
     from scanned as s
     where (%(task)s::text is null or s.task_id = (
         select t.id from {schema}._private_tasks as t where t.identifier = %(task)s::text))
       and (%(queue)s::text is null or s.job_queue_id = (
         select q.id from {schema}._private_job_queues as q
         where q.queue_name = %(queue)s::text))
-      and (%(state)s::text is null or s.state = %(state)s::text
-        or (%(state)s::text = 'retrying' and s.retrying))
+      and (%(state)s::text is null or s.state = %(state)s::text)
     order by s.id desc
     limit %(limit)s
   )
@@ -231,7 +238,7 @@ JOBS_PAGE = """
         as task_identifier,
       (select q.queue_name from {schema}._private_job_queues as q
        where q.id = j.job_queue_id) as queue_name,
-      s.state, s.retrying, j.priority, j.run_at, j.attempts, j.max_attempts,
+      s.state, s.paused_by, j.priority, j.run_at, j.attempts, j.max_attempts,
       left(j.last_error, 300) as last_error, j.key, j.locked_by, j.created_at
     from shown as s
     join {schema}._private_jobs as j on j.id = s.id
@@ -241,8 +248,9 @@ JOBS_PAGE = """
 
 # One job, with its queue's holder, if a pool holds it that pool's heartbeat,
 # and its cancel request if it has one (jobs_pkey1; job_queues_pkey1; the
-# heartbeats' and the cancel requests' primary keys). `status` is its state
-# as py_job_status names it.
+# heartbeats' and the cancel requests' primary keys). `state` is its state
+# as every command names it (py_job_state, as py_job_status gives it), with
+# the pause holding a paused one (`paused_by`).
 JOB = """
   select j.id,
     (select t.identifier from {schema}._private_tasks as t where t.id = j.task_id)
@@ -250,22 +258,20 @@ JOB = """
     q.queue_name, q.locked_by as queue_locked_by, j.payload::text as payload, j.priority,
     j.run_at, j.attempts, j.max_attempts, j.last_error, j.created_at, j.updated_at, j.key,
     j.locked_at, j.locked_by, j.revision, j.flags,
-        case when j.locked_at is not null then 'locked' when j.attempts >= j.max_attempts then
-        'permanently_failed' when j.run_at <= now() then 'waiting' else 'scheduled' end as state,
-        (j.locked_at is null and j.attempts < j.max_attempts and j.attempts > 0) as retrying,
-    h.beat_at >= now() - h.timeout as holder_alive, now() as now, case
-      when j.locked_at is not null then 'running'
-      when j.attempts >= j.max_attempts then 'failed'
-      when j.attempts > 0 then 'retrying'
-      when j.run_at > now() then 'scheduled'
-      else 'available'
-    end as status,
+    {schema}.py_job_state(j.locked_at, j.attempts, j.max_attempts, j.run_at, p.paused_by)
+      as state,
+    case when j.locked_at is null and j.attempts < j.max_attempts then p.paused_by end
+      as paused_by,
+    h.beat_at >= now() - h.timeout as holder_alive, now() as now,
     c.requested_at as cancel_requested_at, c.reason as cancel_reason,
     coalesce(j.id = any(h.stuck_job_ids), false) as stuck
   from {schema}._private_jobs as j
   left join {schema}._private_job_queues as q on q.id = j.job_queue_id
   left join {schema}._private_py_heartbeats as h on h.pool_id = j.locked_by
   left join {schema}._private_py_cancellations as c on c.job_id = j.id
+  cross join lateral (
+    select {schema}.py_paused_by(j.task_id, j.job_queue_id) as paused_by
+  ) as p
   where j.id = %(id)s::bigint
 """
 

@@ -33,7 +33,7 @@ select
   r.args::text, r.kwargs::text, r.status, r.enqueued_at, r.started_at, r.last_attempted_at,
   r.finished_at, r.return_value::text, r.errors::text, r.worker_ids,
   s.state, s.last_error, s.cancel_reason, s.finished_at,
-  r.status = 'FAILED' and s.state in ('available', 'scheduled', 'retrying')
+  r.status = 'FAILED' and s.state in ('waiting', 'scheduled', 'retrying', 'paused')
     and (r.job_attempts_left is null
       or s.max_attempts - s.attempts - 1 >= r.job_attempts_left) as runs_again
 from {schema}._private_py_django_results as r

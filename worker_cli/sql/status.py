@@ -1,9 +1,9 @@
 """The read-only statements of ``graphile-worker status`` and the ``--once``
-progress line. The jobs' states are counted as the admin commands, the
-dashboard and the metrics name them: every job is exactly one of waiting
-(due now), scheduled (run_at in the future), locked (being run, or held by a
-crashed worker), permanently failed (attempts used up); retrying are the
-waiting and scheduled jobs attempted before."""
+progress line. The jobs' states are counted as every command names them
+(py_job_state): each job is exactly one of running (locked by a worker, or
+held by a crashed one), failed (attempts used up), paused (held by a pause),
+retrying (failed before, will run again), scheduled (never attempted, run_at
+in the future) and waiting (never attempted, due now)."""
 
 from __future__ import annotations
 
@@ -23,6 +23,35 @@ PROGRESS_REMAINING = """
   ) as due
 """
 
+# The due jobs of the given tasks that a pause holds (unlocked, attempts left,
+# run_at passed, py_paused_by not null), by the pause holding them, for the
+# line a --once run ends with. Nothing is read past the pauses table when no
+# pause is in force; else the tasks' jobs through _private_py_jobs_task_order
+# (task_id first), a pause looked up per task and named queue.
+HELD_BY_PAUSES = """
+  select p.paused_by, sum(c.jobs)::bigint
+  from (
+    select j.task_id, j.job_queue_id, count(*) as jobs
+    from {schema}._private_jobs as j
+    where exists (
+        select from {schema}._private_py_pauses as p
+        where p.resume_at is null or p.resume_at > now()
+      )
+      and j.task_id in (
+        select t.id from {schema}._private_tasks as t
+        where t.identifier = any(%(identifiers)s::text[])
+      )
+      and j.locked_at is null and j.attempts < j.max_attempts and j.run_at <= now()
+    group by j.task_id, j.job_queue_id
+  ) as c
+  cross join lateral (
+    select {schema}.py_paused_by(c.task_id, c.job_queue_id) as paused_by
+  ) as p
+  where p.paused_by is not null
+  group by p.paused_by
+  order by p.paused_by
+"""
+
 # Whether the schema holds graphile-worker's jobs and migrations tables (the
 # schema name is a bound parameter here: a value, not an identifier).
 INSTALLED = """
@@ -32,32 +61,55 @@ INSTALLED = """
 
 REVISION = "select max(id) from {schema}.migrations"
 
-# The jobs in each state by task and named queue; observe/status.py
-# adds the groups up. now() is the transaction's start, so all the status
-# statements (run in one read-only repeatable-read transaction) agree.
+# The jobs in each state by task and named queue (the states of
+# py_job_state, migrations/py/functions.sql), and the pause holding the
+# group's jobs (py_paused_by: null when none does); observe/status_report.py
+# adds the groups up. A pause holds every job of a task and named queue that
+# is not running or failed, so it is read once per group, not per job. now()
+# is the transaction's start, so all the status statements (run in one
+# read-only repeatable-read transaction) agree.
 COUNTS = """
   select
     t.identifier,
     q.queue_name,
-    count(*),
-    count(*) filter (
-      where j.locked_at is null and j.attempts < j.max_attempts and j.run_at <= now()
-    ),
-    count(*) filter (
-      where j.locked_at is null and j.attempts < j.max_attempts and j.run_at > now()
-    ),
-    count(*) filter (where j.locked_at is not null),
-    count(*) filter (where j.locked_at is null and j.attempts >= j.max_attempts),
-    count(*) filter (
-      where j.locked_at is null and j.attempts < j.max_attempts and j.attempts > 0
-    )
-  from {schema}._private_jobs as j
-  join {schema}._private_tasks as t on t.id = j.task_id
-  left join {schema}._private_job_queues as q on q.id = j.job_queue_id
-  group by t.identifier, q.queue_name
+    c.total,
+    case when p.paused_by is null then c.waiting else 0 end,
+    case when p.paused_by is null then c.scheduled else 0 end,
+    case when p.paused_by is null then c.retrying else 0 end,
+    case when p.paused_by is null then 0 else c.waiting + c.scheduled + c.retrying end,
+    c.running,
+    c.failed,
+    p.paused_by
+  from (
+    select
+      j.task_id,
+      j.job_queue_id,
+      count(*) as total,
+      count(*) filter (
+        where j.locked_at is null and j.attempts = 0 and j.attempts < j.max_attempts
+          and j.run_at <= now()
+      ) as waiting,
+      count(*) filter (
+        where j.locked_at is null and j.attempts = 0 and j.attempts < j.max_attempts
+          and j.run_at > now()
+      ) as scheduled,
+      count(*) filter (
+        where j.locked_at is null and j.attempts > 0 and j.attempts < j.max_attempts
+      ) as retrying,
+      count(*) filter (where j.locked_at is not null) as running,
+      count(*) filter (where j.locked_at is null and j.attempts >= j.max_attempts) as failed
+    from {schema}._private_jobs as j
+    group by j.task_id, j.job_queue_id
+  ) as c
+  join {schema}._private_tasks as t on t.id = c.task_id
+  left join {schema}._private_job_queues as q on q.id = c.job_queue_id
+  cross join lateral (
+    select {schema}.py_paused_by(c.task_id, c.job_queue_id) as paused_by
+  ) as p
 """
 
-# The job that has been due the longest without being taken, and for how many
+# The job that has been due the longest without being taken (waiting or
+# retrying: not running, not failed, not held by a pause), and for how many
 # seconds (null for a run_at of -infinity: PostgreSQL before 17 cannot subtract
 # it, and no age would mean anything).
 OLDEST_WAITING = """
@@ -67,6 +119,7 @@ OLDEST_WAITING = """
   join {schema}._private_tasks as t on t.id = j.task_id
   left join {schema}._private_job_queues as q on q.id = j.job_queue_id
   where j.locked_at is null and j.attempts < j.max_attempts and j.run_at <= now()
+    and {schema}.py_paused_by(j.task_id, j.job_queue_id) is null
   order by j.run_at, j.id
   limit 1
 """

@@ -34,6 +34,7 @@ from ..config.options import WorkerOptions
 from ..db.connections import WorkerConnections
 from ..jobs.job import Job
 from ..observe.events import Events
+from ..observe.progress import log_held_by_pauses
 from ..tasks.loader import Task
 from .background.heartbeat import Heartbeat, PoolReport
 from .background.lock_refresh import LockRefresh
@@ -94,6 +95,8 @@ class WorkerPool:
         self.options = options
         self.events = events or Events()
         self.once = once
+        #: With ``once``: it stopped because nothing was left to run.
+        self._drained = False
         self.cron_items = list(cron_items)
         #: Set when a breaking schema migration was announced (exit code 57).
         self.breaking_migration: str | None = None
@@ -225,6 +228,8 @@ class WorkerPool:
             await declare_limits(self._utils, self.tasks)
             # Without heartbeats, the locks of long jobs are refreshed on the loop.
             await self._run_parts(self._utils, None if heartbeat else lock_refresh)
+            if self._drained:
+                await log_held_by_pauses(db, options.schema, list(self.tasks), self.id)
         finally:
             await self._close(heartbeat, db, started=started)
 
@@ -326,6 +331,7 @@ class WorkerPool:
         """With ``once``: stop once nothing is left to fetch, run or write (the
         pool holds no job: none queued, running, or with a result unwritten)."""
         if self.once and not self._held and not self._fetcher.limited.waiting:
+            self._drained = True
             self.stop("no runnable jobs left")
 
     def _on_stuck_exit(self, job: Job) -> None:

@@ -33,8 +33,9 @@ __all__ = ["StoredResult", "django_time", "in_an_installed_app", "load_task", "l
 LOST = "worker_cli.errors.JobLost"
 CANCELLED = "worker_cli.errors.JobCancelled"
 
-#: The job states (py_job_status) in which it will run (again).
-_WAITING = frozenset({"available", "scheduled", "retrying"})
+#: The job states (py_job_status) in which it will run (again): a paused job
+#: is READY too (it runs once its pause ends).
+_WAITING = frozenset({"waiting", "scheduled", "retrying", "paused"})
 
 
 def lost_attempt(detail: str | None = None) -> dict[str, str]:

@@ -1,0 +1,13 @@
+-- One vocabulary for a job's state (issue 43): functions only.
+--
+-- Added py_paused_by (the pause in force that holds a task's and named
+-- queue's jobs, as it is shown: 'queue mail', 'every task') and py_job_state
+-- (the state of a job in the jobs table: running, failed, paused, retrying,
+-- scheduled, waiting), which every statement that names a job's state uses.
+-- Changed py_job_status: a job held by a pause is 'paused' (it was
+-- 'available', 'scheduled' or 'retrying'), a job due now that never ran is
+-- 'waiting' (it was 'available'), and a new last column, paused_by; its
+-- result type changes, so the old signature is dropped here and
+-- py/functions.sql makes the new one ("if exists": a fresh install makes
+-- the functions only after its last revision).
+drop function if exists {{schema}}.py_job_status(bigint);
