@@ -497,9 +497,11 @@ $fn$;
 --   running    locked by a worker               retrying   failed, will run again
 --   failed     no attempts left (still a row)   succeeded  finished (history)
 --   cancelled  cancelled (history)              unknown    no row anywhere: finished by
---                                                          a Node worker, removed by an
---                                                          admin function, pruned, or
+--   removed    removed by an operator                      a Node worker, removed by
+--              (history, py/000023.sql)                    Node's functions, pruned, or
 --                                                          never existed
+-- A running job asked to cancel shows the attempt it is at (its cancel
+-- request's), not the max_attempts py_cancel_jobs set on its row.
 create or replace function {{schema}}.py_job_status(job_id bigint)
 returns table (
   state text, id bigint, task_identifier text, queue_name text, key text,
@@ -522,8 +524,8 @@ begin
       when j.run_at > now() then 'scheduled'
       else 'available'
     end,
-    j.id, t.identifier, q.queue_name, j.key, j.attempts, j.max_attempts, j.last_error,
-    null::json, null::text, j.created_at, j.run_at, j.locked_at, null::timestamptz,
+    j.id, t.identifier, q.queue_name, j.key, coalesce(c.attempts, j.attempts), j.max_attempts,
+    j.last_error, null::json, null::text, j.created_at, j.run_at, j.locked_at, null::timestamptz,
     j.locked_by, c.requested_at, c.reason, false
   from {{schema}}._private_jobs as j
   join {{schema}}._private_tasks as t on t.id = j.task_id
@@ -590,9 +592,10 @@ $fn$;
 --     hours ago by a crashed worker): deleted and recorded in the history as
 --     cancelled (kept a day), its uniqueness lock and options gone with it: it
 --     never runs;
---   running (locked): a cancel request (_private_py_cancellations) and, on
---     Node's row, attempts = max_attempts and key = null, exactly what Node's
---     remove_job does to a locked job: it is never retried. A Python pool
+--   running (locked): a cancel request (_private_py_cancellations, with the
+--     attempt it is at: its history and attempt error keep that number) and,
+--     on Node's row, attempts = max_attempts and key = null, exactly what
+--     Node's remove_job does to a locked job: it is never retried. A Python pool
 --     running it is told at once (NOTIFY "<schema>:py:cancel", ids); its
 --     outcome is recorded as cancelled unless the task returns normally
 --     (then it succeeded: the work happened). A Node worker cannot be told:
@@ -675,8 +678,8 @@ begin
 
   -- The running ones: a request, and Node's remove_job treatment.
   with requested as (
-    insert into {{schema}}._private_py_cancellations as c (job_id, reason, pool_id)
-    select j.id, py_cancel_jobs.reason, j.locked_by
+    insert into {{schema}}._private_py_cancellations as c (job_id, reason, pool_id, attempts)
+    select j.id, py_cancel_jobs.reason, j.locked_by, j.attempts
     from {{schema}}._private_jobs as j
     where j.id = any(py_cancel_jobs.job_ids) and j.locked_at is not null
     on conflict (job_id) do update set reason = coalesce(excluded.reason, c.reason)
