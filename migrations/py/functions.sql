@@ -549,9 +549,12 @@ $fn$;
 -- utilities' get_job_status and get_job_result): one row, always. A job in
 -- the jobs table has py_job_state's state (running, failed, paused, retrying,
 -- scheduled, waiting; paused_by says which pause holds a paused one); a
--- finished one its history's (succeeded, failed, cancelled); and
---   unknown    no row anywhere: finished by a Node worker, removed by an
---              admin function, pruned, or never existed
+-- finished one its history's (succeeded, failed, cancelled, or removed: by an
+-- operator, py/000023.sql); and
+--   unknown    no row anywhere: finished by a Node worker, removed by Node's
+--              functions, pruned, or never existed
+-- A running job asked to cancel shows the attempt it is at (its cancel
+-- request's), not the max_attempts py_cancel_jobs set on its row.
 create or replace function {{schema}}.py_job_status(job_id bigint)
 returns table (
   state text, id bigint, task_identifier text, queue_name text, key text,
@@ -568,8 +571,8 @@ begin
   return query
   select
     {{schema}}.py_job_state(j.locked_at, j.attempts, j.max_attempts, j.run_at, p.paused_by),
-    j.id, t.identifier, q.queue_name, j.key, j.attempts, j.max_attempts, j.last_error,
-    null::json, null::text, j.created_at, j.run_at, j.locked_at, null::timestamptz,
+    j.id, t.identifier, q.queue_name, j.key, coalesce(c.attempts, j.attempts), j.max_attempts,
+    j.last_error, null::json, null::text, j.created_at, j.run_at, j.locked_at, null::timestamptz,
     j.locked_by, c.requested_at, c.reason, false,
     case when j.locked_at is null and j.attempts < j.max_attempts then p.paused_by end
   from {{schema}}._private_jobs as j
@@ -641,9 +644,10 @@ $fn$;
 --     hours ago by a crashed worker): deleted and recorded in the history as
 --     cancelled (kept a day), its uniqueness lock and options gone with it: it
 --     never runs;
---   running (locked): a cancel request (_private_py_cancellations) and, on
---     Node's row, attempts = max_attempts and key = null, exactly what Node's
---     remove_job does to a locked job: it is never retried. A Python pool
+--   running (locked): a cancel request (_private_py_cancellations, with the
+--     attempt it is at: its history and attempt error keep that number) and,
+--     on Node's row, attempts = max_attempts and key = null, exactly what
+--     Node's remove_job does to a locked job: it is never retried. A Python pool
 --     running it is told at once (NOTIFY "<schema>:py:cancel", ids); its
 --     outcome is recorded as cancelled unless the task returns normally
 --     (then it succeeded: the work happened). A Node worker cannot be told:
@@ -726,8 +730,8 @@ begin
 
   -- The running ones: a request, and Node's remove_job treatment.
   with requested as (
-    insert into {{schema}}._private_py_cancellations as c (job_id, reason, pool_id)
-    select j.id, py_cancel_jobs.reason, j.locked_by
+    insert into {{schema}}._private_py_cancellations as c (job_id, reason, pool_id, attempts)
+    select j.id, py_cancel_jobs.reason, j.locked_by, j.attempts
     from {{schema}}._private_jobs as j
     where j.id = any(py_cancel_jobs.job_ids) and j.locked_at is not null
     on conflict (job_id) do update set reason = coalesce(excluded.reason, c.reason)

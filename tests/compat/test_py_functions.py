@@ -32,6 +32,7 @@ SCHEMA = "graphile_worker"
 FUNCTIONS_AT_REVISION = {
     21: "406b006a015ba5dfe413a40a23e9d6c809dc9215d0835e3c67221e9ff104a983",
     22: "1e07128e3f4ed05ed5bb27110ea62693462af6ff797656478b91c1fbc3a5a67b",
+    23: "d3c5a9474630c1642c2c97e25cf38db3fbcdfd4d3af82ff67762188a95617359",
 }
 
 _DEFINED = re.compile(r"^create or replace function \{\{schema\}\}\.(\w+)\(", re.M)
@@ -190,7 +191,7 @@ async def test_database_installed_before_upgrades_to_a_fresh_install(
 
     report = await run_migrate(empty_db)
     assert report.applied == ()
-    assert report.applied_py == tuple(range(revision + 1, max(MigrationFiles().py_revisions()) + 1))
+    assert report.applied_py == tuple(n for n in MigrationFiles().py_revisions() if n > revision)
 
     assert not differences(
         snapshot(empty_db, python_objects=True), snapshot(db, python_objects=True)
@@ -220,31 +221,36 @@ async def test_functions_commit_with_the_last_pending_revision(
     functions = tree / "py" / "functions.sql"
     functions.write_text(functions.read_text() + "\nselect 1 / 0;\n")
 
+    *_, before, latest = MigrationFiles().py_revisions()
     with pytest.raises(psycopg.errors.DivisionByZero):
         await run_migrate(empty_db, MigrationFiles(tree))
-    # The last revision went with the functions that failed after it; the one
-    # before it (its own transaction) stays.
-    assert value(empty_db, "select max(id) from graphile_worker._private_py_migrations") == 21
+    # The last revision went with the functions that failed after it; those
+    # before it (each its own transaction) stay.
+    assert value(empty_db, "select max(id) from graphile_worker._private_py_migrations") == before
     assert value(
         empty_db,
         """select exists (select 1 from information_schema.columns
            where table_schema = 'graphile_worker' and column_name = 'job_attempts_left')""",
-    )
+    )  # py/000021.sql's
     assert not value(
-        empty_db, "select to_regprocedure('graphile_worker.py_paused_by(integer, integer)')"
-    )
+        empty_db,
+        """select exists (select 1 from information_schema.columns
+           where table_schema = 'graphile_worker' and column_name = 'removed_by')""",
+    )  # py/000023.sql's
 
     report = await run_migrate(empty_db)
-    assert report.applied_py == (22,)
+    assert report.applied_py == (latest,)
 
 
 @pytest.mark.db
 async def test_functions_may_read_the_tables_of_the_last_revision(db: str, tmp_path: Path) -> None:
-    # A later revision (here 23) adds a table and a language sql function reading
-    # it, checked when created: the file runs after the revision's own SQL.
+    # A later revision (the next number) adds a table and a language sql
+    # function reading it, checked when created: the file runs after the
+    # revision's own SQL.
     tree = tmp_path / "migrations"
     shutil.copytree(MigrationFiles().directory, tree)
-    (tree / "py" / "000023.sql").write_text(
+    *_, latest = MigrationFiles().py_revisions()
+    (tree / "py" / f"{latest + 1:06d}.sql").write_text(
         "create table {{schema}}._private_py_example (id int primary key);\n"
     )
     functions = tree / "py" / "functions.sql"
@@ -255,5 +261,5 @@ async def test_functions_may_read_the_tables_of_the_last_revision(db: str, tmp_p
         + " $fn$;\n"
     )
     report = await run_migrate(db, MigrationFiles(tree))
-    assert report.applied_py == (23,)
+    assert report.applied_py == (latest + 1,)
     assert value(db, "select graphile_worker.py_example_count()") == 0

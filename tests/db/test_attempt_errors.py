@@ -166,6 +166,7 @@ async def test_get_job_errors_and_the_job_command(utils: WorkerUtils, db: str) -
     assert shown.returncode == 0, shown.stderr
     lines = shown.stdout.splitlines()
     tail = lines[lines.index("  attempt errors (oldest first):") + 1 :]
+    tail = tail[: tail.index(next(line for line in tail if line.startswith("  traceback of")))]
     assert [re.sub(r" at \S+ ", " at T ", line) for line in tail] == [
         "    attempt 1 at T (retried): ValueError: try 1",
         "    attempt 2 at T (not retried): ValueError: try 2",

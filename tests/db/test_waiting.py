@@ -114,6 +114,7 @@ def write_batch(db: str, statement: str, job_ids: list[int]) -> None:
             delays=[None] * n,
             snoozes=[None] * n,
             max_snoozes=[None] * n,
+            tracebacks=[None] * n,
         )
     source = getattr(completion_sql, statement.upper(), None) or getattr(
         failure_sql, statement.upper()
@@ -583,12 +584,14 @@ async def test_the_job_command_prints_the_record(utils: WorkerUtils, db: str) ->
                          "  attempts: 1 of 25"]  # fmt: skip
     assert lines[-1] == "  result: 16"
     assert [line.split(":")[0] for line in lines[4:-1]] == [
-        "  created at", "  run at", "  started at", "  finished at"
+        "  created at", "  run at", "  started at", "  finished at", "  payload"
     ]  # fmt: skip
     as_json = await cli("job", "-c", db, str(job.id), "--json")
     assert as_json.returncode == 0, as_json.stderr
     record = (await utils.get_job_result(job.id)).as_dict()
-    assert json.loads(as_json.stdout) == {**record, "attempt_errors": []}
+    assert json.loads(as_json.stdout) == {
+        **record, "payload": None, "removed_by": None, "attempt_errors": []
+    }  # fmt: skip
     unknown = await cli("job", "-c", db, "999999", "--json")
     assert unknown.returncode == 0 and json.loads(unknown.stdout)["state"] == "unknown"
 

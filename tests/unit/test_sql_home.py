@@ -159,6 +159,7 @@ RETURNING_JOBS: dict[tuple[str, str], tuple[str, ...]] = {
     ("jobs", "PERMANENTLY_FAIL_JOBS"): (),
     ("jobs", "RESCHEDULE_JOBS"): (),
     ("jobs", "REMOVE_JOB_RELEASING_UNIQUE_LOCK"): (),
+    ("jobs", "REMOVE_JOB_RECORDED"): (),
     ("jobs", "ADD_UNIQUE_JOB"): UNIQUE_RESULT_COLUMNS,
     ("jobs", "ADD_UNIQUE_JOBS"): UNIQUE_RESULT_COLUMNS,
     ("fetch", "LOST_FETCH_JOBS"): (),

@@ -4,6 +4,7 @@ attempt errors; ``--wait`` waits for it to finish)."""
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -123,6 +124,12 @@ def added(job: Job, mode: str | None) -> str:
 @click.argument("job_id", metavar="ID", callback=job_id_param)
 @click.option("--json", "as_json", is_flag=True, help="Print the record as one JSON document.")
 @click.option(
+    "--tracebacks",
+    "all_tracebacks",
+    is_flag=True,
+    help="Print every attempt's traceback (default: the newest attempt's).",
+)
+@click.option(
     "--wait",
     type=number(0, MAX_WAIT),
     metavar="SECONDS",
@@ -136,17 +143,24 @@ def job(
     schema: str,
     job_id: int,
     as_json: bool,
+    all_tracebacks: bool,
     wait: float | None,
 ) -> None:
     """Print what is known of job ID: its state, task, queue, attempts, times,
-    last error and result (from any process; see get_job_result), and every
-    failed attempt's error a Python worker kept (get_job_errors)."""
+    payload, last error and result (from any process; see get_job_result),
+    and every failed attempt's error a Python worker kept (get_job_errors),
+    with the newest attempt's traceback."""
+    import psycopg
+
     from ..client.job_waiting import WaitTimeout
     from ..client.worker_utils import make_worker_utils
+    from ..errors import GraphileWorkerError
+    from ..sql import compose
+    from ..sql import jobs as jobs_sql
 
     connection, schema = shared(ctx, connection, schema)
 
-    async def read() -> tuple[JobResult | None, list[AttemptError], WaitTimeout | None]:
+    async def read() -> tuple[JobResult | None, list[AttemptError], Extras, WaitTimeout | None]:
         async with make_worker_utils(connection, schema=schema) as utils:
             record: JobResult | None
             timed_out = None
@@ -157,20 +171,54 @@ def job(
                     record = await utils.wait_for_job(job_id, wait)
                 except WaitTimeout as exc:
                     record, timed_out = exc.last, exc
-            return record, await utils.get_job_errors(job_id), timed_out
+            errors = await utils.get_job_errors(job_id)
+            async with utils.connection() as conn:
+                try:
+                    cursor = await conn.execute(
+                        compose(jobs_sql.JOB_EXTRAS, schema), {"job_id": job_id}
+                    )
+                except psycopg.errors.UndefinedColumn:  # the schema of a version before
+                    raise GraphileWorkerError(
+                        f"the graphile-worker schema {schema!r} is older than this version: "
+                        "run `graphile-worker --schema-only` (or start a worker) to upgrade it"
+                    ) from None
+                payload, removed_by = await cursor.fetchone() or (None, None)
+            return record, errors, Extras(payload, removed_by), timed_out
 
-    record, errors, timed_out = run_async(read())
+    record, errors, extras, timed_out = run_async(read())
     if record is not None:
         if as_json:
             document = record.as_dict()
+            document["payload"] = None if extras.payload is None else json.loads(extras.payload)
+            document["removed_by"] = extras.removed_by
             document["attempt_errors"] = [error.as_dict() for error in errors]
             click.echo(json.dumps(document))
         else:
-            click.echo(format_record(record, errors))
+            click.echo(format_record(record, errors, extras, all_tracebacks=all_tracebacks))
     if timed_out is not None:
         click.echo(f"Error: {timed_out}", err=True)
         ctx.exit(WAIT_TIMEOUT_EXIT)
 
+
+@dataclass(frozen=True)
+class Extras:
+    """What ``job`` shows beside the record: the payload's text as stored
+    (None: the job has left the jobs table, and the history keeps none), and
+    how it was removed (None: it was not)."""
+
+    payload: str | None = None
+    removed_by: str | None = None
+
+
+#: The longest payload ``job`` prints (characters of its compact JSON).
+PAYLOAD_SHOWN = 500
+
+#: How a removal was made, by the history's removed_by.
+REMOVED_HOW = {
+    "cli": "by an operator, from the command line",
+    "dashboard": "by an operator, from the dashboard",
+    "api": "through the Python API (remove_job)",
+}
 
 #: The record's fields as ``job`` prints them, in this order.
 _SHOWN = (
@@ -188,15 +236,28 @@ _SHOWN = (
 )
 
 
-def format_record(record: JobResult, errors: Sequence[AttemptError] = ()) -> str:
+def format_record(
+    record: JobResult,
+    errors: Sequence[AttemptError] = (),
+    extras: Extras = Extras(),
+    *,
+    all_tracebacks: bool = False,
+) -> str:
     """A job's record as ``graphile-worker job`` prints it: one field a line,
-    only those it has; then its attempt errors, oldest first, each by the
-    first line of its error."""
+    only those it has, its payload cut at :data:`PAYLOAD_SHOWN` characters;
+    then its attempt errors, oldest first, each by the first line of its
+    error (an operator's retry, which restarted the numbers, marked among
+    them), and the newest attempt's traceback (every attempt's with
+    ``all_tracebacks``)."""
     held = f" ({record.paused_by})" if record.state == "paused" and record.paused_by else ""
     lines = [f"Job {record.id}: {record.state}{held}"]
+    if record.state == "removed":
+        how = REMOVED_HOW.get(extras.removed_by or "", extras.removed_by or "by an operator")
+        when = record.finished_at.isoformat() if record.finished_at else "?"
+        lines.append(f"  removed at {when}, {how}")
     if record.state == "unknown":
         lines.append(
-            "  no row anywhere: finished by a Node worker, removed by an admin function, "
+            "  no row anywhere: finished by a Node worker, removed by Node's functions, "
             "pruned from the history, or never added"
         )
     for name, label in _SHOWN:
@@ -208,6 +269,7 @@ def format_record(record: JobResult, errors: Sequence[AttemptError] = ()) -> str
             lines.append(f"  attempts: {record.attempts} of {record.max_attempts}")
     if record.timed_out:
         lines.append("  timed out: yes")
+    lines.extend(_payload_lines(record, extras))
     if record.state == "succeeded":
         if record.result_error is not None:
             lines.append(f"  result: not kept ({record.result_error})")
@@ -216,9 +278,37 @@ def format_record(record: JobResult, errors: Sequence[AttemptError] = ()) -> str
     if errors:
         lines.append("  attempt errors (oldest first):")
     for error in errors:
+        at = error.failed_at.isoformat()
+        if error.retried_by is not None:
+            lines.append(
+                f"    retried by an operator at {at} ({error.retried_by}) after "
+                f"{error.attempt} attempt(s): the attempts below are numbered from 1 again"
+            )
+            continue
         first = (error.error or "").strip().partition("\n")[0]
         then = "retried" if error.retried else "not retried"
-        lines.append(
-            f"    attempt {error.attempt} at {error.failed_at.isoformat()} ({then}): {first}"
-        )
+        lines.append(f"    attempt {error.attempt} at {at} ({then}): {first}")
+    failed = [error for error in errors if error.retried_by is None and error.traceback]
+    for error in failed if all_tracebacks else failed[-1:]:
+        lines.append(f"  traceback of attempt {error.attempt} at {error.failed_at.isoformat()}:")
+        lines.extend(f"    {line}" for line in (error.traceback or "").splitlines())
     return "\n".join(lines)
+
+
+def _payload_lines(record: JobResult, extras: Extras) -> list[str]:
+    """The payload line: compact JSON cut at :data:`PAYLOAD_SHOWN` characters
+    (saying so), or why there is none."""
+    if extras.payload is None:
+        if record.task_identifier is None:  # unknown: nothing to say
+            return []
+        return ["  payload: not kept once the job left the jobs table"]
+    try:
+        text = json.dumps(json.loads(extras.payload), separators=(", ", ": "))
+    except ValueError:  # a number JSON allows and Python's json reads as inf
+        text = extras.payload
+    if len(text) > PAYLOAD_SHOWN:
+        return [
+            f"  payload: {text[:PAYLOAD_SHOWN]}... (cut: {len(text):,} characters in all; "
+            "--json prints it whole)"
+        ]
+    return [f"  payload: {text}"]

@@ -109,11 +109,14 @@ class Outcome:
 
 class Session:
     """One autocommit connection to the queue's schema (each statement, so
-    each batch, commits on its own)."""
+    each batch, commits on its own). ``by`` is who acts (``cli``,
+    ``dashboard``): kept with the jobs removed (their history row) and with
+    the retries' markers among the attempt errors."""
 
-    def __init__(self, conn: psycopg.AsyncConnection[Any], schema: str) -> None:
+    def __init__(self, conn: psycopg.AsyncConnection[Any], schema: str, *, by: str = "cli") -> None:
         self.conn = conn
         self.schema = schema
+        self.by = by
 
     async def rows(self, statement: LiteralString, params: dict[str, Any]) -> list[tuple[Any, ...]]:
         cursor = await self.conn.execute(compose(statement, self.schema), params)
@@ -140,21 +143,31 @@ class Session:
         found = await self.rows(jobs_sql.UNIQUE_TABLES_INSTALLED, {"schema": self.schema})
         return bool(found and found[0][0])
 
+    async def on_call_installed(self) -> bool:
+        """Whether the schema records removals and retries (Python migration 23)."""
+        found = await self.rows(jobs_sql.ON_CALL_INSTALLED, {"schema": self.schema})
+        return bool(found and found[0][0])
+
     async def action(self, action: str) -> LiteralString:
-        """The statement of ``action`` (``remove`` also releases the removed
-        jobs' uniqueness locks where the schema has them)."""
+        """The statement of ``action``: where the schema has the objects for
+        it, ``remove`` also releases the removed jobs' uniqueness locks and
+        records them as removed, and ``retry`` marks where a job's attempt
+        numbers start again."""
+        if action in ("remove", "retry") and await self.on_call_installed():
+            return admin_sql.ACTIONS["remove+recorded" if action == "remove" else "retry+marked"]
         if action == "remove" and await self.unique_installed():
             return admin_sql.ACTIONS["remove+unique"]
         return admin_sql.ACTIONS[action]
 
     async def remove_by_key(self, outcome: Outcome, key: str) -> bool:
         """``remove --key``: graphile-worker's remove_job; whether there was a job."""
-        statement = (
-            admin_sql.REMOVE_BY_KEY_RELEASING
-            if await self.unique_installed()
-            else admin_sql.REMOVE_BY_KEY
-        )
-        found = await self.rows(statement, {"key": key})
+        if await self.on_call_installed():
+            statement = admin_sql.REMOVE_BY_KEY_RECORDED
+        elif await self.unique_installed():
+            statement = admin_sql.REMOVE_BY_KEY_RELEASING
+        else:
+            statement = admin_sql.REMOVE_BY_KEY
+        found = await self.rows(statement, {"key": key, "by": self.by})
         for job_id, held in found:
             (outcome.stopped if held else outcome.changed).append(int(job_id))
         return bool(found)
@@ -165,7 +178,7 @@ class Session:
         """The action on ``ids``, :data:`BATCH` at a time, into ``outcome``."""
         for start in range(0, len(ids), BATCH):
             batch = list(ids[start : start + BATCH])
-            outcome.add(await self.rows(statement, {**params, "ids": batch}))
+            outcome.add(await self.rows(statement, {**params, "ids": batch, "by": self.by}))
 
     async def act_on_matches(
         self, outcome: Outcome, statement: LiteralString, filters: Filters, upto: int, **params: Any
@@ -182,5 +195,5 @@ class Session:
             if not found:
                 return
             ids = [int(row[0]) for row in found]
-            outcome.add(await self.rows(statement, {**params, "ids": ids}))
+            outcome.add(await self.rows(statement, {**params, "ids": ids, "by": self.by}))
             after = ids[-1]

@@ -106,6 +106,7 @@ class UtilsPlans:
         self.use_local_time = use_local_time
         # Whether the unique-jobs table exists (None: not checked yet).
         self._unique_tables: bool | None = None
+        self._on_call: bool | None = None
         self._options = OptionsTable(schema)
 
     def add_job(
@@ -181,12 +182,14 @@ class UtilsPlans:
         return self._remove_job(job_key)
 
     def _remove_job(self, job_key: str) -> Plan[Job | None]:
-        # A job an administrator removed no longer blocks its duplicates.
-        statement = (
-            jobs_sql.REMOVE_JOB_RELEASING_UNIQUE_LOCK
-            if (yield from self._unique_installed())
-            else jobs_sql.REMOVE_JOB
-        )
+        # A job an administrator removed no longer blocks its duplicates, and
+        # is recorded as removed where the schema can (Python migration 23).
+        if (yield from self._on_call_installed()):
+            statement = jobs_sql.REMOVE_JOB_RECORDED
+        elif (yield from self._unique_installed()):
+            statement = jobs_sql.REMOVE_JOB_RELEASING_UNIQUE_LOCK
+        else:
+            statement = jobs_sql.REMOVE_JOB
         found = yield from jobs(self.schema, statement, {"job_key": job_key})
         return found[0] if found else None
 
@@ -385,6 +388,16 @@ class UtilsPlans:
             return (yield from migration_plan(self.schema))
         finally:
             self._unique_tables = None
+            self._on_call = None
+
+    def _on_call_installed(self) -> Plan[bool]:
+        """Whether this schema records removals (Python migration 23; checked
+        once)."""
+        if self._on_call is None:
+            statement = compose(jobs_sql.ON_CALL_INSTALLED, self.schema)
+            rows = yield from query(statement, {"schema": self.schema})
+            self._on_call = bool(rows and rows[0][0])
+        return self._on_call
 
     def _unique_installed(self) -> Plan[bool]:
         """Whether this schema has the unique-jobs table (checked once)."""

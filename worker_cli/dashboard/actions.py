@@ -23,6 +23,7 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 
+from ..client.admin_batches import Outcome, Session
 from ..errors import JobSpecError
 from ..sql import admin as admin_sql
 from ..sql import compose
@@ -243,8 +244,12 @@ class _Actions:
     async def _apply(self, job_id: int, action: str, form: dict[str, str]) -> bool:
         """Run the action through WorkerUtils; whether it changed the job."""
         utils = await self.dashboard.utils()
-        if action == "delete":
-            return bool(await utils.complete_jobs([job_id]))
+        if action == "delete":  # graphile-worker remove's statement: recorded as removed
+            async with utils.connection() as conn:
+                session = Session(conn, utils.schema, by="dashboard")
+                outcome = Outcome("remove")
+                await session.act(outcome, await session.action("remove"), [job_id])
+            return bool(outcome.changed)
         if action == "reschedule":
             run_at = parse_run_at(form.get("run_at", ""))
             priority = parse_int(form.get("priority", ""), "priority", -SMALLINT - 1)

@@ -164,7 +164,7 @@ class _Bulk:
         outcome = Outcome(name)
         utils = await self.dashboard.utils()
         async with utils.connection() as conn:
-            session = Session(conn, utils.schema)
+            session = Session(conn, utils.schema, by="dashboard")
             matches = await session.matches(filters)
             if matches.count:
                 statement = await session.action(name)

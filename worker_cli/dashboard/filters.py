@@ -23,4 +23,4 @@ JOB_STATES: tuple[str, ...] = LIVE_STATES
 
 #: The states of a finished job (the history's), as the Finished view's filter
 #: and ``py_job_status`` name them.
-FINISHED_STATES: tuple[str, ...] = ("succeeded", "cancelled", "failed")
+FINISHED_STATES: tuple[str, ...] = ("succeeded", "cancelled", "failed", "removed")

@@ -4,9 +4,10 @@ One state model for every job id (the SQL function ``py_job_status`` decides
 it; see migrations/py/functions.sql), the words every command prints:
 ``running``, ``failed`` (no attempts left), ``paused`` (held by a pause:
 ``paused_by`` says which), ``retrying``, ``scheduled``, ``waiting`` (due now,
-never attempted), ``succeeded``, ``cancelled``, and
-``unknown`` (no row anywhere: finished by a Node worker, removed by an admin
-function, pruned from the history, or never added). :class:`JobResult` is
+never attempted), ``succeeded``, ``cancelled``, ``removed`` (by an operator:
+``graphile-worker remove``, the dashboard's delete, ``remove_job``), and
+``unknown`` (no row anywhere: finished by a Node worker, removed by Node's
+functions, pruned from the history, or never added). :class:`JobResult` is
 the record the utilities return (``get_job_result``, ``wait_for_job``), and
 :class:`AttemptError` each failed attempt a Python worker kept (``get_job_errors``);
 :func:`encode_result` is how a task's return value becomes its stored result.
@@ -44,11 +45,12 @@ JobState = Literal[
     "waiting",
     "succeeded",
     "cancelled",
+    "removed",
     "unknown",
 ]
 #: States a job does not leave by itself: waiting for the job ends there.
 #: (``failed`` is final until someone revives it with ``reschedule_jobs``.)
-FINAL_STATES: frozenset[str] = frozenset({"failed", "succeeded", "cancelled", "unknown"})
+FINAL_STATES: frozenset[str] = frozenset({"failed", "succeeded", "cancelled", "removed", "unknown"})
 STATES: tuple[str, ...] = get_args(JobState)
 
 #: The columns of ``py_job_status``, in its order.
@@ -174,6 +176,19 @@ class AttemptError:
     task_identifier: str | None
     #: The worker pool that ran the attempt.
     pool_id: str | None
+    #: The error's traceback (its last 8,000 characters at most: the
+    #: innermost frames and the exception); None when the worker kept none
+    #: (versions before, a pool declared dead).
+    traceback: str | None = None
+    #: Not a failed attempt but an operator's retry at ``failed_at``, which
+    #: reset the job's attempts (the numbers after it start again at 1): how
+    #: (``cli``, ``dashboard``, ``api``). None for a failed attempt.
+    retried_by: str | None = None
+
+    @property
+    def operator_retry(self) -> bool:
+        """This entry marks an operator's retry (see ``retried_by``)."""
+        return self.retried_by is not None
 
     def as_dict(self) -> dict[str, Any]:
         """The attempt as a JSON-ready dict (``failed_at`` in ISO 8601)."""
@@ -184,6 +199,8 @@ class AttemptError:
             "retried": self.retried,
             "task_identifier": self.task_identifier,
             "pool_id": self.pool_id,
+            "traceback": self.traceback,
+            "retried_by": self.retried_by,
         }
 
 

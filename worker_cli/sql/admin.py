@@ -32,7 +32,8 @@ FINISHED_STATES: tuple[str, ...] = ("succeeded", "cancelled", "removed", "unknow
 STATES: tuple[str, ...] = LIVE_STATES + FINISHED_STATES
 
 # Up to %(limit)s jobs matching the filters, newest (highest id) first, with
-# their task, queue and state (jobs_pkey1, backward).
+# their task, queue, state and payload (`jobs --json` prints it whole; the
+# table leaves it out) (jobs_pkey1, backward).
 LIST_JOBS: LiteralString = """
   select j.id, t.identifier as task_identifier, q.queue_name,
     {schema}.py_job_state(j.locked_at, j.attempts, j.max_attempts, j.run_at, p.paused_by)
@@ -40,7 +41,7 @@ LIST_JOBS: LiteralString = """
     case when j.locked_at is null and j.attempts < j.max_attempts then p.paused_by end
       as paused_by,
     j.attempts, j.max_attempts, j.priority, j.run_at, j.created_at, j.key,
-    j.locked_by, j.locked_at, j.last_error
+    j.locked_by, j.locked_at, j.last_error, j.payload
   from {schema}._private_jobs as j
   join {schema}._private_tasks as t on t.id = j.task_id
   left join {schema}._private_job_queues as q on q.id = j.job_queue_id
@@ -107,16 +108,22 @@ JOB_ID_BY_KEY = """
 """
 
 #: The action statements by subcommand ("remove+unique": with the unique-jobs
-#: table installed). retry: runnable now with its attempts reset to 0
-#: (max_attempts kept; its last_error kept); a job already due keeps its
-#: run_at (its place in line). reschedule: the fields given (null: kept);
+#: table installed; "retry+marked" and "remove+recorded": with the on-call
+#: objects of migrations/py/000023.sql as well). retry: runnable now with its
+#: attempts reset to 0 (max_attempts kept; its last_error kept); a job already
+#: due keeps its run_at (its place in line); "retry+marked" also marks, among
+#: the attempt errors of a job attempted before, where its attempt numbers
+#: start again at 1 (a row with retried_by %(by)s: 'cli', 'dashboard'; its
+#: attempt the attempts it had). reschedule: the fields given (null: kept);
 #: run_at is %(run_at)s, or now() plus %(delay)s. fail: attempts used up,
 #: last_error "<reason> (was: <last_error>)" (the reason alone for a job
 #: that never failed), so the real error is kept; permanently_fail_jobs once
 #: per distinct message; a job already failed for good is left as it is
 #: (unchanged). remove: complete_jobs (the jobs are deleted); with the
 #: uniqueness locks of the removed jobs (a job an administrator removed does
-#: not block its duplicates, as remove_job).
+#: not block its duplicates, as remove_job); "remove+recorded" also records
+#: each in the history as removed (removed_by %(by)s, kept a day; listed in
+#: the expiry ledger: a batch is at most 1,000 ids, one ledger row).
 ACTIONS: dict[str, LiteralString] = {
     "retry": """
   with target as materialized (
@@ -132,6 +139,42 @@ ACTIONS: dict[str, LiteralString] = {
     select r.id from {schema}.reschedule_jobs(
       array(select t.id from target as t where not t.later), attempts => 0
     ) as r
+  )
+  select i.id,
+    case
+      when a.id is not null then 'changed'
+      when j.id is null then 'missing'
+      when j.locked_at is not null and j.locked_at >= now() - interval '4 hours' then 'locked'
+      else 'unchanged'
+    end
+  from unnest(%(ids)s::bigint[]) with ordinality as i (id, n)
+  left join acted as a on a.id = i.id
+  left join {schema}._private_jobs as j on j.id = i.id
+  order by i.n
+""",
+    "retry+marked": """
+  with target as materialized (
+    select j.id, j.run_at > now() as later, j.attempts, j.task_id
+    from {schema}._private_jobs as j
+    where j.id = any(%(ids)s::bigint[])
+  ),
+  acted as materialized (
+    select r.id from {schema}.reschedule_jobs(
+      array(select t.id from target as t where t.later), run_at => now(), attempts => 0
+    ) as r
+    union all
+    select r.id from {schema}.reschedule_jobs(
+      array(select t.id from target as t where not t.later), attempts => 0
+    ) as r
+  ),
+  marked as (
+    insert into {schema}._private_py_job_errors (
+      job_id, task_identifier, attempt, retried, retried_by
+    )
+    select t.id, k.identifier, t.attempts, false, %(by)s::text
+    from target as t
+    join {schema}._private_tasks as k on k.id = t.task_id
+    where t.attempts > 0 and t.id in (select a.id from acted as a)
   )
   select i.id,
     case
@@ -250,6 +293,45 @@ ACTIONS: dict[str, LiteralString] = {
   left join {schema}._private_jobs as j on j.id = i.id
   order by i.n
 """,
+    "remove+recorded": """
+  with acted as materialized (
+    select c.* from {schema}.complete_jobs(%(ids)s::bigint[]) as c
+  ),
+  recorded as (
+    insert into {schema}._private_py_job_history (
+      job_id, state, task_identifier, queue_name, key, priority, attempts, max_attempts,
+      revision, flags, last_error, created_at, run_at, finished_at, removed_by, expires_at
+    )
+    select r.id, 'removed', t.identifier, q.queue_name, r.key, r.priority, r.attempts,
+      r.max_attempts, r.revision, r.flags, r.last_error, r.created_at, r.run_at, now(),
+      %(by)s::text, now() + interval '1 day'
+    from acted as r
+    join {schema}._private_tasks as t on t.id = r.task_id
+    left join {schema}._private_job_queues as q on q.id = r.job_queue_id
+    on conflict (job_id) do nothing
+    returning job_id
+  ),
+  expiry as (
+    insert into {schema}._private_py_job_history_expiry (expires_at, job_ids)
+    select now() + interval '1 day', array_agg(r.job_id) from recorded as r
+    having count(*) > 0
+  ),
+  released as (
+    delete from {schema}._private_py_unique_locks as l
+    where l.job_id in (select a.id from acted as a)
+  )
+  select i.id,
+    case
+      when a.id is not null then 'changed'
+      when j.id is null then 'missing'
+      when j.locked_at is not null and j.locked_at >= now() - interval '4 hours' then 'locked'
+      else 'unchanged'
+    end
+  from unnest(%(ids)s::bigint[]) with ordinality as i (id, n)
+  left join acted as a on a.id = i.id
+  left join {schema}._private_jobs as j on j.id = i.id
+  order by i.n
+""",
 }
 
 # remove --key: graphile-worker's remove_job (a job a worker holds keeps
@@ -273,4 +355,40 @@ REMOVE_BY_KEY_RELEASING = """
   )
   select j.id, j.locked_at is not null and j.locked_at >= now() - interval '4 hours'
   from removed as j
+"""
+
+# REMOVE_BY_KEY_RELEASING, a job it deleted recorded in the history as removed
+# (removed_by %(by)s, kept a day), as the remove action's
+# (migrations/py/000023.sql).
+REMOVE_BY_KEY_RECORDED = """
+  with removed as materialized (
+    select j.*, j.locked_at is not null and j.locked_at >= now() - interval '4 hours' as held
+    from {schema}.remove_job(%(key)s::text) as j
+    where j.id is not null
+  ),
+  recorded as (
+    insert into {schema}._private_py_job_history (
+      job_id, state, task_identifier, queue_name, key, priority, attempts, max_attempts,
+      revision, flags, last_error, created_at, run_at, finished_at, removed_by, expires_at
+    )
+    select r.id, 'removed', t.identifier, q.queue_name, r.key, r.priority, r.attempts,
+      r.max_attempts, r.revision, r.flags, r.last_error, r.created_at, r.run_at, now(),
+      %(by)s::text, now() + interval '1 day'
+    from removed as r
+    join {schema}._private_tasks as t on t.id = r.task_id
+    left join {schema}._private_job_queues as q on q.id = r.job_queue_id
+    where not r.held
+    on conflict (job_id) do nothing
+    returning job_id
+  ),
+  expiry as (
+    insert into {schema}._private_py_job_history_expiry (expires_at, job_ids)
+    select now() + interval '1 day', array_agg(r.job_id) from recorded as r
+    having count(*) > 0
+  ),
+  released as (
+    delete from {schema}._private_py_unique_locks as l
+    where l.job_id in (select removed.id from removed)
+  )
+  select j.id, j.held from removed as j
 """

@@ -31,7 +31,9 @@ REQUEST_CANCELS = """
 """
 
 # Record as cancelled the jobs that have a cancel request: their rows
-# deleted, a history row each (state cancelled, kept a day) listed in the
+# deleted, a history row each (state cancelled, kept a day; its attempts the
+# attempt the job was at when py_cancel_jobs asked, not the max_attempts it
+# set on the row: migrations/py/000023.sql) listed in the
 # expiry ledger (migrations/py/000011.sql, at most 1,000 ids a ledger row),
 # their uniqueness locks and requests deleted. Two callers:
 # - a pool writing its jobs' failures or giving back unstarted jobs
@@ -52,7 +54,7 @@ RECORD_CANCELLED = """
     where c.job_id = j.id
       and case when %(job_ids)s::bigint[] is null then j.locked_at is null
         else j.id = any(%(job_ids)s::bigint[]) and j.locked_by = %(pool_id)s end
-    returning j.*, c.requested_at, c.reason
+    returning j.*, c.requested_at, c.reason, c.attempts as attempt
   ),
   recorded as (
     insert into {schema}._private_py_job_history (
@@ -60,7 +62,8 @@ RECORD_CANCELLED = """
       revision, flags, last_error, created_at, run_at, started_at, finished_at, pool_id,
       cancel_requested_at, cancel_reason, timed_out, expires_at
     )
-    select d.id, 'cancelled', t.identifier, q.queue_name, d.key, d.priority, d.attempts,
+    select d.id, 'cancelled', t.identifier, q.queue_name, d.key, d.priority,
+      coalesce(d.attempt, d.attempts),
       d.max_attempts, d.revision, d.flags, coalesce(m.message, d.last_error), d.created_at,
       d.run_at, d.locked_at, now(), d.locked_by, d.requested_at, d.reason,
       d.id = any(%(timed_out)s::bigint[]), now() + interval '1 day'

@@ -247,10 +247,11 @@ JOBS_PAGE = """
 """
 
 # One job, with its queue's holder, if a pool holds it that pool's heartbeat,
-# and its cancel request if it has one (jobs_pkey1; job_queues_pkey1; the
-# heartbeats' and the cancel requests' primary keys). `state` is its state
-# as every command names it (py_job_state, as py_job_status gives it), with
-# the pause holding a paused one (`paused_by`).
+# and its cancel request if it has one, with the attempt the job was at then
+# (cancel_attempt: its row's attempts became max_attempts) (jobs_pkey1;
+# job_queues_pkey1; the heartbeats' and the cancel requests' primary keys).
+# `state` is its state as every command names it (py_job_state, as
+# py_job_status gives it), with the pause holding a paused one (`paused_by`).
 JOB = """
   select j.id,
     (select t.identifier from {schema}._private_tasks as t where t.id = j.task_id)
@@ -264,7 +265,7 @@ JOB = """
       as paused_by,
     h.beat_at >= now() - h.timeout as holder_alive, now() as now,
     c.requested_at as cancel_requested_at, c.reason as cancel_reason,
-    coalesce(j.id = any(h.stuck_job_ids), false) as stuck
+    c.attempts as cancel_attempt, coalesce(j.id = any(h.stuck_job_ids), false) as stuck
   from {schema}._private_jobs as j
   left join {schema}._private_job_queues as q on q.id = j.job_queue_id
   left join {schema}._private_py_heartbeats as h on h.pool_id = j.locked_by
@@ -347,17 +348,19 @@ FINISHED_JOB = """
     left(h.result::text, %(cut)s) as result, length(h.result::text) as result_length,
     h.result_error, h.last_error, h.created_at, h.run_at, h.started_at, h.finished_at,
     extract(epoch from h.finished_at - h.started_at)::float8 as took,
-    h.pool_id, h.cancel_requested_at, h.cancel_reason, h.timed_out, h.expires_at
+    h.pool_id, h.cancel_requested_at, h.cancel_reason, h.timed_out, h.expires_at,
+    h.removed_by
   from {schema}._private_py_job_history as h
   where h.job_id = %(id)s::bigint
 """
 
 # A job's attempt errors (migrations/py/000018.sql: each failed attempt on a
-# Python pool, kept 7 days), newest first, through their job_id index: the
+# Python pool, kept 7 days), with their tracebacks and the operators' retries
+# among them (000023.sql), newest first, through their job_id index: the
 # %(limit)s newest, each cut at %(cut)s characters, and how many there are.
 ATTEMPT_ERRORS = """
   select e.attempt, e.failed_at, left(e.error, %(cut)s) as error,
-    length(e.error) > %(cut)s as cut, e.pool_id,
+    length(e.error) > %(cut)s as cut, e.pool_id, e.traceback, e.retried_by,
     count(*) over () as total
   from {schema}._private_py_job_errors as e
   where e.job_id = %(id)s::bigint

@@ -20,10 +20,13 @@ from __future__ import annotations
 # is a failure. A job with a cancel request (py_cancel_jobs, a timeout whose
 # task says on_timeout="cancel", a task raising Cancel) is not retried: its
 # row is left as it is (cancelling), for RECORD_CANCELLED to record, with this
-# failure's message. Each failed attempt (not a snooze) appends its error to
+# failure's message. Each failed attempt (not a snooze) appends its error and
+# its traceback (%(tracebacks)s, bounded by the worker; py/000023.sql) to
 # _private_py_job_errors (migrations/py/000018.sql): last_error keeps only the
-# newest. The waiters of the jobs (notify_on_finish) are told, in one
-# notification.
+# newest message. The attempt recorded is the one the job is at: for a job
+# asked to cancel while it ran (py_cancel_jobs set its attempts to
+# max_attempts), the attempt its cancel request kept. The waiters of the jobs
+# (notify_on_finish) are told, in one notification.
 FAIL_BATCH = """
   with failure as (
     select f.*,
@@ -32,7 +35,10 @@ FAIL_BATCH = """
       case when f.snooze is not null
         then 'Snooze: snoozed ' || f.max_snoozes || ' times already (max_snoozes)'
         else f.message end as error,
-      cur.attempts as attempt,
+      coalesce(
+        (select c.attempts from {schema}._private_py_cancellations as c where c.job_id = f.id),
+        cur.attempts
+      ) as attempt,
       (select t.identifier from {schema}._private_tasks as t where t.id = cur.task_id)
         as task_identifier,
       exists (
@@ -41,8 +47,9 @@ FAIL_BATCH = """
       ) as cancelling
     from unnest(
       %(job_ids)b::bigint[], %(messages)s::text[], %(items)s::text[], %(permanent)s::bool[],
-      %(timed_out)s::bool[], %(delays)s::float8[], %(snoozes)s::float8[], %(max_snoozes)s::int[]
-    ) as f(id, message, items, permanent, timed_out, delay, snooze, max_snoozes)
+      %(timed_out)s::bool[], %(delays)s::float8[], %(snoozes)s::float8[], %(max_snoozes)s::int[],
+      %(tracebacks)s::text[]
+    ) as f(id, message, items, permanent, timed_out, delay, snooze, max_snoozes, traceback)
     left join {schema}._private_py_job_options as o on o.job_id = f.id
     left join {schema}._private_jobs as cur on cur.id = f.id
   ),
@@ -75,10 +82,10 @@ FAIL_BATCH = """
   ),
   attempt_errors as (
     insert into {schema}._private_py_job_errors (
-      job_id, task_identifier, attempt, error, retried, pool_id
+      job_id, task_identifier, attempt, error, retried, pool_id, traceback
     )
     select failure.id, failure.task_identifier, failure.attempt, failure.error,
-      coalesce(failed.retried, false), %(pool_id)s
+      coalesce(failed.retried, false), %(pool_id)s, failure.traceback
     from failure
     left join failed on failed.id = failure.id
     where not failure.snoozing

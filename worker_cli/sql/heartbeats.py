@@ -71,7 +71,12 @@ HEARTBEAT_REAP = """
     insert into {schema}._private_py_job_errors (
       job_id, task_identifier, attempt, error, retried, pool_id
     )
-    select jobs.id, t.identifier, jobs.attempts, jobs.last_error,
+    select jobs.id, t.identifier,
+      coalesce(
+        (select c.attempts from {schema}._private_py_cancellations as c where c.job_id = jobs.id),
+        jobs.attempts
+      ),
+      jobs.last_error,
       jobs.attempts < jobs.max_attempts, jobs.pool_id
     from jobs join {schema}._private_tasks as t on t.id = jobs.task_id
   ),

@@ -152,6 +152,54 @@ REMOVE_JOB_RELEASING_UNIQUE_LOCK = """
   from removed
 """
 
+# REMOVE_JOB_RELEASING_UNIQUE_LOCK, and a job it deleted (one a worker holds is
+# only kept from retrying) recorded in the history as removed, through the API
+# (removed_by 'api', kept a day; migrations/py/000023.sql).
+REMOVE_JOB_RECORDED = """
+  with removed as materialized (
+    select j.* from {schema}.remove_job(%(job_key)s) as j where j.id is not null
+  ),
+  recorded as (
+    insert into {schema}._private_py_job_history (
+      job_id, state, task_identifier, queue_name, key, priority, attempts, max_attempts,
+      revision, flags, last_error, created_at, run_at, finished_at, removed_by, expires_at
+    )
+    select r.id, 'removed', t.identifier, q.queue_name, r.key, r.priority, r.attempts,
+      r.max_attempts, r.revision, r.flags, r.last_error, r.created_at, r.run_at, now(),
+      'api', now() + interval '1 day'
+    from removed as r
+    join {schema}._private_tasks as t on t.id = r.task_id
+    left join {schema}._private_job_queues as q on q.id = r.job_queue_id
+    where r.locked_at is null or r.locked_at < now() - interval '4 hours'
+    on conflict (job_id) do nothing
+    returning job_id
+  ),
+  expiry as (
+    insert into {schema}._private_py_job_history_expiry (expires_at, job_ids)
+    select now() + interval '1 day', array_agg(r.job_id) from recorded as r
+    having count(*) > 0
+  ),
+  released as (
+    delete from {schema}._private_py_unique_locks as l
+    where l.job_id in (select removed.id from removed)
+  )
+  select removed.id, removed.job_queue_id, removed.task_id, removed.payload, removed.priority,
+    removed.run_at, removed.attempts, removed.max_attempts, removed.last_error,
+    removed.created_at, removed.updated_at, removed.key, removed.locked_at, removed.locked_by,
+    removed.revision, removed.flags, removed.is_available
+  from removed
+"""
+
+# Whether the schema records removals and operators' retries (Python migration
+# 23: the history's removed_by); the schema name is a bound value here.
+ON_CALL_INSTALLED = """
+  select exists (
+    select 1 from pg_attribute as a
+    where a.attrelid = to_regclass(format('%%I._private_py_job_history', %(schema)s::text))
+      and a.attname = 'removed_by' and not a.attisdropped
+  )
+"""
+
 # Whether the schema has the unique-jobs table (Python migration 1); the schema
 # name is a bound value here, as in status.INSTALLED.
 UNIQUE_TABLES_INSTALLED = """
@@ -161,10 +209,12 @@ UNIQUE_TABLES_INSTALLED = """
 # The state (and result) of one job: migrations/py/000007.sql.
 JOB_STATUS = "select * from {schema}.py_job_status(%(job_id)s)"
 
-# A job's attempt errors (migrations/py/000018.sql), oldest first, through
-# their job_id index (AttemptError's fields, in order).
+# A job's attempt errors (migrations/py/000018.sql), with their tracebacks and
+# the operators' retries among them (000023.sql), oldest first, through their
+# job_id index (AttemptError's fields, in order).
 JOB_ERRORS = """
-  select e.attempt, e.failed_at, e.error, e.retried, e.task_identifier, e.pool_id
+  select e.attempt, e.failed_at, e.error, e.retried, e.task_identifier, e.pool_id,
+    e.traceback, e.retried_by
   from {schema}._private_py_job_errors as e
   where e.job_id = %(job_id)s::bigint
   order by e.id
@@ -174,4 +224,15 @@ JOB_ERRORS = """
 # name is a bound value here.
 JOB_OPTIONS_INSTALLED = """
   select to_regclass(format('%%I._private_py_job_options', %(schema)s::text)) is not null
+"""
+
+# What `graphile-worker job` shows beside the record: the job's payload as
+# stored (its text; null once it has left the jobs table: the history keeps
+# none), and how it was removed (a history row in state 'removed':
+# migrations/py/000023.sql). Primary-key lookups.
+JOB_EXTRAS = """
+  select
+    (select j.payload::text from {schema}._private_jobs as j where j.id = %(job_id)s::bigint),
+    (select h.removed_by from {schema}._private_py_job_history as h
+     where h.job_id = %(job_id)s::bigint and h.state = 'removed')
 """

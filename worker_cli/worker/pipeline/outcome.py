@@ -33,7 +33,7 @@ from typing import Any
 from ...errors import JobCancelled, PayloadError
 from ...jobs.job import Job
 from ...jobs.job_state import encode_result
-from ...jobs.last_error import describe, storable
+from ...jobs.last_error import describe, storable, traceback_of
 from ...tasks.loader import Task
 from ...tasks.retry_policy import MAX_DELAY, Cancel, Discard, RetryPolicy, Snooze, TaskSignal
 
@@ -97,8 +97,13 @@ class Failure:
     #: back (unless it has snoozed ``max_snoozes`` times already).
     snooze: float | None = None
     max_snoozes: int | None = None
+    #: The error's traceback, kept with the attempt's error (bounded:
+    #: :func:`~worker_cli.jobs.last_error.traceback_of`); last_error keeps
+    #: ``message`` only.
+    traceback: str | None = field(init=False)
 
     def __post_init__(self) -> None:
+        self.traceback = traceback_of(self.error)
         self.permanent = (
             isinstance(self.error, PayloadError | JobCancelled)
             or self.job.attempts >= self.job.max_attempts

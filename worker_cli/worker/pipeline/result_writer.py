@@ -216,6 +216,7 @@ class ResultWriter:
                     "delays": [f.delay for f in failed],
                     "snoozes": [f.snooze for f in failed],
                     "max_snoozes": [f.max_snoozes for f in failed],
+                    "tracebacks": [f.traceback for f in failed],
                     "pool_id": self._pool_id,
                     "channel": self._channel,
                 }
