@@ -340,6 +340,11 @@ async def test_stranded_tasks_are_the_ones_no_live_pool_runs(db: str) -> None:
     # Another live pool runs b (one of several tasks): only a.
     _beat(db, "pool-b", ["x", "b"])
     assert _stranded(await read_status(db)) == {"a": (2, False)}
+    # A paused task is held by its pause, not stranded.
+    rows(db, "select * from graphile_worker.py_pause('task', 'a')")
+    assert _stranded(await read_status(db)) == {}
+    rows(db, "select * from graphile_worker.py_resume('task', 'a')")
+    assert _stranded(await read_status(db)) == {"a": (2, False)}
     # A live pool of an older version lists no tasks: it may run any of them.
     _beat(db, "pool-old", None)
     assert _stranded(await read_status(db)) == {}

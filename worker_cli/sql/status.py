@@ -149,7 +149,8 @@ ANY_HEARTBEAT = "select 1 from {schema}._private_py_heartbeats limit 1"
 # task_identifiers) might run any task, so then nothing is flagged; nor when
 # there is no heartbeat row at all (no Python pool running, or heartbeats
 # off): there is nothing to compare with. Node workers have no heartbeat, so
-# a task only they run is flagged too.
+# a task only they run is flagged too. A paused task (its own pause or every
+# task's, py_paused_by) is not stranded: a pause holds its jobs.
 #
 # Bounded: at most %(tasks)s tasks not run by a live pool are examined (by
 # identifier, tasks_identifier_key), and each through
@@ -174,6 +175,7 @@ STRANDED_TASKS = """
         select 1 from live as l
         where l.task_identifiers is null or t.identifier = any(l.task_identifiers)
       )
+      and {schema}.py_paused_by(t.id, null) is null
     order by t.identifier
     limit %(tasks)s
   )
