@@ -92,27 +92,35 @@ def limit(
         raise click.UsageError(f"--{exc.field.replace('_', '-')}: {exc.reason}") from None
     connection, schema = shared(ctx, connection, schema)
 
-    async def change() -> LimitInfo | bool:
+    async def change() -> tuple[LimitInfo | bool, bool]:
+        from ..worker.declared_limits import recorded_declaration
+
         async with make_worker_utils(connection, schema=schema) as utils:
             if spec is None:
-                return await utils.remove_limit(**targets)
-            return await utils.set_limit(spec, **targets)
+                done: LimitInfo | bool = await utils.remove_limit(**targets)
+            else:
+                done = await utils.set_limit(spec, **targets)
+            declared = task is not None and await recorded_declaration(utils, task) is not None
+            return done, declared
 
     try:
-        done = run_async(change())
+        done, declared = run_async(change())
     except JobSpecError as exc:
         raise click.UsageError(str(exc)) from None
     what = next(f"{kind} {name}" for kind, name in targets.items() if name is not None)
     if isinstance(done, bool):
         click.echo(f"Removed the limit of {what}" if done else f"{what.capitalize()} had no limit")
-        if done and task is not None:
-            click.echo(
-                f"Warning: if task {task} declares a limit (@task_options(limit=...)), "
-                "the next worker start that loads it sets that limit again",
-                err=True,
-            )
     else:
         click.echo("Limited " + _describe(done))
+    if declared and done is not False:
+        # A worker applies the task's declaration again only when it changes.
+        change_word = "removal" if isinstance(done, bool) else "limit"
+        click.echo(
+            f"Warning: task {task} declares a limit (@task_options(limit=...)); this "
+            f"{change_word} stands until that declaration changes in the code, when the next "
+            "worker start that loads it applies the new one",
+            err=True,
+        )
 
 
 @click.command("limits", context_settings=CONTEXT_SETTINGS)

@@ -115,3 +115,32 @@ ACQUIRE_OPERATION = """
 RELEASE_OPERATION = """
   select {schema}.py_limit_release(%(name)s::text, %(partition)s::text, %(holder)s::bigint)
 """
+
+# Declared limits (migrations/py/000024.sql): whether the table is there (a
+# schema before it: a pool applies every declaration that differs, as before).
+DECLARED_LIMITS_INSTALLED = """
+  select to_regclass(format('%%I._private_py_declared_limits', %(schema)s::text)) is not null
+"""
+
+# The declarations recorded for these tasks.
+DECLARED_LIMITS = """
+  select d.task_identifier, d.declaration
+  from {schema}._private_py_declared_limits as d
+  where d.task_identifier = any(%(tasks)s::text[])
+"""
+
+# Record a task's declaration as applied (two pools starting at once both
+# write it: the last one stays).
+RECORD_DECLARED_LIMIT = """
+  insert into {schema}._private_py_declared_limits as d (task_identifier, declaration)
+  values (%(task)s::text, %(declaration)s::jsonb)
+  on conflict (task_identifier) do update
+    set declaration = excluded.declaration, declared_at = now()
+"""
+
+# Forget the declarations of tasks that declare no limit any more (their
+# stored limits stay).
+FORGET_DECLARED_LIMITS = """
+  delete from {schema}._private_py_declared_limits
+  where task_identifier = any(%(tasks)s::text[])
+"""
