@@ -89,23 +89,19 @@ def test_pages_links_and_values_shown_as_text(db: str, browser: WebDriver) -> No
     )
     with serve_cli(db) as url:
         browser.get(url + "/")
-        cards = {
-            state: wait_for(browser, f"#count-{state}").text
-            for state in ("total", "waiting", "scheduled", "locked", "permanently_failed")
-        }
+        states = ("waiting", "scheduled", "retrying", "paused", "running", "failed")
+        cards = {state: wait_for(browser, f"#count-{state}").text for state in ("total", *states)}
         assert cards == {
             "total": "4",
             "waiting": "1",
             "scheduled": "1",
-            "locked": "1",
-            "permanently_failed": "1",
+            "retrying": "0",
+            "paused": "0",
+            "running": "1",
+            "failed": "1",
         }
-        # The four state cards partition the jobs; retrying is said to be a
-        # subset of two of them (it is counted there too), not a fifth state.
-        partition = ("waiting", "scheduled", "locked", "permanently_failed")
-        assert sum(int(cards[state]) for state in partition) == int(cards["total"])
-        subset = browser.find_element(By.ID, "card-retrying").text
-        assert "of which retrying" in subset and "of waiting + scheduled" in subset
+        # The state cards partition the jobs: one word for each, none counted twice.
+        assert sum(int(cards[state]) for state in states) == int(cards["total"])
         assert f"#{waiting}" in browser.find_element(By.ID, "oldest-waiting").text
         # The error is text: no <img> was made of it, and no script ran.
         assert HTML_ERROR in browser.find_element(By.ID, "failures-table").text
@@ -122,7 +118,7 @@ def test_pages_links_and_values_shown_as_text(db: str, browser: WebDriver) -> No
         assert row_ids(browser) == [failed, waiting]
 
         Select(browser.find_element(By.ID, "filter-task")).select_by_value("")
-        Select(browser.find_element(By.ID, "filter-state")).select_by_value("locked")
+        Select(browser.find_element(By.ID, "filter-state")).select_by_value("running")
         click(browser, "#filter-submit")
         assert row_ids(browser) == [locked]
         assert "pool-gone" not in browser.find_element(By.ID, "jobs-table").text  # not a column

@@ -113,7 +113,7 @@ def django_site(
     from django.conf import settings
 
     site = tmp_path_factory.mktemp("django_site")
-    files = write_files("### Django", site)
+    files = write_files("## Django views and models", site)
     assert set(files) == {"shop/models.py", "shop/jobs.py", "shop/views.py"}
     (site / "shop" / "__init__.py").write_text("")
     (site / "shop_urls.py").write_text(URLS)
