@@ -34,6 +34,7 @@ FUNCTIONS_AT_REVISION = {
     22: "1e07128e3f4ed05ed5bb27110ea62693462af6ff797656478b91c1fbc3a5a67b",
     23: "d3c5a9474630c1642c2c97e25cf38db3fbcdfd4d3af82ff67762188a95617359",
     24: "d3c5a9474630c1642c2c97e25cf38db3fbcdfd4d3af82ff67762188a95617359",
+    25: "d3c5a9474630c1642c2c97e25cf38db3fbcdfd4d3af82ff67762188a95617359",
 }
 
 _DEFINED = re.compile(r"^create or replace function \{\{schema\}\}\.(\w+)\(", re.M)
@@ -229,13 +230,13 @@ async def test_functions_commit_with_the_last_pending_revision(
     # before it (each its own transaction) stay.
     assert value(empty_db, "select max(id) from graphile_worker._private_py_migrations") == before
     assert value(
-        empty_db,
-        """select exists (select 1 from information_schema.columns
-           where table_schema = 'graphile_worker' and column_name = 'removed_by')""",
-    )  # py/000023.sql's
-    assert not value(
         empty_db, "select to_regclass('graphile_worker._private_py_declared_limits') is not null"
     )  # py/000024.sql's
+    assert not value(
+        empty_db,
+        """select exists (select 1 from information_schema.columns
+           where table_schema = 'graphile_worker' and column_name = 'sign_key')""",
+    )  # py/000025.sql's
 
     report = await run_migrate(empty_db)
     assert report.applied_py == (latest,)

@@ -1,4 +1,4 @@
-"""Opt-in heartbeats: a crashed pool's jobs come back within about the timeout."""
+"""Heartbeats: a silent pool's jobs come back within about the timeout."""
 
 from __future__ import annotations
 
@@ -36,7 +36,12 @@ pytestmark = pytest.mark.db
 
 
 INTERVAL, TIMEOUT = 0.5, 3.0
-HEARTBEAT = ("--heartbeat-interval", str(INTERVAL), "--heartbeat-timeout", str(TIMEOUT))
+# The session sign off: these tests are about the timeout (a killed pool's
+# session ending is tests/system/test_killed_workers.py's).
+HEARTBEAT = (
+    *("--heartbeat-interval", str(INTERVAL), "--heartbeat-timeout", str(TIMEOUT)),
+    *("--session-grace", "0"),
+)
 
 
 # Sleeps for as long as the payload says on its first attempt only, then records the

@@ -210,6 +210,9 @@ class KillReport:
     held_at_kill: int = 0
     #: Per killed pool, seconds from its kill until it held no job any more.
     released_after_kill: list[float] = field(default_factory=list)
+    #: Per killed worker, seconds (database time) from its kill until the last
+    #: of the jobs it was running started again elsewhere: the time to recovery.
+    rerun_after_kill: list[float] = field(default_factory=list)
     #: Seconds from the end of the drain to every job done (the recovery).
     recovered_in: float = 0.0
     rerun_jobs: int = 0
@@ -221,9 +224,11 @@ class KillReport:
 
     def line(self, title: str) -> str:
         released = ", ".join(f"{t:.2f}s" for t in self.released_after_kill)
+        rerun = ", ".join(f"{t:.2f}s" for t in self.rerun_after_kill)
         return (
             f"{title}: jobs={self.jobs} kills={self.kills} replacements={self.replacements} "
             f"held_by_killed_at_kill={self.held_at_kill} released_after_kill=[{released}] "
+            f"running_jobs_rerun_after_kill=[{rerun}] "
             f"recovered_in={self.recovered_in:.2f}s rerun_jobs={self.rerun_jobs} "
             f"cut_short_runs={self.cut_short_runs} "
             f"concurrent_duplicates={self.concurrent_duplicates}"
@@ -269,11 +274,15 @@ def sigkill_drain(
     worker_args: tuple[str, ...],
     recover: Callable[[list[str], list[Worker]], list[Worker]],
     recovery_timeout: float,
+    workers: int = 4,
+    replace: bool = True,
+    kills: int | None = None,
 ) -> KillReport:
-    """Four workers drain ``jobs`` jobs; one or two of them are killed (kill -9) at
-    random points of the drain and replaced. Once every job the killed pools did
-    not hold is done, ``recover(killed_pool_ids, live_workers)`` must get the rest
-    run (it returns any worker it started). Returns the measures.
+    """``workers`` workers drain ``jobs`` jobs; ``kills`` of them (default: one or
+    two, as ``seed`` says) are killed (kill -9) at random points of the drain and,
+    with ``replace``, replaced. Once every job the killed pools did not hold is
+    done, ``recover(killed_pool_ids, live_workers)`` must get the rest run (it
+    returns any worker it started). Returns the measures.
 
     Checks: the killed pools held jobs when killed and only their jobs were left;
     afterwards every job ran to the end, no job ran twice at the same time, and
@@ -288,13 +297,13 @@ def sigkill_drain(
         (jobs,),
     )
     report = KillReport(jobs=jobs)
-    procs = [Worker(db, folder, *worker_args) for _ in range(4)]
+    procs = [Worker(db, folder, *worker_args) for _ in range(workers)]
     killed: list[Worker] = []
     watch = _ReleaseWatch(db)
     watch.start()
     try:
         # Kill at random points of the drain, each a worker that is running jobs.
-        points = sorted(rng.uniform(0.1, 0.6) for _ in range(rng.choice((1, 2))))
+        points = sorted(rng.uniform(0.1, 0.6) for _ in range(kills or rng.choice((1, 2))))
         for point in points:
             wait_until(
                 lambda p=point: value(db, "select count(*) from public.runs") >= p * jobs,
@@ -325,9 +334,10 @@ def sigkill_drain(
                 )
             )
             killed.append(victim)
-            procs.append(Worker(db, folder, *worker_args))
             report.kills += 1
-            report.replacements += 1
+            if replace:
+                procs.append(Worker(db, folder, *worker_args))
+                report.replacements += 1
         killed_pools = list(watch.killed)
         assert report.held_at_kill > 0, "the killed workers held no job: nothing was tested"
         # The survivors and replacements run everything else.
@@ -378,6 +388,24 @@ def sigkill_drain(
         (killed_pids,),
     )
     report.rerun_jobs = len(reruns)
+    report.rerun_after_kill = [
+        float(r["after"])
+        for r in rows(
+            db,
+            """
+            select extract(epoch from max(again.started - k.at)) as after
+            from public.runs as cut
+            join public.killed as k on k.pid = cut.pid
+            cross join lateral (
+              select min(r.started) as started from public.runs as r
+              where r.job_id = cut.job_id and r.id > cut.id
+            ) as again
+            where cut.finished is null and cut.pid = any(%s)
+            group by k.pid order by k.pid
+            """,
+            (killed_pids,),
+        )
+    ]
     assert all(r["by_killed"] for r in reruns), "a job ran twice without a killed worker"
     report.cut_short_runs = int(
         value(

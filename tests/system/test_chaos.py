@@ -1,16 +1,19 @@
 """Chaos: worker processes drain a queue while workers are killed, stopped and
 the database restarts, at random moments; afterwards every run is checked.
 
-Several CLI workers (``-j 4``, heartbeats every 0.5 s, declared dead after 2 s)
-drain queue-less jobs mixed with the jobs of four named queues. Meanwhile, in
-a random order with random gaps (seeded): a worker running jobs is killed
+Several CLI workers (``-j 4``, heartbeats every 0.5 s, declared dead after 2 s
+of silence or 1 s after their session ended: the session sign) drain
+queue-less jobs mixed with the jobs of four named queues. Meanwhile, in a
+random order with random gaps (seeded): a worker running jobs is killed
 (SIGKILL) and replaced, several times; one is stopped with SIGTERM (graceful)
 and replaced; the database server is stopped and started again. Then the
 survivors finish and every worker is stopped. The tasks record their runs in
 files (see tests/support/chaos.py), and the test checks: every job ran to the end; no
 job ran twice at the same time; no named queue ran two jobs at once, or
 started its jobs out of order; nothing is left locked; the killed workers died
-of SIGKILL and every other worker exited 0. ``pytest -s`` prints the figures.
+of SIGKILL and every other worker exited 0. ``pytest -s`` prints the figures,
+among them each kill's time to recovery: from the kill to the last of the jobs
+the killed worker was running starting again elsewhere.
 
 The short version (plain ``pytest``) has one round of faults over about 12 s,
 all its jobs added by one ``add_jobs`` call. The long version, run by hand,
@@ -85,6 +88,7 @@ POISON_PHASE_FREE_JOBS, POISON_PHASE_QUEUE_JOBS = 300, 20
 WORKER_ARGS = (
     *("-j", "4", "--poll-interval", "200"),
     *("--heartbeat-interval", "0.5", "--heartbeat-timeout", str(HEARTBEAT_TIMEOUT)),
+    *("--session-grace", "1"),
 )
 # One round: the faults of the short version, in a random order.
 ROUND = ("SIGKILL", "SIGKILL", "SIGKILL", "SIGTERM", "restart", *(("failover",) if LONG else ()))
@@ -340,6 +344,21 @@ def evidence(chaos: Chaos, violations: list[Violation]) -> str:
     return "\n".join(lines)
 
 
+def kill_recoveries(chaos: Chaos) -> list[float]:
+    """Per SIGKILL of a worker that was running jobs: seconds from the kill
+    until the last of those jobs started again elsewhere."""
+    runs = sorted(chaos.runs.runs.values(), key=lambda r: r.start)
+    recoveries = []
+    for worker, killed_at in sorted(chaos.killed_at.items(), key=lambda item: item[1]):
+        cut = [r for r in runs if r.worker == worker and r.end is None]
+        again = [
+            next((r.start for r in runs if r.job == c.job and r.start > c.start), None) for c in cut
+        ]
+        if cut and None not in again:
+            recoveries.append(max(t for t in again if t is not None) - killed_at)
+    return recoveries
+
+
 def exit_code(worker: Worker) -> int | None:
     """The exit code of a worker sent SIGTERM; None if it has not exited in 60 s."""
     try:
@@ -431,7 +450,9 @@ def test_chaos(tmp_path: Path) -> None:
     if "(poison_blocker, an async def task)" not in logs:
         violations.append(Violation("poison", end, "no warning named the job blocking the loop"))
     declared = logs.count(": declared worker pool ")
+    by_session = logs.count("dead (its database session ended")
     wrongly = logs.count("was declared dead by another worker")
+    recoveries = kill_recoveries(chaos)
     print(
         f"chaos: seed={SEED} duration={duration:.1f}s jobs={len(chaos.queues)} "
         f"batches={chaos.batches} workers_started={len(chaos.workers)} "
@@ -440,7 +461,8 @@ def test_chaos(tmp_path: Path) -> None:
         f"(down {', '.join(f'{s:.2f}s' for s in chaos.outages)}) "
         f"failovers={kinds.count('failover')} runs={figures.runs} "
         f"rerun_jobs={figures.rerun_jobs} cut_short_runs={figures.cut_short_runs} "
-        f"pools_declared_dead={declared} (alive: {wrongly}) "
+        f"pools_declared_dead={declared} (by session: {by_session}, alive: {wrongly}) "
+        f"kill_recovery=[{', '.join(f'{t:.2f}s' for t in recoveries)}] "
         f"idle_faults={sum('no job was left' in f.detail for f in chaos.faults)} "
         f"last_fault_to_done={recovered_in:.2f}s poison_jobs={len(poisons)} "
         f"poison_phase_innocent_jobs={len(innocent)} violations={len(violations)}"

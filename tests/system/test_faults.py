@@ -90,7 +90,8 @@ def test_sigkill_loses_no_job_and_runs_none_twice_at_once(
         folder,
         jobs=2000,
         seed={"force_unlock_workers": 7, "stale_lock_sweep": 8}[recovery],  # 2 kills, 1 kill
-        worker_args=("-j", "10", "--poll-interval", "200"),
+        # The session sign off: the recovery is force_unlock_workers's or the sweep's.
+        worker_args=("-j", "10", "--poll-interval", "200", "--session-grace", "0"),
         recover=recover,
         recovery_timeout=15,
     )

@@ -12,7 +12,9 @@ an action, all through PgBouncer.
 A worker without ``--listen-url`` cannot hear ``add_job``'s notifications
 (PgBouncer lends the LISTEN's server connection to other clients at once):
 it must say so at start-up, once, and find jobs by polling. With it, a new
-job starts at once.
+job starts at once, and a killed worker's jobs run again within seconds (its
+heartbeat holds the session sign on that direct session); without it, the
+worker says it has no sign.
 
 Skipped when ``pgbouncer`` is not installed, unless
 ``GRAPHILE_WORKER_REQUIRE_PGBOUNCER=1`` (as CI sets): then it fails.
@@ -56,6 +58,17 @@ def task(payload, helpers):
     with open(os.environ["RUNS_FILE"], "a") as runs:
         runs.write(line)
 """
+
+
+#: Records its run as RECORD_TASK does, then sleeps a minute.
+SLOW_TASK = (
+    RECORD_TASK
+    + """
+    time.sleep(60)
+"""
+)
+#: The warning of a worker without a session sign.
+NO_SIGN = "--no-prepared-statements without --listen-url"
 
 
 @dataclass(frozen=True)
@@ -147,6 +160,7 @@ class Worker:
         (folder / "tasks").mkdir(parents=True)
         (folder / "tasks" / "record.py").write_text(RECORD_TASK)
         (folder / "tasks" / "cron_task.py").write_text(RECORD_TASK)
+        (folder / "tasks" / "slow.py").write_text(SLOW_TASK)
         self.runs = folder / "runs.txt"
         self.runs.touch()
         self.stderr = folder / "stderr.txt"
@@ -237,6 +251,45 @@ def test_a_drain_and_a_new_job_through_pgbouncer(
         code = worker.stop()
     assert code == 0, worker.log()
     assert "Traceback" not in worker.log()
+
+
+@pytest.mark.parametrize("listen", ["--listen-url", "without --listen-url"])
+def test_a_killed_worker_through_pgbouncer(
+    db: str, bouncer: Bouncer, tmp_path: Path, listen: str
+) -> None:
+    """With --listen-url the heartbeat holds its session sign on a direct
+    session, so a killed worker's job runs again on the other within seconds;
+    without it, the worker says at start that it has no sign (the heartbeat
+    timeout applies), and its row names none."""
+    through = bouncer.url(db)
+    args = ["--listen-url", db] if listen == "--listen-url" else []
+    first, second = (Worker(tmp_path / name, through, *args) for name in ("first", "second"))
+    try:
+        with psycopg.connect(through, autocommit=True, prepare_threshold=None) as conn:
+            [(job_id,)] = conn.execute("select id from graphile_worker.add_job('slow')")
+        both = [first, second]
+        first.wait_for("the job to start", lambda: any(w.lines() for w in both), within=WAIT)
+        runner = first if first.lines() else second
+        other = second if runner is first else first
+        signs = value(db, "select count(sign_key) from graphile_worker._private_py_heartbeats")
+        if listen == "without --listen-url":
+            assert signs == 0
+            assert NO_SIGN in first.log() and NO_SIGN in second.log()
+            return
+        assert signs == 2 and NO_SIGN not in first.log()
+        runner.process.kill()
+        runner.process.wait(timeout=WAIT)
+        killed = time.monotonic()
+        other.wait_for("the job to run again", lambda: bool(other.lines()), within=15)
+        [(again, _, started)] = other.lines()
+        assert again == job_id
+        print(f"\nPgBouncer with --listen-url: the killed worker's job ran again "
+              f"{started - killed:.2f}s after the kill")  # fmt: skip
+    finally:
+        for worker in (first, second):
+            if worker.process.poll() is None:
+                worker.process.kill()
+                worker.process.wait(timeout=WAIT)
 
 
 async def test_keys_unique_jobs_and_cron_through_pgbouncer(

@@ -159,6 +159,7 @@ tracing_option = click.option(
 )
 @worker_option("heartbeat_interval")
 @worker_option("heartbeat_timeout")
+@worker_option("session_grace")
 @worker_option("use_local_time")
 @worker_option("history")
 @worker_option("timeout_grace")

@@ -59,6 +59,8 @@ MAX_BATCH_DELAY = 10
 MAX_HEARTBEAT_INTERVAL = 3600
 #: Seconds of silence before a pool is declared dead (``--heartbeat-timeout``, a day).
 MAX_HEARTBEAT_TIMEOUT = 86_400
+#: Seconds a pool's session sign may be missing (``--session-grace``, an hour).
+MAX_SESSION_GRACE = 3600
 #: Bytes of a result kept (64 MiB: every result is written with its batch).
 MAX_RESULT_BYTES = 64 << 20
 #: Seconds a job may run past its timeout before it is stuck (``--timeout-grace``, a day).
@@ -119,6 +121,13 @@ class WorkerOptions:
     #: ten missed beats, well above a stall of the process, a database
     #: failover or a short network outage.
     heartbeat_timeout: float = 300.0
+    #: Seconds a pool's session may be gone before the others declare it dead
+    #: (``--session-grace``): a pool holds an advisory lock on its heartbeat's
+    #: connection (its *session sign*), which a killed process loses at once,
+    #: and this is the time a living pool has to connect again and take it
+    #: back. 0 turns the sign off: only ``heartbeat_timeout`` declares a pool
+    #: dead. See ``worker_cli.worker.background.session_sign``.
+    session_grace: float = 5.0
     #: Use this process's clock instead of the database's ``now()`` (graphile-
     #: worker's ``useNodeTime``): for which jobs are due and the time their
     #: locks are taken at (the fetch), for the stale-lock sweep, and as the
@@ -189,6 +198,7 @@ class WorkerOptions:
                 "s",
                 low_open=True,
             )
+            _check_range("session_grace", self.session_grace, 0, MAX_SESSION_GRACE, "s")
             if not self.heartbeat_timeout >= 2 * self.heartbeat_interval:
                 raise ValueError(
                     f"heartbeat_timeout ({self.heartbeat_timeout:g}s) must be at least twice "
@@ -322,9 +332,10 @@ FLAGS: tuple[Flag, ...] = (
         ("--listen-url",),
         envvar="GRAPHILE_WORKER_LISTEN_URL",
         metavar="URL",
-        help="Connection string of the LISTEN connection alone, when the main one goes "
-        "through a pooler in transaction mode (PgBouncer), which cannot pass "
-        "notifications on: a direct one to PostgreSQL. Default: the main one.",
+        help="Connection string of the LISTEN and heartbeat connections, when the main one "
+        "goes through a pooler in transaction mode (PgBouncer), which gives neither a "
+        "session of its own (notifications; the sign that a worker is alive): a direct "
+        "one to PostgreSQL. Default: the main one.",
     ),
     Flag(
         "heartbeat_interval",
@@ -349,6 +360,18 @@ FLAGS: tuple[Flag, ...] = (
         help="A pool without a heartbeat for this long is declared dead by the others and "
         "its jobs run again; keep it well above any pause a worker may have (at least "
         "twice the interval).",
+    ),
+    Flag(
+        "session_grace",
+        ("--session-grace",),
+        envvar="GRAPHILE_WORKER_SESSION_GRACE",
+        metavar="SECONDS",
+        whole=False,
+        low=0,
+        high=MAX_SESSION_GRACE,
+        help="A pool whose database session is gone (its process was killed) for this "
+        "long is declared dead by the others and its jobs run again; the time a living "
+        "pool has to reconnect. 0: only --heartbeat-timeout declares a pool dead.",
     ),
     Flag(
         "timeout_grace",

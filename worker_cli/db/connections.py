@@ -114,7 +114,8 @@ class WorkerConnections:
     conninfo: str
     pool_id: str
     no_prepared_statements: bool = False
-    #: The LISTEN connection's own connection string (``--listen-url``), if any.
+    #: The connection string of the LISTEN and heartbeat connections
+    #: (``--listen-url``), if any.
     listen_conninfo: str | None = None
 
     @classmethod
@@ -124,10 +125,12 @@ class WorkerConnections:
 
     def conninfo_for(self, role: str) -> str:
         """The connection string of the connection playing ``role``
-        (``pool``, ``fetch``, ``listen``, ``heartbeat``; ``listen`` has its own
-        when ``listen_conninfo`` is set)."""
+        (``pool``, ``fetch``, ``listen``, ``heartbeat``). ``listen`` and
+        ``heartbeat`` go to ``listen_conninfo`` when it is set: each needs a
+        session of its own (LISTEN; the heartbeat's session sign), which a
+        pooler in transaction mode does not give."""
         conninfo = self.conninfo
-        if role == "listen" and self.listen_conninfo is not None:
+        if role in ("listen", "heartbeat") and self.listen_conninfo is not None:
             conninfo = self.listen_conninfo
         return worker_conninfo(conninfo, f"graphile-worker {self.pool_id} {role}")
 

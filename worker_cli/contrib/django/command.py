@@ -73,6 +73,7 @@ __all__ = ["command"]
 @worker_option("listen_url")
 @worker_option("heartbeat_interval")
 @worker_option("heartbeat_timeout")
+@worker_option("session_grace")
 @worker_option("history")
 @worker_option("timeout_grace")
 @log_format_option

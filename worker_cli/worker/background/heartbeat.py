@@ -1,10 +1,13 @@
-"""Heartbeats: a crashed worker's jobs come back in minutes, not after the 4-hour sweep.
+"""Heartbeats: a dead worker's jobs come back in seconds or minutes, not after
+the 4-hour sweep.
 
 On by default (``--heartbeat-interval 30``, ``--heartbeat-timeout 300``; an
 interval of 0 turns them off). A pool keeps a row in ``_private_py_heartbeats``
-and refreshes its ``beat_at`` every interval. At each beat it also declares
-dead every other pool that has not beaten for the timeout *that pool*
-declared: it deletes the row and releases the dead pool's jobs and named
+and refreshes its ``beat_at`` every interval. About every second (its *tick*)
+it also declares dead every other pool that has not beaten for the timeout
+*that pool* declared, or whose session sign has been missing for the grace
+that pool declared (:mod:`.session_sign`: a killed process's, seconds after
+the kill): it deletes the row and releases the dead pool's jobs and named
 queues (``heartbeats_sql.HEARTBEAT_REAP``). The attempt the dead pool counted when
 it fetched a job stays counted, and ``last_error`` says the pool was declared
 dead.
@@ -49,6 +52,7 @@ import logging
 import os
 import socket
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -63,10 +67,16 @@ from ...db.connections import WorkerConnections
 from ...sql import compose
 from ...sql import heartbeats as heartbeats_sql
 from .lock_refresh import LockRefresh
+from .session_sign import SIGN_CLASS, SessionSign
 
 __all__ = ["Heartbeat", "PoolReport"]
 
 logger = logging.getLogger("graphile_worker")
+
+#: Seconds between two looks for dead pools (at most; a shorter heartbeat
+#: interval or session grace ticks faster): a killed pool's sign is found
+#: missing within a tick and judged a tick after its grace.
+TICK = 1.0
 
 
 @dataclass(frozen=True)
@@ -101,10 +111,16 @@ class Heartbeat:
         on_released: Callable[[], None],
         report: PoolReport | None = None,
         lock_refresh: LockRefresh | None = None,
+        sign: SessionSign | None = None,
     ) -> None:
         self.pool_id = pool_id = connections.pool_id
         self.interval = interval
         self.timeout = timeout
+        #: This pool's session sign (None: none; only the timeout applies to it).
+        self._sign = sign
+        #: Seconds between two looks for dead pools; beats are every ``interval``.
+        grace = sign.grace if sign is not None else 0.0
+        self._tick = min(TICK, interval, grace / 2) if grace > 0 else interval
         self._connections = connections
         self._schema = schema
         self._on_released = on_released
@@ -154,6 +170,7 @@ class Heartbeat:
             on_released=on_released,
             report=report,
             lock_refresh=lock_refresh,
+            sign=SessionSign.of_pool(connections.pool_id, options),
         )
 
     async def start(self) -> None:
@@ -167,11 +184,13 @@ class Heartbeat:
         )
         thread.start()
         await started
+        sign = self._sign
         logger.info(
-            "Worker pool %s: heartbeat every %gs; declared dead after %gs without one",
+            "Worker pool %s: heartbeat every %gs; declared dead after %gs without one%s",
             self.pool_id,
             self.interval,
             self.timeout,
+            f", or {sign.grace:g}s after its session ends" if sign and sign.held else "",
         )
 
     def stop(self, *, remove: bool = True) -> None:
@@ -206,20 +225,27 @@ class Heartbeat:
             self._beat_until_stopped()
             if self._remove_row:
                 self._remove()
+            else:
+                self._forget_sign()
         finally:
             self._disconnect()
             if self._stopped is not None:
                 self._call_soon(_settle, self._stopped, None)
 
     def _beat_until_stopped(self) -> None:
-        """Beat and look for dead pools every interval; database errors are
+        """Look for dead pools every tick and beat every interval (at once on
+        a new connection, which has just taken its sign); database errors are
         logged and retried sooner."""
         failures = 0
+        next_beat = time.monotonic() + self.interval
         while not self._stopping.wait(
-            self.interval if not failures else min(self.interval, DEFAULT.delay(failures))
+            self._tick if not failures else min(self._tick, DEFAULT.delay(failures))
         ):
+            beat = self._conn is None or time.monotonic() >= next_beat
             try:
-                self._beat()
+                if beat:
+                    self._beat()
+                    next_beat = time.monotonic() + self.interval
                 self._reap()
                 failures = 0
             except Exception as exc:
@@ -230,10 +256,10 @@ class Heartbeat:
                     "Worker pool %s: heartbeat failed (%s); retrying in %.2fs",
                     self.pool_id,
                     one_line(exc),
-                    min(self.interval, DEFAULT.delay(failures)),
+                    min(self._tick, DEFAULT.delay(failures)),
                 )
                 continue
-            if self._lock_refresh is not None:
+            if beat and self._lock_refresh is not None:
                 self._refresh_locks(self._lock_refresh)
 
     def _refresh_locks(self, refresh: LockRefresh) -> None:
@@ -251,8 +277,16 @@ class Heartbeat:
             )
 
     def _connection(self) -> psycopg.Connection[Any]:
+        """The heartbeat's connection; a new one takes the pool's sign first."""
         if self._conn is None or self._conn.closed:
-            self._conn = self._connections.connect_sync("heartbeat")
+            conn = self._connections.connect_sync("heartbeat")
+            try:
+                if self._sign is not None:
+                    self._sign.take(conn)
+            except BaseException:
+                conn.close()
+                raise
+            self._conn = conn
         return self._conn
 
     def _disconnect(self) -> None:
@@ -265,18 +299,22 @@ class Heartbeat:
         if self._report is not None:
             self._params["jobs_done"] = self._report.jobs_done()
             self._params["stuck_job_ids"] = list(self._report.stuck_job_ids())
+        sign = self._sign.params() if self._sign is not None else SessionSign.NONE
         row = conn.execute(
-            compose(heartbeats_sql.HEARTBEAT_BEAT, self._schema), self._params
+            compose(heartbeats_sql.HEARTBEAT_BEAT, self._schema), {**self._params, **sign}
         ).fetchone()
         assert row is not None
         registered, now = row
         if registered and self._registered:
+            grace = self._sign.grace if self._sign is not None and self._sign.enabled else 0
             logger.error(
                 "Worker pool %s was declared dead by another worker (no heartbeat for over "
-                "%gs): the jobs it held were released and may run again elsewhere. "
-                "Heartbeat resumed; consider a longer --heartbeat-timeout.",
+                "%gs%s): the jobs it held were released and may run again elsewhere. "
+                "Heartbeat resumed; consider a longer --heartbeat-timeout%s.",
                 self.pool_id,
                 self.timeout,
+                f", or its session gone for over {grace:g}s" if grace else "",
+                " or --session-grace" if grace else "",
             )
         self._registered = True
         last, self._last_beat = self._last_beat, now
@@ -284,28 +322,69 @@ class Heartbeat:
             self._watching_since = now
 
     def _reap(self) -> None:
+        """Declare dead the pools that are silent or whose session is gone, and
+        check that this pool's own sign is held by its own session."""
         conn = self._connection()
-        cur = conn.execute(
+        sign = self._sign
+        row = conn.execute(
             compose(heartbeats_sql.HEARTBEAT_REAP, self._schema),
-            {"pool_id": self.pool_id, "watching_since": self._watching_since},
-        )
+            {
+                "pool_id": self.pool_id,
+                "watching_since": self._watching_since,
+                "sign_class": SIGN_CLASS,
+                "sign_key": sign.key if sign is not None else None,
+            },
+        ).fetchone()
+        assert row is not None
+        own_sign, _notified, dead = row
         released = 0
-        for pool_id, hostname, pid, beat_at, silent_for, jobs, queues in cur:
-            released += jobs
-            where = f" (host {hostname}, pid {pid})" if hostname is not None else ""
+        for pool in dead or ():
+            released += pool["jobs"]
+            where = (
+                f" (host {pool['hostname']}, pid {pool['pid']})"
+                if pool["hostname"] is not None
+                else ""
+            )
+            why = (
+                f"its database session ended; gone for {pool['silent_for']:.3f}s"
+                if pool["session_gone"]
+                else f"last heartbeat {pool['since']}; watched silent for {pool['silent_for']:.3f}s"
+            )
             logger.warning(
-                "Worker pool %s: declared worker pool %s%s dead (last heartbeat %s; watched "
-                "silent for %.3fs); released %d job(s) and %d queue(s) it held",
+                "Worker pool %s: declared worker pool %s%s dead (%s); released %d job(s) "
+                "and %d queue(s) it held",
                 self.pool_id,
-                pool_id,
+                pool["pool_id"],
                 where,
-                beat_at.isoformat(),
-                silent_for,
-                jobs,
-                queues,
+                why,
+                pool["jobs"],
+                pool["queues"],
             )
         if released:
             self._call_soon(self._on_released)
+        if sign is not None and sign.held and not own_sign:
+            sign.drop(
+                "the heartbeat's session does not hold the pool's session sign (is the "
+                "connection string a pooler's in transaction mode?)"
+            )
+            self._beat()  # records that the pool has no sign
+
+    def _forget_sign(self) -> None:
+        """A pool stopping with jobs it could not write back: its row stays
+        (others release them after its timeout), without its sign, so that
+        its ending session does not release them sooner. Best effort."""
+        if self._sign is None or not self._sign.held or self._conn is None:
+            return
+        try:
+            self._conn.execute(
+                compose(heartbeats_sql.SIGN_FORGET, self._schema), {"pool_id": self.pool_id}
+            )
+        except Exception as exc:
+            logger.warning(
+                "Worker pool %s: could not give up its session sign (%s)",
+                self.pool_id,
+                one_line(exc),
+            )
 
     def _remove(self) -> None:
         """Best effort: a row left behind is only declared dead (with nothing to
