@@ -148,6 +148,7 @@ HEARTBEAT_REAP = """
         updated_at = now()
     from reason
     where j.locked_by = reason.pool_id
+      and exists (select 1 from dead)  -- one-time: no scan of the jobs without a dead pool
     returning reason.pool_id, j.id, j.task_id, j.attempts, j.max_attempts, j.last_error
   ),
   attempt_errors as (
