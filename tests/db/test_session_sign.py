@@ -143,8 +143,9 @@ async def test_each_pool_holds_its_own_sign_while_it_runs(db: str) -> None:
         lambda: (
             value(
                 db,
-                "select count(*) from pg_locks "
-                "where locktype = 'advisory' and classid = %s::int::oid",
+                "select count(*) from pg_locks where locktype = 'advisory' "
+                "and classid = %s::int::oid and database = "
+                "(select oid from pg_database where datname = current_database())",
                 (SIGN_CLASS,),
             )
             == 0
