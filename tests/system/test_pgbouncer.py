@@ -264,7 +264,9 @@ def test_a_killed_worker_through_pgbouncer(
     through = bouncer.url(db)
     args = ["--listen-url", db] if listen == "--listen-url" else []
     first, second = (Worker(tmp_path / name, through, *args) for name in ("first", "second"))
+    beating = "select count(*) from graphile_worker._private_py_heartbeats"
     try:
+        first.wait_for("both to start", lambda: value(db, beating) == 2, within=WAIT)
         with psycopg.connect(through, autocommit=True, prepare_threshold=None) as conn:
             [(job_id,)] = conn.execute("select id from graphile_worker.add_job('slow')")
         both = [first, second]

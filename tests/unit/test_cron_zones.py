@@ -134,6 +134,7 @@ def test_two_years_of_instants_equal_a_minute_by_minute_evaluation(zone_name: st
         assert computed == expected, (zone_name, pattern, set(computed) ^ set(expected))
 
 
+@pytest.mark.slow  # the two years of every zone (shared with the test above)
 def test_the_brute_force_sees_the_changes_it_is_meant_to() -> None:
     """The zones do change where the patterns look (else the test proves little)."""
     jumps = {
