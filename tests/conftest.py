@@ -67,6 +67,24 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 @pytest.fixture(autouse=True)
+def _connection_settings_stay_with_their_test() -> Iterator[None]:
+    """After every test, the connection settings of the environment are as
+    before it: the code under test loads a ``.env`` into ``os.environ``
+    (python-dotenv), which would otherwise leak its ``DATABASE_URL`` into the
+    tests run after it in the same process, to a database dropped since."""
+    saved = {name: value for name, value in os.environ.items() if _connection_setting(name)}
+    yield
+    for name in [name for name in os.environ if _connection_setting(name)]:
+        if name not in saved:
+            del os.environ[name]
+    os.environ.update(saved)
+
+
+def _connection_setting(name: str) -> bool:
+    return name == "DATABASE_URL" or name.startswith(("PG", "GRAPHILE_WORKER_"))
+
+
+@pytest.fixture(autouse=True)
 def _no_worker_outlives_its_test() -> Iterator[None]:
     """After every test, kill -9 the worker processes it started and left
     running (a failed test), so that none outlives it."""
