@@ -152,6 +152,10 @@ async def test_a_task_that_returns_anyway_succeeded(utils: WorkerUtils, db: str)
         await runner.stop()
     record = await utils.get_job_result(job.id)
     assert (record.state, record.result) == ("succeeded", "finished my work")
+    # Its own attempt (not the max_attempts the cancel put on its row), and
+    # the cancel that came too late.
+    assert (record.attempts, record.max_attempts) == (1, 25)
+    assert record.cancel_requested_at is not None
 
 
 async def test_a_plain_task_sees_helpers_cancelled(utils: WorkerUtils, db: str) -> None:

@@ -30,7 +30,9 @@ from __future__ import annotations
 # Success: delete the jobs, unlock their named queues (%(any_queued)s), and
 # with history on (%(record)s) record each deleted job as succeeded in
 # _private_py_job_history, in the same statement (one commit for both), with
-# its result: the jobs of %(result_ids)s returned a value (their JSON text in
+# its attempt (for a job asked to cancel that returned all the same, the
+# attempt it was at when asked, not the max_attempts py_cancel_jobs put on its
+# row; the request's time and reason are kept with it) and its result: the jobs of %(result_ids)s returned a value (their JSON text in
 # %(results)s) or one that was not kept (%(result_errors)s); those of
 # %(timed_out)s returned after their timeout. One row of the expiry ledger
 # lists them all (a batch holds at most WRITE_AT_MOST = 1,000 jobs), kept
@@ -42,22 +44,28 @@ COMPLETE_BATCH = """
     returning j.id, j.job_queue_id, j.task_id, j.key, j.priority, j.attempts,
       j.max_attempts, j.revision, j.flags, j.created_at, j.run_at, j.locked_at, j.locked_by
   ),
+  asked as materialized (  -- the batch's cancel requests: usually none (by primary key)
+    select c.job_id, c.attempts, c.requested_at, c.reason
+    from {schema}._private_py_cancellations as c
+    where %(record)s and c.job_id = any(%(job_ids)b::bigint[])
+  ),
   recorded as (
     insert into {schema}._private_py_job_history (
       job_id, state, task_identifier, queue_name, key, priority, attempts, max_attempts,
       revision, flags, result, result_error, created_at, run_at, started_at, finished_at,
-      pool_id, timed_out, expires_at
+      pool_id, timed_out, cancel_requested_at, cancel_reason, expires_at
     )
     select d.id, 'succeeded', t.identifier,
       (select q.queue_name from {schema}._private_job_queues as q where q.id = d.job_queue_id),
-      d.key, d.priority, d.attempts, d.max_attempts, d.revision, d.flags, r.result::json,
-      r.result_error, d.created_at, d.run_at, d.locked_at, now(), %(pool_id)s,
-      d.id = any(%(timed_out)s::bigint[]), now() + %(keep)s::interval
+      d.key, d.priority, coalesce(c.attempts, d.attempts), d.max_attempts, d.revision, d.flags,
+      r.result::json, r.result_error, d.created_at, d.run_at, d.locked_at, now(), %(pool_id)s,
+      d.id = any(%(timed_out)s::bigint[]), c.requested_at, c.reason, now() + %(keep)s::interval
     from done as d
     join {schema}._private_tasks as t on t.id = d.task_id
     left join unnest(
       %(result_ids)s::bigint[], %(results)s::text[], %(result_errors)s::text[]
     ) as r (id, result, result_error) on r.id = d.id
+    left join asked as c on c.job_id = d.id
     where %(record)s
   ),
   expiry as (
