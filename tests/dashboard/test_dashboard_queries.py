@@ -173,8 +173,8 @@ NOW = datetime.now(UTC)
 
 CASES: list[tuple[str, LiteralString, dict[str, Any], dict[str, set[str]]]] = [
     (
-        "oldest waiting",
-        dashboard_sql.OLDEST_WAITING,
+        "oldest due",
+        dashboard_sql.OLDEST_DUE,
         {},
         {"_private_jobs": {"jobs_main_index"}},
     ),

@@ -277,7 +277,7 @@ class Reader:
             now=now["now"],
             revision=revision["revision"] if revision else None,
             census=census,
-            oldest_waiting=await self.row(dashboard_sql.OLDEST_WAITING),
+            oldest_waiting=await self.row(dashboard_sql.OLDEST_DUE),
             queues=queues[:QUEUES_SHOWN],
             queues_truncated=len(queues) > QUEUES_SHOWN,
             failures=[row for row in failures if row["id"] is not None],

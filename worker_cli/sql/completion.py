@@ -32,8 +32,9 @@ from __future__ import annotations
 # _private_py_job_history, in the same statement (one commit for both), with
 # its attempt (for a job asked to cancel that returned all the same, the
 # attempt it was at when asked, not the max_attempts py_cancel_jobs put on its
-# row; the request's time and reason are kept with it) and its result: the jobs of %(result_ids)s returned a value (their JSON text in
-# %(results)s) or one that was not kept (%(result_errors)s); those of
+# row; the request's time and reason are kept with it) and its result: the
+# jobs of %(result_ids)s returned a value (their JSON text in %(results)s) or
+# one that was not kept (%(result_errors)s); those of
 # %(timed_out)s returned after their timeout. One row of the expiry ledger
 # lists them all (a batch holds at most WRITE_AT_MOST = 1,000 jobs), kept
 # %(keep)s. Then the jobs' options are deleted and their waiters told.

@@ -18,7 +18,7 @@ The indexes of ``_private_jobs`` used here (migrations/base.sql):
 
 - ``jobs_pkey1`` (``id``): a job's page; the windows of newest jobs;
 - ``jobs_main_index`` (``priority, run_at`` where ``is_available``): the
-  oldest waiting job;
+  oldest due job;
 - ``_private_py_jobs_task_order`` (migrations/py/000003.sql: ``task_id,
   priority, run_at, id`` of available jobs): the stranded tasks' runnable jobs.
 
@@ -84,12 +84,14 @@ CENSUS = """
   from sampled as s
 """
 
-# The job that has been due the longest without being taken. jobs_main_index
+# The job that has been due the longest without being taken (paused or held
+# by a limit included: the overview's badges say so; `status` leaves paused
+# jobs out, with an unbounded read). jobs_main_index
 # (priority, run_at, available jobs only): its distinct priorities found one
 # index descent each (a loose index scan), then the first entry of each
 # priority, which is that priority's earliest run_at. Bounded by the number of
 # distinct priorities, never by the number of jobs.
-OLDEST_WAITING = """
+OLDEST_DUE = """
   with recursive priorities (priority) as (
     (
       select j.priority from {schema}._private_jobs as j
