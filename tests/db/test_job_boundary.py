@@ -509,3 +509,27 @@ def test_every_per_job_hook_fails_its_job_alone_and_the_worker_stops(
         if not ok:
             problems.append(f"job {job_id} {task} {payload}: expected {state} {text!r}, saw {seen}")
     assert not problems, "\n".join(problems)
+    # Each failed attempt is kept with its traceback: bounded, storable, and
+    # saying where the error came from (none for an error whose text cannot
+    # be made, nor for one that was never raised).
+    errors = {
+        row["job_id"]: row
+        for row in rows(
+            db,
+            "select job_id, error, traceback from graphile_worker._private_py_job_errors "
+            "where job_id = any(%s)",
+            (list(bad),),
+        )
+    }
+    for job_id, (task, payload) in bad.items():
+        state, _ = expected_of(task, payload if isinstance(payload, dict) else payload[0])
+        if state not in ("failed", "retrying"):
+            continue
+        assert job_id in errors, f"job {job_id} {task} {payload}: no attempt error recorded"
+        traceback = errors[job_id]["traceback"]
+        if traceback is not None:
+            assert len(traceback) <= 8_100 and "\x00" not in traceback, (task, payload)
+        if task in ("task_async", "task_plain") and payload.get("kind") == "Exception":
+            assert traceback is not None and "hook raised" in traceback, (task, traceback)
+        if task == "error_text" and "value" in payload:
+            assert traceback is not None and "characters cut" in traceback, traceback
