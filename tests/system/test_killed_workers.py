@@ -65,6 +65,14 @@ def add_sleeping_jobs(db: str, count: int, low: float, high: float) -> None:
     )
 
 
+def wait_drained(db: str) -> None:
+    wait_until(
+        lambda: value(db, "select count(*) from graphile_worker._private_jobs") == 0,
+        60,
+        "every job to be done",
+    )
+
+
 def busy_worker(db: str, workers: list[Worker]) -> Worker:
     """One of ``workers`` running a job now (waits for one)."""
 
@@ -188,11 +196,7 @@ def test_no_stopped_worker_is_declared_dead_across_a_restart_or_failover(
                 time.sleep(3.0)  # three graces
             finally:
                 stopped.signal(signal.SIGCONT)
-            wait_until(
-                lambda: value(db, "select count(*) from graphile_worker._private_jobs") == 0,
-                60,
-                "every job to be done",
-            )
+            wait_drained(db)
         finally:
             codes = sigterm_all(workers)
     logs = "\n".join(w.log() for w in workers)
@@ -235,11 +239,7 @@ def test_a_worker_stopped_for_20_seconds_is_not_declared_dead(db: str, tmp_path:
             )
         finally:
             stopped.signal(signal.SIGCONT)
-        wait_until(
-            lambda: value(db, "select count(*) from graphile_worker._private_jobs") == 0,
-            60,
-            "every job to be done",
-        )
+        wait_drained(db)
     finally:
         codes = sigterm_all(workers)
     assert codes == [0, 0, 0], "\n".join(w.log() for w in workers)
@@ -274,11 +274,7 @@ def test_a_cut_heartbeat_connection_takes_its_sign_back(db: str, tmp_path: Path)
             )
 
         wait_until(taken_back, 10, "the sign to be taken back")
-        wait_until(
-            lambda: value(db, "select count(*) from graphile_worker._private_jobs") == 0,
-            60,
-            "every job to be done",
-        )
+        wait_drained(db)
     finally:
         codes = sigterm_all([cut, watcher])
     assert codes == [0, 0], cut.log() + watcher.log()

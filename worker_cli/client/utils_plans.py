@@ -190,7 +190,7 @@ class UtilsPlans:
             statement = jobs_sql.REMOVE_JOB_RELEASING_UNIQUE_LOCK
         else:
             statement = jobs_sql.REMOVE_JOB
-        found = yield from jobs(self.schema, statement, {"job_key": job_key})
+        found = yield from jobs(self.schema, statement, {"job_key": job_key, "by": "api"})
         return found[0] if found else None
 
     def complete_jobs(self, job_ids: Sequence[int]) -> Plan[list[Job]]:

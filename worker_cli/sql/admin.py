@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from typing import LiteralString
 
+from .jobs import _RECORD_REMOVED
+
 #: The states of a job in the jobs table (py_job_state, migrations/py/
 #: functions.sql), as every command prints them: each job is exactly one.
 LIVE_STATES: tuple[str, ...] = ("waiting", "scheduled", "retrying", "paused", "running", "failed")
@@ -107,6 +109,42 @@ JOB_ID_BY_KEY = """
   select j.id from {schema}._private_jobs as j where j.key = %(key)s::text
 """
 
+# The end of each action's statement (but cancel's): each id asked for, in
+# order, with its outcome: changed (in "acted", the action's CTE of the jobs it
+# changed), missing (no such job), locked (a worker holds it: left alone), or
+# unchanged.
+_OUTCOMES: LiteralString = """
+  select i.id,
+    case
+      when a.id is not null then 'changed'
+      when j.id is null then 'missing'
+      when j.locked_at is not null and j.locked_at >= now() - interval '4 hours' then 'locked'
+      else 'unchanged'
+    end
+  from unnest(%(ids)s::bigint[]) with ordinality as i (id, n)
+  left join acted as a on a.id = i.id
+  left join {schema}._private_jobs as j on j.id = i.id
+  order by i.n
+"""
+
+# retry's jobs (target) and the jobs it made runnable now with their attempts
+# reset (acted): a job due later is due now, one due already keeps its run_at.
+_RETRIED: LiteralString = """
+  with target as materialized (
+    select j.id, j.run_at > now() as later, j.attempts, j.task_id
+    from {schema}._private_jobs as j
+    where j.id = any(%(ids)s::bigint[])
+  ),
+  acted as materialized (
+    select r.id from {schema}.reschedule_jobs(
+      array(select t.id from target as t where t.later), run_at => now(), attempts => 0
+    ) as r
+    union all
+    select r.id from {schema}.reschedule_jobs(
+      array(select t.id from target as t where not t.later), attempts => 0
+    ) as r
+  )"""
+
 #: The action statements by subcommand ("remove+unique": with the unique-jobs
 #: table installed; "retry+marked" and "remove+recorded": with the on-call
 #: objects of migrations/py/000023.sql as well). retry: runnable now with its
@@ -125,48 +163,9 @@ JOB_ID_BY_KEY = """
 #: each in the history as removed (removed_by %(by)s, kept a day; listed in
 #: the expiry ledger: a batch is at most 1,000 ids, one ledger row).
 ACTIONS: dict[str, LiteralString] = {
-    "retry": """
-  with target as materialized (
-    select j.id, j.run_at > now() as later
-    from {schema}._private_jobs as j
-    where j.id = any(%(ids)s::bigint[])
-  ),
-  acted as materialized (
-    select r.id from {schema}.reschedule_jobs(
-      array(select t.id from target as t where t.later), run_at => now(), attempts => 0
-    ) as r
-    union all
-    select r.id from {schema}.reschedule_jobs(
-      array(select t.id from target as t where not t.later), attempts => 0
-    ) as r
-  )
-  select i.id,
-    case
-      when a.id is not null then 'changed'
-      when j.id is null then 'missing'
-      when j.locked_at is not null and j.locked_at >= now() - interval '4 hours' then 'locked'
-      else 'unchanged'
-    end
-  from unnest(%(ids)s::bigint[]) with ordinality as i (id, n)
-  left join acted as a on a.id = i.id
-  left join {schema}._private_jobs as j on j.id = i.id
-  order by i.n
-""",
-    "retry+marked": """
-  with target as materialized (
-    select j.id, j.run_at > now() as later, j.attempts, j.task_id
-    from {schema}._private_jobs as j
-    where j.id = any(%(ids)s::bigint[])
-  ),
-  acted as materialized (
-    select r.id from {schema}.reschedule_jobs(
-      array(select t.id from target as t where t.later), run_at => now(), attempts => 0
-    ) as r
-    union all
-    select r.id from {schema}.reschedule_jobs(
-      array(select t.id from target as t where not t.later), attempts => 0
-    ) as r
-  ),
+    "retry": _RETRIED + _OUTCOMES,
+    "retry+marked": _RETRIED
+    + """,
   marked as (
     insert into {schema}._private_py_job_errors (
       job_id, task_identifier, attempt, retried, retried_by
@@ -176,18 +175,8 @@ ACTIONS: dict[str, LiteralString] = {
     join {schema}._private_tasks as k on k.id = t.task_id
     where t.attempts > 0 and t.id in (select a.id from acted as a)
   )
-  select i.id,
-    case
-      when a.id is not null then 'changed'
-      when j.id is null then 'missing'
-      when j.locked_at is not null and j.locked_at >= now() - interval '4 hours' then 'locked'
-      else 'unchanged'
-    end
-  from unnest(%(ids)s::bigint[]) with ordinality as i (id, n)
-  left join acted as a on a.id = i.id
-  left join {schema}._private_jobs as j on j.id = i.id
-  order by i.n
-""",
+"""
+    + _OUTCOMES,
     "reschedule": """
   with acted as materialized (
     select r.id from {schema}.reschedule_jobs(
@@ -198,18 +187,8 @@ ACTIONS: dict[str, LiteralString] = {
       max_attempts => %(max_attempts)s::int
     ) as r
   )
-  select i.id,
-    case
-      when a.id is not null then 'changed'
-      when j.id is null then 'missing'
-      when j.locked_at is not null and j.locked_at >= now() - interval '4 hours' then 'locked'
-      else 'unchanged'
-    end
-  from unnest(%(ids)s::bigint[]) with ordinality as i (id, n)
-  left join acted as a on a.id = i.id
-  left join {schema}._private_jobs as j on j.id = i.id
-  order by i.n
-""",
+"""
+    + _OUTCOMES,
     "fail": """
   with target as materialized (
     select j.id,
@@ -225,34 +204,14 @@ ACTIONS: dict[str, LiteralString] = {
     ) as g
     cross join lateral {schema}.permanently_fail_jobs(g.ids, g.message) as f
   )
-  select i.id,
-    case
-      when a.id is not null then 'changed'
-      when j.id is null then 'missing'
-      when j.locked_at is not null and j.locked_at >= now() - interval '4 hours' then 'locked'
-      else 'unchanged'
-    end
-  from unnest(%(ids)s::bigint[]) with ordinality as i (id, n)
-  left join acted as a on a.id = i.id
-  left join {schema}._private_jobs as j on j.id = i.id
-  order by i.n
-""",
+"""
+    + _OUTCOMES,
     "remove": """
   with acted as materialized (
     select c.id from {schema}.complete_jobs(%(ids)s::bigint[]) as c
   )
-  select i.id,
-    case
-      when a.id is not null then 'changed'
-      when j.id is null then 'missing'
-      when j.locked_at is not null and j.locked_at >= now() - interval '4 hours' then 'locked'
-      else 'unchanged'
-    end
-  from unnest(%(ids)s::bigint[]) with ordinality as i (id, n)
-  left join acted as a on a.id = i.id
-  left join {schema}._private_jobs as j on j.id = i.id
-  order by i.n
-""",
+"""
+    + _OUTCOMES,
     "remove+unique": """
   with acted as materialized (
     select c.id from {schema}.complete_jobs(%(ids)s::bigint[]) as c
@@ -261,18 +220,8 @@ ACTIONS: dict[str, LiteralString] = {
     delete from {schema}._private_py_unique_locks as l
     where l.job_id in (select a.id from acted as a)
   )
-  select i.id,
-    case
-      when a.id is not null then 'changed'
-      when j.id is null then 'missing'
-      when j.locked_at is not null and j.locked_at >= now() - interval '4 hours' then 'locked'
-      else 'unchanged'
-    end
-  from unnest(%(ids)s::bigint[]) with ordinality as i (id, n)
-  left join acted as a on a.id = i.id
-  left join {schema}._private_jobs as j on j.id = i.id
-  order by i.n
-""",
+"""
+    + _OUTCOMES,
     # cancel: py_cancel_jobs (migrations/py/functions.sql); its states as
     # outcomes: cancelled now (the job row was there before the statement) is
     # changed, running (told to stop) is stopped, a job finished already (in
@@ -294,44 +243,12 @@ ACTIONS: dict[str, LiteralString] = {
   order by i.n
 """,
     "remove+recorded": """
-  with acted as materialized (
+  with removed as materialized (
     select c.* from {schema}.complete_jobs(%(ids)s::bigint[]) as c
   ),
-  recorded as (
-    insert into {schema}._private_py_job_history (
-      job_id, state, task_identifier, queue_name, key, priority, attempts, max_attempts,
-      revision, flags, last_error, created_at, run_at, finished_at, removed_by, expires_at
-    )
-    select r.id, 'removed', t.identifier, q.queue_name, r.key, r.priority, r.attempts,
-      r.max_attempts, r.revision, r.flags, r.last_error, r.created_at, r.run_at, now(),
-      %(by)s::text, now() + interval '1 day'
-    from acted as r
-    join {schema}._private_tasks as t on t.id = r.task_id
-    left join {schema}._private_job_queues as q on q.id = r.job_queue_id
-    on conflict (job_id) do nothing
-    returning job_id
-  ),
-  expiry as (
-    insert into {schema}._private_py_job_history_expiry (expires_at, job_ids)
-    select now() + interval '1 day', array_agg(r.job_id) from recorded as r
-    having count(*) > 0
-  ),
-  released as (
-    delete from {schema}._private_py_unique_locks as l
-    where l.job_id in (select a.id from acted as a)
-  )
-  select i.id,
-    case
-      when a.id is not null then 'changed'
-      when j.id is null then 'missing'
-      when j.locked_at is not null and j.locked_at >= now() - interval '4 hours' then 'locked'
-      else 'unchanged'
-    end
-  from unnest(%(ids)s::bigint[]) with ordinality as i (id, n)
-  left join acted as a on a.id = i.id
-  left join {schema}._private_jobs as j on j.id = i.id
-  order by i.n
-""",
+  acted as (select removed.id from removed)"""
+    + _RECORD_REMOVED
+    + _OUTCOMES,
 }
 
 # remove --key: graphile-worker's remove_job (a job a worker holds keeps
@@ -360,35 +277,14 @@ REMOVE_BY_KEY_RELEASING = """
 # REMOVE_BY_KEY_RELEASING, a job it deleted recorded in the history as removed
 # (removed_by %(by)s, kept a day), as the remove action's
 # (migrations/py/000023.sql).
-REMOVE_BY_KEY_RECORDED = """
+REMOVE_BY_KEY_RECORDED = (
+    """
   with removed as materialized (
-    select j.*, j.locked_at is not null and j.locked_at >= now() - interval '4 hours' as held
-    from {schema}.remove_job(%(key)s::text) as j
-    where j.id is not null
-  ),
-  recorded as (
-    insert into {schema}._private_py_job_history (
-      job_id, state, task_identifier, queue_name, key, priority, attempts, max_attempts,
-      revision, flags, last_error, created_at, run_at, finished_at, removed_by, expires_at
-    )
-    select r.id, 'removed', t.identifier, q.queue_name, r.key, r.priority, r.attempts,
-      r.max_attempts, r.revision, r.flags, r.last_error, r.created_at, r.run_at, now(),
-      %(by)s::text, now() + interval '1 day'
-    from removed as r
-    join {schema}._private_tasks as t on t.id = r.task_id
-    left join {schema}._private_job_queues as q on q.id = r.job_queue_id
-    where not r.held
-    on conflict (job_id) do nothing
-    returning job_id
-  ),
-  expiry as (
-    insert into {schema}._private_py_job_history_expiry (expires_at, job_ids)
-    select now() + interval '1 day', array_agg(r.job_id) from recorded as r
-    having count(*) > 0
-  ),
-  released as (
-    delete from {schema}._private_py_unique_locks as l
-    where l.job_id in (select removed.id from removed)
-  )
-  select j.id, j.held from removed as j
+    select j.* from {schema}.remove_job(%(key)s::text) as j where j.id is not null
+  )"""
+    + _RECORD_REMOVED
+    + """
+  select j.id, j.locked_at is not null and j.locked_at >= now() - interval '4 hours'
+  from removed as j
 """
+)

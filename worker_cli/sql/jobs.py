@@ -5,6 +5,8 @@ names behind job rows, and a job's state and attempt errors."""
 
 from __future__ import annotations
 
+from typing import LiteralString
+
 # The functions return _private_jobs rows; JOB_NAMES then looks up the task
 # identifiers and queue names behind them. It must be a separate statement: a
 # task or queue the function creates is invisible to the statement calling it.
@@ -152,13 +154,14 @@ REMOVE_JOB_RELEASING_UNIQUE_LOCK = """
   from removed
 """
 
-# REMOVE_JOB_RELEASING_UNIQUE_LOCK, and a job it deleted (one a worker holds is
-# only kept from retrying) recorded in the history as removed, through the API
-# (removed_by 'api', kept a day; migrations/py/000023.sql).
-REMOVE_JOB_RECORDED = """
-  with removed as materialized (
-    select j.* from {schema}.remove_job(%(job_key)s) as j where j.id is not null
-  ),
+# The record of removed jobs (migrations/py/000023.sql), continuing a
+# statement whose CTE "removed" holds the rows remove_job or complete_jobs
+# returned: each one they deleted (not one a worker holds, which they only kept
+# from retrying) recorded in the history as removed (removed_by %(by)s: 'api',
+# 'cli', 'dashboard'; kept a day; listed in the expiry ledger, one row: at most
+# 1,000 jobs), and the uniqueness locks of all of them released (a job an
+# administrator removed does not block its duplicates).
+_RECORD_REMOVED: LiteralString = """,
   recorded as (
     insert into {schema}._private_py_job_history (
       job_id, state, task_identifier, queue_name, key, priority, attempts, max_attempts,
@@ -166,7 +169,7 @@ REMOVE_JOB_RECORDED = """
     )
     select r.id, 'removed', t.identifier, q.queue_name, r.key, r.priority, r.attempts,
       r.max_attempts, r.revision, r.flags, r.last_error, r.created_at, r.run_at, now(),
-      'api', now() + interval '1 day'
+      %(by)s::text, now() + interval '1 day'
     from removed as r
     join {schema}._private_tasks as t on t.id = r.task_id
     left join {schema}._private_job_queues as q on q.id = r.job_queue_id
@@ -183,12 +186,25 @@ REMOVE_JOB_RECORDED = """
     delete from {schema}._private_py_unique_locks as l
     where l.job_id in (select removed.id from removed)
   )
+"""
+
+# REMOVE_JOB_RELEASING_UNIQUE_LOCK, and a job it deleted recorded in the
+# history as removed (_RECORD_REMOVED; removed_by %(by)s, 'api' from the
+# utilities).
+REMOVE_JOB_RECORDED = (
+    """
+  with removed as materialized (
+    select j.* from {schema}.remove_job(%(job_key)s) as j where j.id is not null
+  )"""
+    + _RECORD_REMOVED
+    + """
   select removed.id, removed.job_queue_id, removed.task_id, removed.payload, removed.priority,
     removed.run_at, removed.attempts, removed.max_attempts, removed.last_error,
     removed.created_at, removed.updated_at, removed.key, removed.locked_at, removed.locked_by,
     removed.revision, removed.flags, removed.is_available
   from removed
 """
+)
 
 # Whether the schema records removals and operators' retries (Python migration
 # 23: the history's removed_by); the schema name is a bound value here.
