@@ -276,3 +276,25 @@ def test_the_overview_says_which_worker_pools_are_alive(db: str) -> None:
         liveness_line(page.body),
     ), liveness_line(page.body)
     assert 'pools">Worker pools</a>' in page.body.split('id="liveness"')[1].split("</p>")[0]
+
+
+def test_the_pools_page_says_whose_session_is_gone(db: str) -> None:
+    """The Session column: a pool's sign held, gone for how long (its pool is
+    declared dead after its grace), or none (only its timeout applies)."""
+    rows(
+        db,
+        "insert into graphile_worker._private_py_heartbeats "
+        "(pool_id, timeout, sign_key, sign_missing_since) values "
+        "('pool-held', interval '5 minutes', 7, null), "
+        "('pool-gone', interval '5 minutes', 8, now() - interval '3 seconds'), "
+        "('pool-none', interval '5 minutes', null, null)",
+    )
+    with serve_app(create_app(db, refresh=0)) as url:
+        page = http(url + "/pools")
+    assert page.status == 200
+    sessions = dict(
+        re.findall(r'<tr data-pool="(pool-\w+)">.*?<td class="session">(.*?)</td>', page.body, re.S)
+    )
+    assert sessions["pool-held"] == "held"
+    assert re.search(r">gone for 0?3s</span>$", sessions["pool-gone"]), sessions["pool-gone"]
+    assert ">none</span>" in sessions["pool-none"]

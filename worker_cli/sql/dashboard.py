@@ -370,18 +370,21 @@ ATTEMPT_ERRORS = """
   limit %(limit)s
 """
 
-# The pools with a heartbeat row (migrations/py/000002.sql, 000004.sql): one
-# small row per running Python pool, read whole (a sequential scan of that
-# table, not of the jobs), at most %(limit)s. A row whose beat is older than
-# its timeout is a dead pool that no live pool has released yet. The counters
-# are null for pools of older versions; the rate is over the pool's last
-# interval.
+# The pools with a heartbeat row (migrations/py/000002.sql, 000004.sql,
+# 000025.sql): one small row per running Python pool, read whole (a sequential
+# scan of that table, not of the jobs), at most %(limit)s. A row whose beat is
+# older than its timeout is a dead pool that no live pool has released yet.
+# The counters are null for pools of older versions; the rate is over the
+# pool's last interval. signed: the pool holds a session sign;
+# sign_missing_for: seconds since another pool found it missing (null: held).
 HEARTBEATS = """
   select h.pool_id, h.hostname, h.pid, h.started_at, h.beat_at,
     extract(epoch from h.timeout)::float8 as timeout,
     extract(epoch from now() - h.beat_at)::float8 as silent_for,
     h.beat_at >= now() - h.timeout as alive,
     h.concurrency, h.task_identifiers, h.version, h.jobs_done, h.stuck_job_ids,
+    h.sign_key is not null as signed,
+    extract(epoch from now() - h.sign_missing_since)::float8 as sign_missing_for,
     case when h.beat_before is not null and h.beat_at > h.beat_before
       and h.jobs_done_before is not null
       then (h.jobs_done - h.jobs_done_before)
