@@ -53,6 +53,7 @@ WAS_DECLARED = "was declared dead by another worker"
 SESSION_ENDED = "its database session ended"
 
 HEARTBEATS = "graphile_worker._private_py_heartbeats"
+HELD = "select count(*) from graphile_worker._private_jobs where locked_by = %s"
 
 
 def add_sleeping_jobs(db: str, count: int, low: float, high: float) -> None:
@@ -216,27 +217,28 @@ def test_a_worker_stopped_for_20_seconds_is_not_declared_dead(db: str, tmp_path:
     workers = [started_worker(db, Worker(db, folder, *args)) for _ in range(3)]
     try:
         stopped = busy_worker(db, workers)
-        held = int(
-            value(
-                db,
-                "select count(*) from graphile_worker._private_jobs j "
-                f"join {HEARTBEATS} h on h.pool_id = j.locked_by where h.pid = %s",
-                (stopped.pid,),
-            )
-        )
+        pool = value(db, f"select pool_id from {HEARTBEATS} where pid = %s", (stopped.pid,))
         stopped.signal(signal.SIGSTOP)
         try:
+            # What it holds once the statements it had sent (a fetch, a batch
+            # of results) are done: none of its sessions is active.
+            wait_until(
+                lambda: (
+                    value(
+                        db,
+                        "select count(*) from pg_stat_activity where state = 'active' "
+                        "and application_name like %s",
+                        (f"graphile-worker {pool} %",),
+                    )
+                    == 0
+                ),
+                10,
+                "the stopped worker's statements to end",
+            )
+            held = int(value(db, HELD, (pool,)))
             time.sleep(20)
             # Its jobs are still its own: nobody released them.
-            assert (
-                value(
-                    db,
-                    "select count(*) from graphile_worker._private_jobs j "
-                    f"join {HEARTBEATS} h on h.pool_id = j.locked_by where h.pid = %s",
-                    (stopped.pid,),
-                )
-                == held
-            )
+            assert value(db, HELD, (pool,)) == held
         finally:
             stopped.signal(signal.SIGCONT)
         wait_drained(db)
