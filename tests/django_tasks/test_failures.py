@@ -231,3 +231,28 @@ def test_a_failed_task_whose_job_runs_on_is_not_run_again(site: str) -> None:
     [job] = rows(site, f"select attempts, max_attempts, last_error from {JOBS}")
     assert job["attempts"] == job["max_attempts"] and "FAILED already" in job["last_error"]
     assert cli("job", str(job_id)).splitlines()[0] == f"Job {job_id}: failed"
+
+
+def test_a_task_finished_receiver_that_raises_changes_no_outcome(site: str) -> None:
+    """A receiver of task_finished raising (the project's raises for these
+    arguments) is logged; the failed task's job keeps the task's own error,
+    and the task that succeeded is done, not retried."""
+    from django.tasks import TaskResultStatus
+    from jobsapp.tasks import fail, record
+
+    failed, succeeded = fail.enqueue("receiver raises"), record.enqueue("receiver raises")
+    failed_job, succeeded_job = job_id_of(site, failed.id), job_id_of(site, succeeded.id)
+    output = run_once()
+    assert result(failed.id).status == TaskResultStatus.FAILED
+    assert result(succeeded.id).status == TaskResultStatus.SUCCESSFUL
+    last_error = value(site, f"select last_error from {JOBS} where id = %s", [failed_job])
+    assert last_error is not None and "ValueError: receiver raises" in last_error, last_error
+    assert "the receiver failed" not in last_error
+    assert value(site, f"select count(*) from {JOBS} where id = %s", [succeeded_job]) == 0
+    assert finished_signals(failed.id) == ["FAILED"]
+    assert finished_signals(succeeded.id) == ["SUCCESSFUL"]
+    for one in (failed, succeeded):
+        assert (
+            f"Django task {one.id}: a task_finished receiver (" in output
+            and "raised: RuntimeError: the receiver failed" in output
+        ), output

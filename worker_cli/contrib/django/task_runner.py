@@ -95,16 +95,30 @@ def make_task_runner(schema: str, sender: type) -> Callable[[Any, Helpers], None
                 finished_at = None
             if final:
                 failed = _after(stored, running, status, finished_at, error=error)
-                task_finished.send(sender=sender, task_result=failed.task_result(task))
+                _send_finished(sender, failed.task_result(task), helpers)
             raise
         else:
             finished_at = None if done_row is None else done_row[0]
             done = _after(stored, running, "SUCCESSFUL", finished_at, value=value)
-            task_finished.send(sender=sender, task_result=done.task_result(task))
+            _send_finished(sender, done.task_result(task), helpers)
         finally:
             close_old_connections()
 
     return run_django_task
+
+
+def _send_finished(sender: Any, task_result: TaskResult, helpers: Helpers) -> None:
+    """Send ``task_finished`` for an outcome already written: a receiver that
+    raises is logged, and changes neither that outcome nor the job's (the
+    task's own error stays the job's; a task that succeeded is not retried)."""
+    for receiver, response in task_finished.send_robust(sender=sender, task_result=task_result):
+        if isinstance(response, Exception):
+            helpers.logger.error(
+                "Django task %s: a task_finished receiver (%s) raised: %s",
+                task_result.id,
+                getattr(receiver, "__qualname__", receiver),
+                _last_line(error_of(response)),
+            )
 
 
 def _call(task: Any, stored: StoredResult, running: TaskResult, helpers: Helpers) -> Any:

@@ -12,6 +12,8 @@ class JobsConfig(AppConfig):
         def receiver(name: str):  # type: ignore[no-untyped-def]
             def on_signal(sender, task_result, **kwargs):  # type: ignore[no-untyped-def]
                 log("signal", name, task_result.id, sender.__name__, task_result.status)
+                if name == "finished" and "receiver raises" in task_result.args:
+                    raise RuntimeError("the receiver failed")
 
             return on_signal
 
