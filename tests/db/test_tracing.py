@@ -237,6 +237,37 @@ async def test_propagation_needs_a_current_span_and_the_switch(
     assert trace_context.carry("select 1") == ("select 1", {})
 
 
+async def test_a_job_replaced_through_its_key_without_a_span_loses_the_old_context(
+    spans: InMemorySpanExporter, utils: WorkerUtils, db: str
+) -> None:
+    """The latest call is the job's: replaced with no span current, the job no
+    longer carries the first caller's context (it would become that trace's
+    child); replaced under a span, it carries that one."""
+    propagate_trace_context()
+    for add in ("add_job", "add_jobs"):
+        key = f"nightly-{add}"
+
+        async def added(key: str = key, add: str = add) -> None:
+            if add == "add_job":
+                await utils.add_job("t", {"n": 1}, job_key=key)
+            else:
+                await utils.add_jobs([{"identifier": "t", "payload": {"n": 1}, "job_key": key}])
+
+        with tracer.start_as_current_span("first"):
+            await added()
+        job_id = value(db, f"select id from {JOBS} where key = %s", (key,))
+        contexts = f"select count(*) from {CONTEXTS} where job_id = %s"
+        assert value(db, contexts, (job_id,)) == 1
+        await added()  # no span current
+        assert value(db, contexts, (job_id,)) == 0, add
+        with tracer.start_as_current_span("third") as third:
+            await added()
+        [carried] = rows(db, f"select context from {CONTEXTS} where job_id = %s", (job_id,))
+        assert f"{third.get_span_context().span_id:016x}" in carried["context"]["traceparent"]
+    # A keyless add with no span current is sent as it is: nothing to forget.
+    assert trace_context.carry("select 1") == ("select 1", {})
+
+
 async def test_a_unique_conflict_leaves_the_existing_jobs_context(
     spans: InMemorySpanExporter, utils: WorkerUtils, db: str
 ) -> None:

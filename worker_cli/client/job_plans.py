@@ -129,9 +129,10 @@ def _send_chunk(
     """Send one chunk's statement, with the caller's trace context and the
     specs' options (``options``: what to write, see :mod:`.job_options`)."""
     options: OptionRows | None = params.pop("options")
+    replaces: bool = params.pop("replaces")
     if options == "replaced" and not (yield from options_installed()):
         options = None  # no job can have options: nothing to clear
-    add_jobs, trace = carry(jobs_sql.ADD_JOBS, options=options)
+    add_jobs, trace = carry(jobs_sql.ADD_JOBS, options=options, replaces=replaces)
     statement = compose(add_jobs, schema)
     return (yield from send(statement, {**params, **trace}, raw_payloads=True))
 
@@ -151,6 +152,7 @@ def _chunk_params(
         "specs": encode_specs(records, start),
         "job_key_preserve_run_at": job_key_preserve_run_at,
         "options": spec_options(records),
+        "replaces": any(record.get("job_key") is not None for record in records),
     }
 
 

@@ -64,6 +64,7 @@ def carry(
     unique: bool = False,
     order_by: LiteralString = "",
     options: OptionRows | None = None,
+    replaces: bool = False,
 ) -> tuple[LiteralString, dict[str, Any]]:
     """The add statement to send, and the parameters to add to it: ``statement``
     and none when propagation is off or no trace context is current; else the
@@ -73,7 +74,9 @@ def carry(
     column of its rows to order the result by (the rows of a statement that
     carries a context are ordered outside it). ``options``: the statement
     also writes the jobs' options (see :mod:`.job_options`), whose parameters
-    the caller gives."""
+    the caller gives. ``replaces``: the call may replace jobs through their
+    key; with propagation on and no context current, those jobs lose the
+    context an earlier call stored."""
     order: LiteralString = " order by " + order_by if order_by else ""
     inject = _inject
     if inject is None and options is None:
@@ -81,10 +84,11 @@ def carry(
     carrier: dict[str, str] = {}
     if inject is not None:
         inject(carrier)
-    if not carrier and options is None:
+    forget = replaces and not carrier
+    if not carrier and options is None and not forget:
         return statement + order, {}
     params = {"trace_context": json.dumps(carrier)} if carrier else {}
-    return carrying(statement, unique, bool(carrier), options) + order, params
+    return carrying(statement, unique, bool(carrier), options, forget) + order, params
 
 
 #: Seconds between two collections of left-over rows: a random value in this range.

@@ -132,12 +132,16 @@ class UtilsPlans:
         self, params: dict[str, Any], beside: OptionRows | None, unique: bool
     ) -> Plan[Job | UniqueJobResult]:
         beside = yield from self._options.writes(beside)
-        # The caller's trace context, if any, beside it too.
+        # The caller's trace context, if any, beside it too (a job it replaces
+        # through its key takes this call's, or none).
+        replaces = params["job_key"] is not None and params["job_key_mode"] != "unsafe_dedupe"
         if not unique:
-            statement, trace = carry(jobs_sql.ADD_JOB, options=beside)
+            statement, trace = carry(jobs_sql.ADD_JOB, options=beside, replaces=replaces)
             [job] = yield from jobs(self.schema, statement, {**params, **trace})
             return job
-        statement, trace = carry(jobs_sql.ADD_UNIQUE_JOB, unique=True, options=beside)
+        statement, trace = carry(
+            jobs_sql.ADD_UNIQUE_JOB, unique=True, options=beside, replaces=replaces
+        )
         [result] = yield from unique_results_plan(self.schema, statement, {**params, **trace})
         return result
 
@@ -164,14 +168,19 @@ class UtilsPlans:
             "unique_rules": json.dumps(rules),
             "job_key_preserve_run_at": job_key_preserve_run_at,
         }
-        return self._add_unique_jobs(params, spec_options(records))
+        replaces = any(record.get("job_key") is not None for record in records)
+        return self._add_unique_jobs(params, spec_options(records), replaces)
 
     def _add_unique_jobs(
-        self, params: dict[str, Any], beside: OptionRows | None
+        self, params: dict[str, Any], beside: OptionRows | None, replaces: bool
     ) -> Plan[list[UniqueJobResult]]:
         beside = yield from self._options.writes(beside)
         statement, trace = carry(
-            jobs_sql.ADD_UNIQUE_JOBS, unique=True, order_by="spec_index", options=beside
+            jobs_sql.ADD_UNIQUE_JOBS,
+            unique=True,
+            order_by="spec_index",
+            options=beside,
+            replaces=replaces,
         )
         return (yield from unique_results_plan(self.schema, statement, {**params, **trace}))
 

@@ -34,12 +34,18 @@ OptionRows: TypeAlias = Literal["one", "one_if_added", "replaced", "each"]
 
 @cache
 def carrying(
-    statement: LiteralString, unique: bool, trace: bool, options: OptionRows | None
+    statement: LiteralString,
+    unique: bool,
+    trace: bool,
+    options: OptionRows | None,
+    forget: bool = False,
 ) -> LiteralString:
     """``statement`` (an add, its rows the CTE ``added``) wrapped so that it also
     stores the trace context (``trace``: %(trace_context)s) and writes the
     jobs' options (``options``, see :func:`options_cte`) of the jobs it adds;
-    ``unique``: it returns unique results."""
+    ``unique``: it returns unique results. ``forget`` (without ``trace``): the
+    jobs it replaced through their key lose the context an earlier call
+    stored (the latest call, traced or not, is the job's)."""
     # One WITH for both: a data-modifying CTE must be at the top level.
     # A job updated through its job_key takes the context of the latest call.
     job_id: LiteralString = "added.job_id" if unique else "added.id"
@@ -58,6 +64,19 @@ def carrying(
         if trace
         else ""
     )
+    if forget and not trace:
+        carried = (
+            """,
+  forgot as (
+    delete from {schema}._private_py_job_trace_contexts as c
+    using added
+    where c.job_id = """
+            + job_id
+            + " and added.revision > 0"
+            + (" and not added.conflict" if unique else "")
+            + """
+  )"""
+        )
     optioned = options_cte(options, unique) if options is not None else ""
     return (
         "with added as (\n" + statement + "\n  )" + carried + optioned + "\n  select * from added"
