@@ -669,6 +669,9 @@ declare
   v_requested bigint[];
   v_told bigint[];
 begin
+  -- The workflows of steps among them first (workflow rows before job rows:
+  -- see py_workflow_lock).
+  perform {{schema}}.py_workflow_lock(py_cancel_jobs.job_ids);
   -- Lock the rows first, in id order (two cancels of overlapping sets cannot
   -- deadlock), waiting for a fetch that is locking one right now.
   perform 1
@@ -725,6 +728,9 @@ begin
       {{schema}}.py_channel('finished'), array_to_string(v_told[i:i + 299], ',')
     );
   end loop;
+
+  -- Cancelled steps: their workflows advance in this transaction.
+  perform {{schema}}.py_workflow_settle(v_cancelled);
 
   return query select r.job_id, 'cancelled'::text from unnest(v_cancelled) as r(job_id);
 
@@ -1999,5 +2005,765 @@ begin
     case when (select exists (select from {{schema}}._private_py_job_options)) then
       (select o.timeout from {{schema}}._private_py_job_options as o where o.job_id = j.id)
     end;
+end;
+$fn$;
+
+-- ==========================================================================
+-- Workflows (py/000026.sql): steps that become jobs when they may run.
+--
+-- A step's job is added by py_workflow_start (through add_jobs, with the flag
+-- "py:workflow"); when it ends, py_workflow_settle records its outcome on the
+-- step, in the transaction that ends the job, and py_workflow_advance tells
+-- its children: each child whose parents are now all final and whose run_if
+-- holds becomes a job, each one whose run_if can no longer hold ends
+-- (cancelled or skipped, naming the parent), and so on down, in rounds (one
+-- statement per round for the whole workflow, never one per step).
+--
+-- Steps are found by id, through "= any(array)" on a unique index, and each
+-- statement is planned for what it is given (plan_cache_mode =
+-- force_custom_plan): a workflow's steps are added faster than statistics
+-- follow them, and a generic plan made while the table was small (a seq scan
+-- of the steps inside a loop over them) took 19 s to record 5,000 steps.
+--
+-- Locks: every function here locks a workflow's row (py_workflow_lock)
+-- before it reads or changes its steps, and before any job row of them: the
+-- completer, py_cancel_jobs and py_cancel_workflow all lock the workflow
+-- first. Two transactions ending two parents of one child take turns, and
+-- the second sees the first's counts: each child is started (or ended) once.
+-- ==========================================================================
+
+-- Lock the workflows of the steps whose jobs are job_ids, in id order.
+create or replace function {{schema}}.py_workflow_lock(job_ids bigint[])
+returns void
+language plpgsql
+volatile
+set plan_cache_mode = force_custom_plan
+as $fn$
+begin
+  perform 1
+  from {{schema}}._private_py_workflows as w
+  where w.id = any(array(
+    select s.workflow_id from {{schema}}._private_py_workflow_steps as s
+    where s.job_id = any(py_workflow_lock.job_ids)
+  ))
+  order by w.id
+  for update of w;
+end;
+$fn$;
+
+-- Insert a workflow's steps (a JSON array of {"ref", "spec", "run_if",
+-- "after"}; positions from first_position), and their links: "after" names
+-- steps of the array, or (known) steps already in the workflow by ref.
+-- extra_parent: a step every new step without a parent in the array waits
+-- for (py_workflow_extend's running step). Returns the new steps' ids, in
+-- the order of the array.
+create or replace function {{schema}}.py_workflow_insert(
+  workflow_id bigint, steps jsonb, first_position integer, extra_parent bigint default null
+)
+returns bigint[]
+language plpgsql
+volatile
+set plan_cache_mode = force_custom_plan
+as $fn$
+declare
+  v_map jsonb;
+  v_ids bigint[];
+begin
+  with inserted as (
+    insert into {{schema}}._private_py_workflow_steps (
+      workflow_id, ref, position, task_identifier, spec, run_if, parents, parents_left
+    )
+    select py_workflow_insert.workflow_id, n.value ->> 'ref', first_position + n.position,
+      n.value -> 'spec' ->> 'identifier', n.value -> 'spec',
+      coalesce(n.value ->> 'run_if', 'succeeded'),
+      jsonb_array_length(coalesce(n.value -> 'after', '[]'))
+        + case when extra_parent is not null
+            and jsonb_array_length(coalesce(n.value -> 'after', '[]')) = 0 then 1 else 0 end,
+      jsonb_array_length(coalesce(n.value -> 'after', '[]'))
+        + case when extra_parent is not null
+            and jsonb_array_length(coalesce(n.value -> 'after', '[]')) = 0 then 1 else 0 end
+    from jsonb_array_elements(py_workflow_insert.steps) with ordinality as n (value, position)
+    order by n.position
+    returning id, ref, position
+  )
+  select jsonb_object_agg(inserted.ref, inserted.id), array_agg(inserted.id order by inserted.position)
+  into v_map, v_ids
+  from inserted;
+  insert into {{schema}}._private_py_workflow_edges (parent_id, child_id)
+  select (v_map ->> p.ref)::bigint, (v_map ->> (n.value ->> 'ref'))::bigint
+  from jsonb_array_elements(py_workflow_insert.steps) as n
+  cross join jsonb_array_elements_text(coalesce(n.value -> 'after', '[]')) as p (ref)
+  union all
+  select extra_parent, (v_map ->> (n.value ->> 'ref'))::bigint
+  from jsonb_array_elements(py_workflow_insert.steps) as n
+  where extra_parent is not null and jsonb_array_length(coalesce(n.value -> 'after', '[]')) = 0;
+  return v_ids;
+end;
+$fn$;
+
+-- Add a workflow (the utilities' add_workflow, which has checked the graph:
+-- refs unique, parents earlier steps, no cycle). steps: a JSON array of
+-- {"ref", "spec" (a job_spec record, and "timeout" in seconds), "run_if",
+-- "after" (parent refs)}. Its root steps become jobs at once; a root whose job
+-- add_jobs refuses refuses the whole workflow. Returns its id.
+create or replace function {{schema}}.py_add_workflow(name text, steps jsonb)
+returns bigint
+language plpgsql
+volatile
+set plan_cache_mode = force_custom_plan
+as $fn$
+declare
+  v_id bigint;
+  v_ids bigint[];
+begin
+  insert into {{schema}}._private_py_workflows (name, steps, steps_left)
+  values (py_add_workflow.name, jsonb_array_length(py_add_workflow.steps),
+    jsonb_array_length(py_add_workflow.steps))
+  returning id into v_id;
+  v_ids := {{schema}}.py_workflow_insert(v_id, py_add_workflow.steps, 0);
+  perform {{schema}}.py_workflow_start(
+    v_id,
+    array(
+      select v_ids[n.position]
+      from jsonb_array_elements(py_add_workflow.steps) with ordinality as n (value, position)
+      where jsonb_array_length(coalesce(n.value -> 'after', '[]')) = 0
+    ),
+    strict => true
+  );
+  return v_id;
+end;
+$fn$;
+
+-- Make the jobs of these blocked steps (ids) of a locked workflow: one
+-- add_jobs call (its ids follow the order of its specs, which maps each job
+-- to its step), with their timeouts beside them. strict: an error is raised;
+-- otherwise the steps are tried one by one and a step whose job cannot be
+-- added fails alone ("its job could not be added: ..."). Returns the ids of
+-- the steps that failed so.
+create or replace function {{schema}}.py_workflow_start(
+  workflow_id bigint, step_ids bigint[], strict boolean default false
+)
+returns bigint[]
+language plpgsql
+volatile
+set plan_cache_mode = force_custom_plan
+as $fn$
+declare
+  v_steps bigint[];
+  v_specs {{schema}}.job_spec[];
+  v_jobs bigint[];
+  v_failed bigint[] := '{}';
+  v_job bigint;
+begin
+  select array_agg(s.id order by s.position),
+    array_agg(json_populate_record(
+      null::{{schema}}.job_spec,
+      jsonb_set(
+        s.spec, '{flags}',
+        case when jsonb_typeof(s.spec -> 'flags') = 'array' then s.spec -> 'flags'
+          else '[]'::jsonb end || '["py:workflow"]'::jsonb
+      )::json
+    ) order by s.position)
+  into v_steps, v_specs
+  from {{schema}}._private_py_workflow_steps as s
+  where s.id = any(py_workflow_start.step_ids) and s.state = 'blocked';
+  if v_steps is null then
+    return v_failed;
+  end if;
+  if strict then
+    v_jobs := array(select j.id from {{schema}}.add_jobs(v_specs) as j order by j.id);
+  else
+    begin
+      v_jobs := array(select j.id from {{schema}}.add_jobs(v_specs) as j order by j.id);
+    exception when others then
+      -- One by one: a step whose job is refused fails alone.
+      v_jobs := '{}';
+      for i in 1 .. cardinality(v_steps) loop
+        begin
+          select j.id into v_job from {{schema}}.add_jobs(array[v_specs[i]]) as j;
+          v_jobs := v_jobs || v_job;
+        exception when others then
+          v_jobs := v_jobs || null::bigint;
+          v_failed := v_failed || v_steps[i];
+          update {{schema}}._private_py_workflow_steps as s
+          set state = 'failed', finished_at = now(),
+            error = 'its job could not be added: ' || sqlerrm
+          where s.id = v_steps[i];
+        end;
+      end loop;
+    end;
+  end if;
+  update {{schema}}._private_py_workflow_steps as s
+  set state = 'queued', job_id = m.job_id, queued_at = now()
+  from unnest(v_steps, v_jobs) as m (step_id, job_id)
+  where s.id = m.step_id and m.job_id is not null;
+  insert into {{schema}}._private_py_job_options (job_id, timeout)
+  select s.job_id, make_interval(secs => (s.spec ->> 'timeout')::float8)
+  from {{schema}}._private_py_workflow_steps as s
+  where s.id = any(v_steps) and s.job_id is not null
+    and jsonb_typeof(s.spec -> 'timeout') = 'number';
+  return v_failed;
+end;
+$fn$;
+
+-- Advance a locked workflow: ended are steps (ids) that have just become
+-- final (their state written, not counted yet), checked blocked steps to
+-- decide (retry_workflow's). Rounds until nothing changes: the children of
+-- the steps that ended are told (their counts), every told or checked step
+-- is decided:
+--   cancelled  the workflow is being cancelled, or run_if 'succeeded' and a
+--              parent failed or was cancelled
+--   skipped    run_if 'succeeded' and a parent was skipped; run_if 'failed'
+--              and every parent is final, none failed or was cancelled
+--   started    every parent final and run_if holds ('finished': whatever
+--              they ended as)
+-- and those that ended are the next round's. Then the workflow's counts, and
+-- its state once no step is left.
+create or replace function {{schema}}.py_workflow_advance(
+  workflow_id bigint, ended bigint[], checked bigint[] default null
+)
+returns void
+language plpgsql
+volatile
+set plan_cache_mode = force_custom_plan
+as $fn$
+declare
+  v_wf constant bigint := py_workflow_advance.workflow_id;
+  v_ended bigint[] := coalesce(ended, '{}');
+  v_check bigint[] := coalesce(checked, '{}');
+  v_all bigint[] := coalesce(ended, '{}');
+  v_start bigint[];
+  v_cancel bigint[];
+  v_skip bigint[];
+  v_told bigint[];
+  v_n int[];
+  v_failed int[];
+  v_skipped int[];
+  v_cancelling boolean;
+begin
+  select w.cancel_requested_at is not null into v_cancelling
+  from {{schema}}._private_py_workflows as w where w.id = v_wf;
+  loop
+    if cardinality(v_ended) > 0 then
+      -- What each child of the ended steps is told, as arrays: joined back
+      -- through unnest (sized by the planner), never through a CTE it would
+      -- scan once per step.
+      select array_agg(t.child_id), array_agg(t.n), array_agg(t.failed), array_agg(t.skipped)
+      into v_told, v_n, v_failed, v_skipped
+      from (
+        select e.child_id, count(*)::int as n,
+          (count(*) filter (where p.state in ('failed', 'cancelled')))::int as failed,
+          (count(*) filter (where p.state = 'skipped'))::int as skipped
+        from {{schema}}._private_py_workflow_edges as e
+        join {{schema}}._private_py_workflow_steps as p on p.id = e.parent_id
+        where e.parent_id = any(v_ended)
+        group by e.child_id
+      ) as t;
+      if v_told is not null then
+        with counted as (
+          update {{schema}}._private_py_workflow_steps as c
+          set parents_left = c.parents_left - t.n,
+            parents_failed = c.parents_failed + t.failed,
+            parents_skipped = c.parents_skipped + t.skipped
+          from unnest(v_told, v_n, v_failed, v_skipped) as t (id, n, failed, skipped)
+          where c.id = t.id and c.state = 'blocked'
+          returning c.id
+        )
+        select v_check || coalesce(array_agg(counted.id), '{}') into v_check from counted;
+      end if;
+    end if;
+    exit when cardinality(v_check) = 0;
+
+    select coalesce(array_agg(d.id) filter (where d.verdict = 'cancelled'), '{}'),
+      coalesce(array_agg(d.id) filter (where d.verdict = 'skipped'), '{}'),
+      coalesce(array_agg(d.id) filter (where d.verdict = 'start'), '{}')
+    into v_cancel, v_skip, v_start
+    from (
+      select s.id,
+        case
+          when v_cancelling then 'cancelled'
+          when s.run_if = 'succeeded' and s.parents_failed > 0 then 'cancelled'
+          when s.run_if = 'succeeded' and s.parents_skipped > 0 then 'skipped'
+          when s.parents_left > 0 then null
+          when s.run_if = 'failed' and s.parents_failed = 0 then 'skipped'
+          else 'start'
+        end as verdict
+      from {{schema}}._private_py_workflow_steps as s
+      where s.id = any(v_check) and s.state = 'blocked'
+    ) as d;
+
+    v_ended := '{}';
+    if cardinality(v_cancel) + cardinality(v_skip) > 0 then
+      with ended as (
+        update {{schema}}._private_py_workflow_steps as s
+        set state = case when s.id = any(v_cancel) then 'cancelled' else 'skipped' end,
+          finished_at = now(),
+          error = case
+            when v_cancelling then (
+              select 'its workflow was cancelled' || coalesce(': ' || w.cancel_reason, '')
+              from {{schema}}._private_py_workflows as w where w.id = v_wf)
+            when s.run_if = 'failed' and s.id = any(v_skip) then 'no parent failed'
+            else (
+              select 'parent ' || quote_literal(p.ref) || case p.state
+                  when 'failed' then ' failed'
+                  when 'cancelled' then ' was cancelled'
+                  else ' was skipped' end
+              from {{schema}}._private_py_workflow_edges as e
+              join {{schema}}._private_py_workflow_steps as p on p.id = e.parent_id
+              where e.child_id = s.id and p.state in ('failed', 'cancelled', 'skipped')
+              order by p.state = 'skipped', p.finished_at, p.ref
+              limit 1)
+          end
+        where s.id = any(v_cancel || v_skip)
+        returning s.id
+      )
+      select coalesce(array_agg(ended.id), '{}') into v_ended from ended;
+    end if;
+
+    if cardinality(v_start) > 0 then
+      v_ended := v_ended || {{schema}}.py_workflow_start(v_wf, v_start);
+    end if;
+    v_all := v_all || v_ended;
+    v_check := '{}';
+    exit when cardinality(v_ended) = 0;
+  end loop;
+
+  -- The counts, from the steps that ended in this call; the state once none is left.
+  with counts as (
+    select count(*) as total,
+      count(*) filter (where s.state = 'succeeded') as succeeded,
+      count(*) filter (where s.state = 'failed') as failed,
+      count(*) filter (where s.state = 'cancelled') as cancelled,
+      count(*) filter (where s.state = 'skipped') as skipped
+    from {{schema}}._private_py_workflow_steps as s
+    where s.id = any(v_all)
+  )
+  update {{schema}}._private_py_workflows as w
+  set steps_left = w.steps_left - c.total,
+    succeeded = w.succeeded + c.succeeded,
+    failed = w.failed + c.failed,
+    cancelled = w.cancelled + c.cancelled,
+    skipped = w.skipped + c.skipped,
+    state = case
+      when w.steps_left - c.total > 0 then w.state
+      when w.failed + c.failed > 0 then 'failed'
+      when w.cancelled + c.cancelled > 0 then 'cancelled'
+      else 'succeeded' end,
+    finished_at = case when w.steps_left - c.total > 0 then null else now() end
+  from counts as c
+  where w.id = v_wf and c.total > 0;
+  if found then
+    -- A workflow that has just finished says so (a listener may wake on it).
+    perform pg_notify({{schema}}.py_channel('finished'), 'w' || v_wf::text)
+    from {{schema}}._private_py_workflows as w
+    where w.id = v_wf and w.state <> 'running';
+  end if;
+end;
+$fn$;
+
+-- Record how the jobs of job_ids (steps' jobs; any other id is ignored) ended,
+-- and advance their workflows, in the caller's transaction. results given:
+-- they succeeded, with these results (the completer). Otherwise each one's
+-- outcome is read where it is:
+--   the job row is there     failed once its attempts are used up and it is
+--                            not locked (else it is not final: left alone)
+--   gone, with a history row its state: succeeded (its result), failed,
+--                            cancelled, or removed (read as cancelled)
+--   gone, with no record     succeeded with no result: finished by a Node
+--                            worker (or removed by Node's functions)
+-- Each workflow in subtransactions of its own: one whose steps cannot be
+-- recorded, or that fails to advance, ends failed (py_workflow_break) and
+-- holds up nothing else. Returns how many steps it recorded.
+create or replace function {{schema}}.py_workflow_settle(
+  job_ids bigint[], results json[] default null
+)
+returns integer
+language plpgsql
+volatile
+set plan_cache_mode = force_custom_plan
+as $fn$
+declare
+  v_succeeded constant boolean := results is not null;
+  -- Where each job's result is in results, by job id (a lookup per step,
+  -- not a join; the results stay as the tasks returned them).
+  v_given jsonb;
+  v_groups jsonb;
+  v_ids bigint[];
+  v_states text[];
+  v_results json[];
+  v_errors text[];
+  v_wf bigint;
+  v_steps bigint[];
+  v_ended bigint[];
+  v_error text;
+  v_count integer := 0;
+begin
+  -- The queued steps of these jobs, by workflow (through the job_id index).
+  select jsonb_object_agg(g.workflow_id::text, g.ids)
+  into v_groups
+  from (
+    select s.workflow_id, jsonb_agg(s.id) as ids
+    from {{schema}}._private_py_workflow_steps as s
+    where s.job_id = any(py_workflow_settle.job_ids) and s.state = 'queued'
+    group by s.workflow_id
+  ) as g;
+  if v_groups is null then
+    return 0;
+  end if;
+  if v_succeeded then
+    select jsonb_object_agg(r.id::text, r.position)
+    into v_given
+    from unnest(py_workflow_settle.job_ids) with ordinality as r (id, position);
+  end if;
+  perform {{schema}}.py_workflow_lock(py_workflow_settle.job_ids);
+  for v_wf in select e.key::bigint from jsonb_each(v_groups) as e order by 1 loop
+    v_steps := array(select jsonb_array_elements_text(v_groups -> v_wf::text)::bigint);
+    v_ended := null;
+    v_ids := null;
+    begin
+      select array_agg(o.id), array_agg(o.state), array_agg(o.result), array_agg(o.error)
+      into v_ids, v_states, v_results, v_errors
+      from (
+        select s.id,
+          case
+            when v_succeeded then 'succeeded'
+            when j.id is not null then
+              case when j.locked_at is null and j.attempts >= j.max_attempts then 'failed' end
+            when h.state = 'succeeded' then 'succeeded'
+            when h.state = 'failed' then 'failed'
+            when h.state in ('cancelled', 'removed') then 'cancelled'
+            else 'succeeded'
+          end as state,
+          case
+            when v_succeeded
+              then py_workflow_settle.results[(v_given ->> s.job_id::text)::int]
+            when h.state = 'succeeded' then h.result
+          end as result,
+          case
+            when v_succeeded then null
+            when j.id is not null then j.last_error
+            when h.state = 'failed' then h.last_error
+            when h.state = 'cancelled' then
+              coalesce('cancelled: ' || h.cancel_reason, 'cancelled')
+            when h.state = 'removed' then
+              'its job was removed' || coalesce(' (' || h.removed_by || ')', '')
+          end as error
+        from {{schema}}._private_py_workflow_steps as s
+        left join {{schema}}._private_jobs as j on j.id = s.job_id and not v_succeeded
+        left join {{schema}}._private_py_job_history as h
+          on h.job_id = s.job_id and not v_succeeded
+        where s.id = any(v_steps) and s.state = 'queued'
+      ) as o
+      where o.state is not null;
+      if v_ids is not null then
+        with marked as (
+          update {{schema}}._private_py_workflow_steps as s
+          set state = o.state, result = o.result, error = o.error, finished_at = now()
+          from unnest(v_ids, v_states, v_results, v_errors) as o (id, state, result, error)
+          where s.id = o.id
+          returning s.id
+        )
+        select array_agg(marked.id) into v_ended from marked;
+      end if;
+    exception when others then
+      v_error := sqlerrm;
+      begin
+        perform {{schema}}.py_workflow_break(v_wf, v_error, py_workflow_settle.job_ids);
+      exception when others then
+        raise warning 'workflow %: its steps'' outcomes could not be recorded (%), nor could it '
+          'end failed (%)', v_wf, v_error, sqlerrm;
+      end;
+      continue;
+    end;
+    if v_ended is null then
+      continue;
+    end if;
+    v_count := v_count + cardinality(v_ended);
+    begin
+      perform {{schema}}.py_workflow_advance(v_wf, v_ended);
+    exception when others then
+      v_error := sqlerrm;
+      begin
+        perform {{schema}}.py_workflow_break(v_wf, v_error);
+      exception when others then
+        raise warning 'workflow %: could not advance (%), nor end failed (%)',
+          v_wf, v_error, sqlerrm;
+      end;
+    end;
+  end loop;
+  return v_count;
+end;
+$fn$;
+
+-- A workflow that could not advance (an error in its resolution): it ends
+-- failed, saying why; its blocked steps are cancelled, and its steps whose
+-- jobs were being recorded (job_ids: their jobs end all the same) failed (its
+-- running jobs run on; retry_workflow starts it again).
+create or replace function {{schema}}.py_workflow_break(
+  workflow_id bigint, error text, job_ids bigint[] default '{}'
+)
+returns void
+language plpgsql
+volatile
+set plan_cache_mode = force_custom_plan
+as $fn$
+declare
+  v_wf constant bigint := py_workflow_break.workflow_id;
+  v_cancelled integer;
+  v_failed integer;
+begin
+  with ended as (
+    update {{schema}}._private_py_workflow_steps as s
+    set state = 'cancelled', finished_at = now(),
+      error = 'its workflow could not advance: ' || py_workflow_break.error
+    where s.workflow_id = v_wf and s.state = 'blocked'
+    returning 1
+  )
+  select count(*) into v_cancelled from ended;
+  with ended as (
+    update {{schema}}._private_py_workflow_steps as s
+    set state = 'failed', finished_at = now(),
+      error = 'its outcome could not be recorded: ' || py_workflow_break.error
+    where s.job_id = any(py_workflow_break.job_ids) and s.workflow_id = v_wf
+      and s.state = 'queued'
+    returning 1
+  )
+  select count(*) into v_failed from ended;
+  update {{schema}}._private_py_workflows as w
+  set state = 'failed', finished_at = now(), error = py_workflow_break.error,
+    cancelled = w.cancelled + v_cancelled, failed = w.failed + v_failed,
+    steps_left = w.steps_left - v_cancelled - v_failed
+  where w.id = v_wf;
+  perform pg_notify({{schema}}.py_channel('finished'), 'w' || v_wf);
+end;
+$fn$;
+
+-- The repair sweep (every pool's upkeep, about every 2 seconds): settles up
+-- to max_steps steps whose job ended without its workflow being told (run by
+-- a Node worker, removed or failed for good by an admin function, or a
+-- Python worker of an earlier version). Returns how many it settled.
+create or replace function {{schema}}.py_workflow_repair(max_steps integer default 1000)
+returns integer
+language plpgsql
+volatile
+set plan_cache_mode = force_custom_plan
+as $fn$
+declare
+  v_ids bigint[];
+begin
+  v_ids := array(
+    select s.job_id
+    from {{schema}}._private_py_workflow_steps as s
+    where s.state = 'queued'
+      and not exists (
+        select from {{schema}}._private_jobs as j
+        where j.id = s.job_id and (j.locked_at is not null or j.attempts < j.max_attempts)
+      )
+    order by s.job_id
+    limit max_steps
+  );
+  if cardinality(v_ids) = 0 then
+    return 0;
+  end if;
+  return {{schema}}.py_workflow_settle(v_ids);
+end;
+$fn$;
+
+-- Dynamic fan-out: the running step from_ref adds steps to its workflow (a
+-- JSON array as py_add_workflow's; "after" names steps of that array). The
+-- new steps without parents among them wait for from_ref itself (they start
+-- when it succeeds). hold_dependents: from_ref's blocked children wait for
+-- the new steps too (those no other new step waits for). Refused with one
+-- line if from_ref is not running or a ref is taken. Returns the number of
+-- steps added.
+create or replace function {{schema}}.py_workflow_extend(
+  workflow_id bigint, from_ref text, steps jsonb, hold_dependents boolean default false
+)
+returns integer
+language plpgsql
+volatile
+set plan_cache_mode = force_custom_plan
+as $fn$
+declare
+  v_wf constant bigint := py_workflow_extend.workflow_id;
+  v_n constant integer := jsonb_array_length(py_workflow_extend.steps);
+  v_from bigint;
+  v_taken text;
+  v_first integer;
+  v_ids bigint[];
+begin
+  select w.steps into v_first
+  from {{schema}}._private_py_workflows as w where w.id = v_wf for update;
+  select s.id into v_from
+  from {{schema}}._private_py_workflow_steps as s
+  where s.workflow_id = v_wf and s.ref = from_ref and s.state = 'queued';
+  if v_from is null then
+    raise exception 'workflow %: step % is not running: only a running step adds steps',
+      v_wf, quote_literal(from_ref) using errcode = '22023';
+  end if;
+  select s.ref into v_taken
+  from jsonb_array_elements(py_workflow_extend.steps) as n
+  join {{schema}}._private_py_workflow_steps as s
+    on s.workflow_id = v_wf and s.ref = n.value ->> 'ref'
+  limit 1;
+  if v_taken is not null then
+    raise exception 'workflow %: ref % names a step it already has', v_wf, quote_literal(v_taken)
+      using errcode = '22023';
+  end if;
+  v_ids := {{schema}}.py_workflow_insert(v_wf, py_workflow_extend.steps, v_first, v_from);
+  if hold_dependents then
+    with leaves as (
+      select v_ids[n.position] as id
+      from jsonb_array_elements(py_workflow_extend.steps) with ordinality as n (value, position)
+      where not exists (
+        select from jsonb_array_elements(py_workflow_extend.steps) as c
+        where c.value -> 'after' ? (n.value ->> 'ref')
+      )
+    ),
+    children as (
+      select c.id
+      from {{schema}}._private_py_workflow_edges as e
+      join {{schema}}._private_py_workflow_steps as c on c.id = e.child_id
+      where e.parent_id = v_from and c.state = 'blocked' and c.id <> all(v_ids)
+    ),
+    linked as (
+      insert into {{schema}}._private_py_workflow_edges (parent_id, child_id)
+      select l.id, c.id from leaves as l cross join children as c
+      returning child_id
+    )
+    update {{schema}}._private_py_workflow_steps as s
+    set parents = s.parents + x.n, parents_left = s.parents_left + x.n
+    from (select linked.child_id, count(*) as n from linked group by linked.child_id) as x
+    where s.id = x.child_id;
+  end if;
+  update {{schema}}._private_py_workflows as w
+  set steps = w.steps + v_n, steps_left = w.steps_left + v_n
+  where w.id = v_wf;
+  return v_n;
+end;
+$fn$;
+
+-- Cancel a workflow: no step of it starts any more; its blocked steps are
+-- cancelled now, its steps' jobs cancelled as py_cancel_jobs cancels (those
+-- waiting now, the running ones asked to stop: they end cancelled unless
+-- they succeed first). Returns its state after, null if there is no such
+-- workflow.
+create or replace function {{schema}}.py_cancel_workflow(workflow_id bigint, reason text default null)
+returns text
+language plpgsql
+volatile
+set plan_cache_mode = force_custom_plan
+as $fn$
+declare
+  v_wf constant bigint := py_cancel_workflow.workflow_id;
+  v_state text;
+  v_ids bigint[];
+begin
+  select w.state into v_state
+  from {{schema}}._private_py_workflows as w where w.id = v_wf for update;
+  if v_state is null or v_state <> 'running' then
+    return v_state;
+  end if;
+  update {{schema}}._private_py_workflows as w
+  set cancel_requested_at = coalesce(w.cancel_requested_at, now()),
+    cancel_reason = coalesce(py_cancel_workflow.reason, w.cancel_reason)
+  where w.id = v_wf;
+  with ended as (
+    update {{schema}}._private_py_workflow_steps as s
+    set state = 'cancelled', finished_at = now(),
+      error = 'its workflow was cancelled' || coalesce(': ' || py_cancel_workflow.reason, '')
+    where s.workflow_id = v_wf and s.state = 'blocked'
+    returning s.id
+  )
+  select coalesce(array_agg(ended.id), '{}') into v_ids from ended;
+  perform {{schema}}.py_workflow_advance(v_wf, v_ids);
+  perform {{schema}}.py_cancel_jobs(
+    array(
+      select s.job_id from {{schema}}._private_py_workflow_steps as s
+      where s.workflow_id = v_wf and s.state = 'queued'
+      order by s.job_id
+    ),
+    coalesce(py_cancel_workflow.reason, 'its workflow was cancelled')
+  );
+  select w.state into v_state from {{schema}}._private_py_workflows as w where w.id = v_wf;
+  return v_state;
+end;
+$fn$;
+
+-- Run a workflow's failed and cancelled steps again, and every step after
+-- them (whatever they ended as); the others keep their outcomes and results.
+-- A reset step whose job is still there (failed for good) has that job
+-- deleted: its new job replaces it. Steps running now are left to end.
+-- Returns the number of steps reset, null if there is no such workflow.
+create or replace function {{schema}}.py_retry_workflow(workflow_id bigint)
+returns integer
+language plpgsql
+volatile
+set plan_cache_mode = force_custom_plan
+as $fn$
+declare
+  v_wf constant bigint := py_retry_workflow.workflow_id;
+  v_ids bigint[];
+  v_old bigint[];
+begin
+  perform 1 from {{schema}}._private_py_workflows as w where w.id = v_wf for update;
+  if not found then
+    return null;
+  end if;
+  with recursive hit (id) as (
+    select s.id from {{schema}}._private_py_workflow_steps as s
+    where s.workflow_id = v_wf and s.state in ('failed', 'cancelled')
+    union
+    select e.child_id
+    from {{schema}}._private_py_workflow_edges as e
+    join hit on e.parent_id = hit.id
+  )
+  select array_agg(s.id), array_agg(s.job_id) filter (where s.job_id is not null)
+  into v_ids, v_old
+  from {{schema}}._private_py_workflow_steps as s
+  where s.id in (select hit.id from hit)
+    and s.state in ('succeeded', 'failed', 'cancelled', 'skipped');
+  if v_ids is null then
+    return 0;
+  end if;
+  delete from {{schema}}._private_jobs as j
+  where j.id = any(v_old) and j.locked_at is null;
+  delete from {{schema}}._private_py_job_options as o where o.job_id = any(v_old);
+  update {{schema}}._private_py_workflow_steps as s
+  set state = 'blocked', job_id = null, result = null, error = null, queued_at = null,
+    finished_at = null, retries = s.retries + 1
+  where s.id = any(v_ids);
+  -- Every blocked step's counts, from its parents as they are now.
+  update {{schema}}._private_py_workflow_steps as s
+  set parents_left = x.left_, parents_failed = x.failed, parents_skipped = x.skipped
+  from (
+    select c.id,
+      count(p.id) filter (where p.state in ('blocked', 'queued')) as left_,
+      count(p.id) filter (where p.state in ('failed', 'cancelled')) as failed,
+      count(p.id) filter (where p.state = 'skipped') as skipped
+    from {{schema}}._private_py_workflow_steps as c
+    left join {{schema}}._private_py_workflow_edges as e on e.child_id = c.id
+    left join {{schema}}._private_py_workflow_steps as p on p.id = e.parent_id
+    where c.workflow_id = v_wf and c.state = 'blocked'
+    group by c.id
+  ) as x
+  where s.id = x.id;
+  update {{schema}}._private_py_workflows as w
+  set state = 'running', finished_at = null, error = null, cancel_requested_at = null,
+    cancel_reason = null,
+    steps_left = x.left_, succeeded = x.succeeded, failed = x.failed,
+    cancelled = x.cancelled, skipped = x.skipped
+  from (
+    select count(*) filter (where s.state in ('blocked', 'queued')) as left_,
+      count(*) filter (where s.state = 'succeeded') as succeeded,
+      count(*) filter (where s.state = 'failed') as failed,
+      count(*) filter (where s.state = 'cancelled') as cancelled,
+      count(*) filter (where s.state = 'skipped') as skipped
+    from {{schema}}._private_py_workflow_steps as s
+    where s.workflow_id = v_wf
+  ) as x
+  where w.id = v_wf;
+  perform {{schema}}.py_workflow_advance(v_wf, '{}', v_ids);
+  return cardinality(v_ids);
 end;
 $fn$;

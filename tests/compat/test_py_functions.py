@@ -35,6 +35,7 @@ FUNCTIONS_AT_REVISION = {
     23: "d3c5a9474630c1642c2c97e25cf38db3fbcdfd4d3af82ff67762188a95617359",
     24: "d3c5a9474630c1642c2c97e25cf38db3fbcdfd4d3af82ff67762188a95617359",
     25: "d3c5a9474630c1642c2c97e25cf38db3fbcdfd4d3af82ff67762188a95617359",
+    26: "1712dc94cc99d04292fd1485eee1b232bc4e920f7f0a5690f1b36dc03cf8dd76",
 }
 
 _DEFINED = re.compile(r"^create or replace function \{\{schema\}\}\.(\w+)\(", re.M)
@@ -232,11 +233,14 @@ async def test_functions_commit_with_the_last_pending_revision(
     assert value(
         empty_db, "select to_regclass('graphile_worker._private_py_declared_limits') is not null"
     )  # py/000024.sql's
-    assert not value(
+    assert value(
         empty_db,
         """select exists (select 1 from information_schema.columns
            where table_schema = 'graphile_worker' and column_name = 'sign_key')""",
     )  # py/000025.sql's
+    assert value(
+        empty_db, "select to_regclass('graphile_worker._private_py_workflows') is null"
+    )  # py/000026.sql's
 
     report = await run_migrate(empty_db)
     assert report.applied_py == (latest,)
