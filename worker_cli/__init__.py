@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from ._version import __version__
 from .client.job_waiting import WaitTimeout
 from .client.worker_utils import CleanupTask, WorkerUtils, make_worker_utils, quick_add_job
+from .client.workflow_plans import WorkflowNotFound, WorkflowWaitTimeout
 from .config.options import WorkerOptions
 from .errors import (
     ConfigurationError,
@@ -32,6 +33,8 @@ from .jobs.limit_spec import Limit, LimitInfo
 from .jobs.pause_spec import Pause
 from .jobs.payloads import NamedPayload
 from .jobs.unique import UniqueJobResult, UniqueRule, UniqueRuleError
+from .jobs.workflow import Step, Workflow, WorkflowError, batch
+from .jobs.workflow_state import AddedWorkflow, ParentOutcome, StepInfo, WorkflowInfo
 from .observe.events import Events
 from .runner import Runner, run, run_migrations, run_once
 from .schema.migrate import LATEST_REVISION, MigrationReport
@@ -43,6 +46,7 @@ from .tasks.typed_tasks import TypedTaskFunction, typed_task_list
 
 __all__ = [
     "LATEST_REVISION",
+    "AddedWorkflow",
     "AttemptError",
     "Cancel",
     "CleanupTask",
@@ -69,6 +73,7 @@ __all__ = [
     "MigrationError",
     "MigrationReport",
     "NamedPayload",
+    "ParentOutcome",
     "ParsedCronItem",
     "Pause",
     "PayloadError",
@@ -77,6 +82,8 @@ __all__ = [
     "Runner",
     "SchemaNotInstalledError",
     "Snooze",
+    "Step",
+    "StepInfo",
     "SyncWorkerUtils",
     "Task",
     "TaskLoadError",
@@ -90,7 +97,13 @@ __all__ = [
     "WaitTimeout",
     "WorkerOptions",
     "WorkerUtils",
+    "Workflow",
+    "WorkflowError",
+    "WorkflowInfo",
+    "WorkflowNotFound",
+    "WorkflowWaitTimeout",
     "__version__",
+    "batch",
     "load_config",
     "make_sync_worker_utils",
     "make_worker_utils",

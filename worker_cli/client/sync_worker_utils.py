@@ -28,6 +28,7 @@ transaction it joins. Only the choice of connection and the waiting
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from datetime import datetime, timedelta
@@ -50,12 +51,21 @@ from ..jobs.limit_spec import Limit, LimitInfo
 from ..jobs.pause_spec import Pause
 from ..jobs.payloads import NamedPayload, job_identity
 from ..jobs.unique import UniqueJobResult, UniqueSpec
+from ..jobs.workflow import Workflow
+from ..jobs.workflow_state import AddedWorkflow, WorkflowInfo
 from ..schema.channels import finished_channel
 from ..schema.cleanup_tasks import CleanupTask
 from ..schema.migrate import MigrationReport
+from . import workflow_plans
 from .job_waiting import Until, Waiting, check_wait
 from .sync_waiting import SyncWaitListener, wait_blocking
 from .utils_plans import UtilsPlans
+from .workflow_plans import (
+    WorkflowNotFound,
+    WorkflowWaitTimeout,
+    check_workflow_id,
+    check_workflow_wait,
+)
 
 __all__ = [
     "CleanupTask",
@@ -309,6 +319,73 @@ class SyncWorkerUtils:
             listener = self._listener
         waiting = Waiting(job_id, timeout, until)
         return wait_blocking(self.pool, self._plans, listener, waiting)
+
+    def add_workflow(self, workflow: Workflow) -> AddedWorkflow:
+        """Add a workflow whole (README, "Workflows"): its steps, their links,
+        and its root steps' jobs, in one transaction (the caller's with
+        ``connection=``); refused whole, with one line naming the step, for
+        anything :meth:`Workflow.check` or ``add_job`` would refuse."""
+        return self._run(workflow_plans.add_workflow(self.schema, workflow))
+
+    def get_workflow(self, workflow_id: int) -> WorkflowInfo | None:
+        """A workflow's state, counts and steps by ref (None: no such
+        workflow, or pruned)."""
+        return self._run(workflow_plans.get_workflow(self.schema, workflow_id))
+
+    def list_workflows(
+        self, *, state: str | None = None, limit: int = 100, before: int | None = None
+    ) -> list[WorkflowInfo]:
+        """Workflows newest first (of one ``state``; ids below ``before``),
+        without their steps."""
+        return self._run(workflow_plans.list_workflows(self.schema, state, limit, before))
+
+    def wait_for_workflow(
+        self,
+        workflow_id: int,
+        timeout: float | None = None,
+    ) -> WorkflowInfo:
+        """Wait until the workflow is final and return it (as
+        :meth:`get_workflow`); ``timeout`` (seconds) raises
+        :class:`WorkflowWaitTimeout`. Read again every 50 ms, growing to 1 s."""
+        check_workflow_wait(workflow_id, timeout)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        pause = 0.05
+        while True:
+            info = self.get_workflow(workflow_id)
+            if info is None:
+                raise WorkflowNotFound(workflow_id)
+            if info.finished:
+                return info
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise WorkflowWaitTimeout(workflow_id, timeout or 0.0, info)
+                pause = min(pause, left)
+            time.sleep(pause)
+            pause = min(pause * 2, 1.0)
+
+    def cancel_workflow(self, workflow_id: int, reason: str | None = None) -> str | None:
+        """Cancel a workflow: no step of it starts any more, its waiting
+        steps' jobs are cancelled, its running ones asked to stop (as
+        :meth:`cancel_job`). Its state after the call (None: no such workflow)."""
+        return self._run(workflow_plans.cancel_workflow(self.schema, workflow_id, reason))
+
+    def retry_workflow(self, workflow_id: int) -> int | None:
+        """Run a workflow's failed and cancelled steps again, and the steps
+        after them; the others keep their outcomes and results. How many
+        steps run again (None: no such workflow)."""
+        return self._run(workflow_plans.retry_workflow(self.schema, workflow_id))
+
+    def extend_workflow(
+        self, workflow_id: int, from_ref: str, workflow: Workflow, hold_dependents: bool = False
+    ) -> int:
+        """Add the steps of ``workflow`` to a workflow, after its running step
+        ``from_ref`` (what a step's ``helpers.add_steps`` does); how many."""
+        check_workflow_id(workflow_id)
+        plan = workflow_plans.extend_workflow(
+            self.schema, workflow_id, from_ref, workflow, hold_dependents
+        )
+        return self._run(plan)
 
     def complete_jobs(self, job_ids: Sequence[int]) -> list[Job]:
         """Mark jobs as done (delete them); locked jobs are skipped unless stale."""

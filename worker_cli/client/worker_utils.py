@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio  # async-only
 import logging  # async-only
 import threading
+import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
 from datetime import datetime, timedelta
@@ -50,14 +51,23 @@ from ..jobs.limit_spec import Limit, LimitInfo
 from ..jobs.pause_spec import Pause
 from ..jobs.payloads import NamedPayload, job_identity
 from ..jobs.unique import UniqueJobResult, UniqueSpec
+from ..jobs.workflow import Workflow
+from ..jobs.workflow_state import AddedWorkflow, WorkflowInfo
 from ..schema.channels import finished_channel
 from ..schema.cleanup_tasks import CleanupTask
 from ..schema.migrate import MigrationReport
+from . import workflow_plans
 
 # sync-only: from .sync_waiting import SyncWaitListener, wait_blocking
 from .async_waiting import AsyncWaitListener, wait_async  # async-only
 from .job_waiting import Until, Waiting, check_wait
 from .utils_plans import UtilsPlans
+from .workflow_plans import (
+    WorkflowNotFound,
+    WorkflowWaitTimeout,
+    check_workflow_id,
+    check_workflow_wait,
+)
 
 __all__ = [
     "CleanupTask",
@@ -315,6 +325,73 @@ class WorkerUtils:
             listener = self._listener
         waiting = Waiting(job_id, timeout, until)
         return await wait_async(self.pool, self._plans, listener, waiting)
+
+    async def add_workflow(self, workflow: Workflow) -> AddedWorkflow:
+        """Add a workflow whole (README, "Workflows"): its steps, their links,
+        and its root steps' jobs, in one transaction (the caller's with
+        ``connection=``); refused whole, with one line naming the step, for
+        anything :meth:`Workflow.check` or ``add_job`` would refuse."""
+        return await self._run(workflow_plans.add_workflow(self.schema, workflow))
+
+    async def get_workflow(self, workflow_id: int) -> WorkflowInfo | None:
+        """A workflow's state, counts and steps by ref (None: no such
+        workflow, or pruned)."""
+        return await self._run(workflow_plans.get_workflow(self.schema, workflow_id))
+
+    async def list_workflows(
+        self, *, state: str | None = None, limit: int = 100, before: int | None = None
+    ) -> list[WorkflowInfo]:
+        """Workflows newest first (of one ``state``; ids below ``before``),
+        without their steps."""
+        return await self._run(workflow_plans.list_workflows(self.schema, state, limit, before))
+
+    async def wait_for_workflow(
+        self,
+        workflow_id: int,
+        timeout: float | None = None,  # noqa: ASYNC109 (the sync twin's argument)
+    ) -> WorkflowInfo:
+        """Wait until the workflow is final and return it (as
+        :meth:`get_workflow`); ``timeout`` (seconds) raises
+        :class:`WorkflowWaitTimeout`. Read again every 50 ms, growing to 1 s."""
+        check_workflow_wait(workflow_id, timeout)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        pause = 0.05
+        while True:
+            info = await self.get_workflow(workflow_id)
+            if info is None:
+                raise WorkflowNotFound(workflow_id)
+            if info.finished:
+                return info
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise WorkflowWaitTimeout(workflow_id, timeout or 0.0, info)
+                pause = min(pause, left)
+            await asyncio.sleep(pause)  # sync: time.sleep(pause)
+            pause = min(pause * 2, 1.0)
+
+    async def cancel_workflow(self, workflow_id: int, reason: str | None = None) -> str | None:
+        """Cancel a workflow: no step of it starts any more, its waiting
+        steps' jobs are cancelled, its running ones asked to stop (as
+        :meth:`cancel_job`). Its state after the call (None: no such workflow)."""
+        return await self._run(workflow_plans.cancel_workflow(self.schema, workflow_id, reason))
+
+    async def retry_workflow(self, workflow_id: int) -> int | None:
+        """Run a workflow's failed and cancelled steps again, and the steps
+        after them; the others keep their outcomes and results. How many
+        steps run again (None: no such workflow)."""
+        return await self._run(workflow_plans.retry_workflow(self.schema, workflow_id))
+
+    async def extend_workflow(
+        self, workflow_id: int, from_ref: str, workflow: Workflow, hold_dependents: bool = False
+    ) -> int:
+        """Add the steps of ``workflow`` to a workflow, after its running step
+        ``from_ref`` (what a step's ``helpers.add_steps`` does); how many."""
+        check_workflow_id(workflow_id)
+        plan = workflow_plans.extend_workflow(
+            self.schema, workflow_id, from_ref, workflow, hold_dependents
+        )
+        return await self._run(plan)
 
     async def complete_jobs(self, job_ids: Sequence[int]) -> list[Job]:
         """Mark jobs as done (delete them); locked jobs are skipped unless stale."""

@@ -19,7 +19,17 @@ from typing import Any, Literal, TypeAlias, get_args
 from ..errors import JobSpecError
 from .job_spec import JobSpec, encode_payload
 
-__all__ = ["MAX_EDGES", "MAX_STEPS", "RunIf", "Step", "Workflow", "WorkflowError"]
+__all__ = [
+    "MAX_EDGES",
+    "MAX_STEPS",
+    "STEP_FLAG",
+    "RunIf",
+    "Step",
+    "Workflow",
+    "WorkflowError",
+    "batch",
+    "is_step",
+]
 
 #: When a step runs, from how its parents ended: all succeeded (the default),
 #: whatever they ended as, or at least one failed for good or was cancelled.
@@ -31,6 +41,14 @@ MAX_STEPS = 100_000
 MAX_EDGES = 1_000_000
 #: The longest ref (a step's name in its workflow).
 MAX_REF = 128
+#: The flag a step's job carries (added by ``py_workflow_start``): a worker
+#: tells a step's job by it, with no extra read.
+STEP_FLAG = "py:workflow"
+
+
+def is_step(flags: Mapping[str, bool] | None) -> bool:
+    """A job with these flags is a workflow step's."""
+    return flags is not None and STEP_FLAG in flags
 
 
 class WorkflowError(JobSpecError):
@@ -133,6 +151,20 @@ class Workflow:
             cycle = sorted(ref for ref, count in waiting.items() if count > 0)
             raise WorkflowError("after", f"steps wait for each other in a cycle: {cycle[:5]}")
 
+    def records(self) -> list[dict[str, Any]]:
+        """The steps as ``py_add_workflow`` reads them (checked first): each
+        one's ref, job (a ``job_spec`` record), run_if and parents."""
+        self.check()
+        return [
+            {
+                "ref": step.ref,
+                "spec": step.job.to_json_record(),
+                "run_if": step.run_if,
+                "after": list(step.after),
+            }
+            for step in self._steps.values()
+        ]
+
     def _unique_ref(self, task_identifier: str) -> str:
         base = task_identifier if isinstance(task_identifier, str) else "step"
         ref, n = base, 1
@@ -194,3 +226,59 @@ def _check_name(what: str, value: object) -> None:
         raise WorkflowError(what, f"must be a string, not {type(value).__name__}")
     if not 1 <= len(value) <= MAX_REF:
         raise WorkflowError(what, f"must be 1 to {MAX_REF} characters long")
+
+
+Callback = str | tuple[str, Any] | JobSpec
+
+
+def batch(
+    jobs: Iterable[Callback],
+    *,
+    on_success: Callback | None = None,
+    on_finish: Callback | None = None,
+    on_failure: Callback | None = None,
+    name: str | None = None,
+) -> Workflow:
+    """A batch: the jobs of ``jobs`` (each a task identifier, a ``(task,
+    payload)`` pair or a :class:`JobSpec`), then ``on_success`` once every one
+    has succeeded, ``on_finish`` once every one has ended whatever the
+    outcome, ``on_failure`` once every one has ended if at least one failed
+    for good or was cancelled. Each callback is a job as the others, and reads
+    the batch's outcomes through ``helpers.parents``. Add it with
+    ``add_workflow``; its refs are ``job-1``... and ``on_success``,
+    ``on_finish``, ``on_failure``."""
+    wf = Workflow(name)
+    members = [_add_callback(wf, f"job-{n}", job, ()) for n, job in enumerate(jobs, 1)]
+    if not members:
+        raise WorkflowError("jobs", "a batch needs at least one job")
+    for ref, callback, run_if in (
+        ("on_success", on_success, "succeeded"),
+        ("on_finish", on_finish, "finished"),
+        ("on_failure", on_failure, "failed"),
+    ):
+        if callback is not None:
+            _add_callback(wf, ref, callback, members, run_if)  # type: ignore[arg-type]
+    return wf
+
+
+def _add_callback(
+    wf: Workflow,
+    ref: str,
+    job: Callback,
+    after: Iterable[Step],
+    run_if: RunIf = "succeeded",
+) -> Step:
+    if isinstance(job, JobSpec):
+        options = {
+            name: getattr(job, name)
+            for name in JobSpec.__dataclass_fields__
+            if name not in ("identifier", "payload") and getattr(job, name) is not None
+        }
+        return wf.add(job.identifier, job.payload, after=after, run_if=run_if, ref=ref, **options)
+    if isinstance(job, tuple):
+        if len(job) != 2:
+            raise WorkflowError(
+                ref, "a job is a task identifier, a (task, payload) pair or a JobSpec"
+            )
+        return wf.add(job[0], job[1], after=after, run_if=run_if, ref=ref)
+    return wf.add(job, None, after=after, run_if=run_if, ref=ref)
