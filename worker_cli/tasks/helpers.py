@@ -18,6 +18,8 @@ from ..errors import JobCancelled, JobTimeout
 from ..jobs.job import Job
 from ..jobs.payloads import NamedPayload, job_identity
 from ..jobs.unique import UniqueJobResult, UniqueSpec
+from ..jobs.workflow import Workflow, WorkflowError, is_step
+from ..jobs.workflow_state import ParentOutcome, StepContext
 from .operation_limits import Holds, OperationLimit, refuse_on_loop
 
 __all__ = ["Helpers", "JobLogger"]
@@ -52,6 +54,9 @@ class Helpers:
     - ``run(awaitable)``: from a plain (threaded) task, run one of the above on
       the worker's event loop and return its result
     - ``limit(name, partition)``: a block within an operation limit
+    - ``workflow_id``, ``step_ref``, ``parents``: a workflow step's workflow,
+      its name in it, and its parents' outcomes; ``add_steps(workflow)``: add
+      steps to its workflow (dynamic fan-out)
     """
 
     #: A cancel request came (``mark_cancelled``), and the timeout (seconds)
@@ -71,8 +76,10 @@ class Helpers:
         utils: WorkerUtils,
         abort_signal: asyncio.Event,
         loop: asyncio.AbstractEventLoop | None = None,
+        step: StepContext | None = None,
     ) -> None:
         self.job = job
+        self._step = step
         self.worker_id = worker_id
         self.abort_signal = abort_signal
         self._utils = utils
@@ -133,6 +140,56 @@ class Helpers:
                 "attempt": job.attempts,
                 "max_attempts": job.max_attempts,
             },
+        )
+
+    @property
+    def workflow_id(self) -> int | None:
+        """The id of the workflow this job is a step of (None: not a step)."""
+        if self._step is None:
+            self._no_step_context()
+            return None
+        return self._step.workflow_id
+
+    @property
+    def step_ref(self) -> str | None:
+        """This step's name in its workflow (None: not a step)."""
+        if self._step is None:
+            self._no_step_context()
+            return None
+        return self._step.ref
+
+    @property
+    def parents(self) -> Mapping[str, ParentOutcome]:
+        """Each parent step's ref -> its outcome (``state``, ``result``,
+        ``error``), read with the job (empty: a root step, or not a step)."""
+        if self._step is None:
+            self._no_step_context()
+            return {}
+        return self._step.parents
+
+    def _no_step_context(self) -> None:
+        """Not a step; or a step whose context could not be read with its job
+        (the job fails, and is retried)."""
+        if is_step(self.job.flags):
+            raise RuntimeError(
+                f"job {self.job.id} is a workflow step, but its workflow could not be read "
+                "when it was fetched (see the worker's log); it is retried"
+            )
+
+    async def add_steps(self, workflow: Workflow, *, hold_dependents: bool = False) -> int:
+        """Add the steps of ``workflow`` to this step's workflow (dynamic
+        fan-out), in one statement: its steps with no parent in it wait for
+        this step (they start once it succeeds, as its children); with
+        ``hold_dependents``, this step's own children also wait for the new
+        steps (for those no new step waits for). Refs must be new to the
+        workflow. Returns how many were added; raises
+        :class:`~worker_cli.jobs.workflow.WorkflowError` naming what is wrong."""
+        step = self._step
+        if step is None:
+            self._no_step_context()
+            raise WorkflowError("add_steps", "this job is not a workflow step")
+        return await self._utils.extend_workflow(
+            step.workflow_id, step.ref, workflow, hold_dependents
         )
 
     def get_queue_name(self) -> str | None:

@@ -257,6 +257,7 @@ class WorkerPool:
             utils=utils,
             log_success=options.log_success,
             result_limit=options.max_result_bytes if options.history else None,
+            step_result_limit=options.max_result_bytes,
             timeout_grace=options.timeout_grace,
             on_stuck_exit=self._on_stuck_exit,
             admit=deadlines.admit,

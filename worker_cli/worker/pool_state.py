@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..jobs.workflow_state import StepContext
 from ..observe.events import Events
 from .pipeline.local_queue import LocalQueue
 from .supervision.stuck import StuckJobs
@@ -31,5 +32,8 @@ class PoolState:
     #: The own timeouts (seconds) of fetched jobs that have one, by job id:
     #: the fetcher puts them, a slot takes a job's when it starts it.
     timeouts: dict[int, float] = field(default_factory=dict)
+    #: What fetched workflow steps' tasks see (helpers.parents), by job id:
+    #: the fetcher puts them, a slot takes a job's when it starts it.
+    steps: dict[int, StepContext] = field(default_factory=dict)
     #: Running jobs that should have stopped (in the heartbeat, the metrics).
     stuck: StuckJobs = field(default_factory=StuckJobs)

@@ -28,6 +28,7 @@ from .lock_refresh import LockRefresh
 from .maintenance import Poller, Sweeper
 from .pause_watch import Pauses, PauseSettings, PauseWatch
 from .pruner import HistoryPruner
+from .workflow_repair import WorkflowRepair
 
 if TYPE_CHECKING:
     from ...tasks.crontab import ParsedCronItem
@@ -115,8 +116,22 @@ def background_loops(
         interval=options.stale_sweep_interval,
         on_released=pool.nudge,
     )
-    pruner = HistoryPruner(utils, schema=options.schema, interval=options.history_prune_interval)
-    loops = [listener.run(), poller.run(), sweeper.run(), pruner.run(), cancels.run(), *refresh]
+    pruner = HistoryPruner(
+        utils,
+        schema=options.schema,
+        interval=options.history_prune_interval,
+        keep_succeeded=options.keep_succeeded,
+    )
+    repair = WorkflowRepair(utils.pool, schema=options.schema)
+    loops = [
+        listener.run(),
+        poller.run(),
+        sweeper.run(),
+        pruner.run(),
+        cancels.run(),
+        repair.run(),
+        *refresh,
+    ]
     if pauses is not None:
         loops.append(pauses.run())
     if pool.cron_items:

@@ -21,6 +21,7 @@ import asyncio
 import logging
 import random
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 import psycopg
@@ -30,6 +31,7 @@ from ...client.worker_utils import WorkerUtils
 from ...sql import cancel as cancel_sql
 from ...sql import compose
 from ...sql import history as history_sql
+from ...sql import workflows as workflows_sql
 
 __all__ = ["BATCH", "MAX_BATCHES", "SCAN", "HistoryPruner"]
 
@@ -44,6 +46,9 @@ BATCH = 10_000
 SCAN = 10_000
 #: Batches one turn deletes at most.
 MAX_BATCHES = 20
+#: How long a failed or cancelled workflow is kept (succeeded ones: as the
+#: history's successes, ``keep_succeeded``).
+KEEP_UNSUCCESSFUL_WORKFLOWS = timedelta(days=7)
 #: First key of the pruning lock (the second is the schema's hash).
 _LOCK_NAMESPACE = 0x67775068  # "gwPh"
 
@@ -52,8 +57,17 @@ class HistoryPruner:
     """Deletes expired history rows every ``interval`` seconds (a random value
     in the range)."""
 
-    def __init__(self, utils: WorkerUtils, *, schema: str, interval: tuple[float, float]) -> None:
+    def __init__(
+        self,
+        utils: WorkerUtils,
+        *,
+        schema: str,
+        interval: tuple[float, float],
+        keep_succeeded: timedelta = timedelta(days=1),
+    ) -> None:
         self._utils = utils
+        self._keep_succeeded = keep_succeeded
+        self._prune_workflows = compose(workflows_sql.PRUNE_WORKFLOWS, schema)
         self._schema = schema
         self._statement = compose(history_sql.PRUNE_HISTORY, schema)
         self._finalize = compose(cancel_sql.RECORD_CANCELLED, schema)
@@ -67,6 +81,30 @@ class HistoryPruner:
             await self.prune()
             await self.prune_attempt_errors()
             await self.finalize_cancelled()
+            await self.prune_workflows()
+
+    async def prune_workflows(self) -> int | None:
+        """Delete finished workflows (with their steps and links): succeeded
+        ones after the history's ``keep_succeeded``, failed and cancelled ones
+        after :data:`KEEP_UNSUCCESSFUL_WORKFLOWS` (time to retry them). How
+        many (None: the database failed, which is logged)."""
+        total = 0
+        try:
+            for state, keep in (
+                ("succeeded", self._keep_succeeded),
+                ("failed", KEEP_UNSUCCESSFUL_WORKFLOWS),
+                ("cancelled", KEEP_UNSUCCESSFUL_WORKFLOWS),
+            ):
+                async with self._utils.pool.connection() as conn:
+                    cur = await conn.execute(
+                        self._prune_workflows, {"state": state, "keep": keep, "max_rows": 1000}
+                    )
+                    row = await cur.fetchone()
+                total += int(row[0]) if row else 0
+        except psycopg.Error as exc:
+            logger.warning("Pruning finished workflows failed: %s", exc)
+            return None
+        return total
 
     async def finalize_cancelled(self) -> int | None:
         """Record as cancelled the jobs with a cancel request that nobody holds

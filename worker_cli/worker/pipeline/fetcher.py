@@ -36,8 +36,11 @@ from ...db.backoff import DEFAULT, one_line
 from ...db.connections import WorkerConnections
 from ...db.raw_json import read_payloads_raw
 from ...jobs.job import Job
+from ...jobs.workflow import is_step
+from ...jobs.workflow_state import step_contexts
 from ...sql import compose
 from ...sql import fetch as fetch_sql
+from ...sql import workflows as workflows_sql
 from ..pool_state import PoolState
 from .limited_fetch import LimitedFetch
 from .local_queue import Rate, plan_fetch
@@ -121,6 +124,9 @@ class Fetcher:
         self._on_unreadable = on_unreadable
         #: The fetched jobs' own timeouts (seconds), by job id; the slots take them.
         self._timeouts = state.timeouts
+        #: The fetched steps' contexts, by job id; the slots take them.
+        self._steps = state.steps
+        self._step_contexts = compose(workflows_sql.STEP_CONTEXTS, settings.schema)
         #: Given each fetch's jobs, returns those to queue (the others are
         #: held back by a pause: see :mod:`..background.pause_watch`).
         self._hold_back = hold_back
@@ -298,12 +304,32 @@ class Fetcher:
         """Queue the jobs of a fetch's result; how many. With ``first`` (called
         with them before), ahead of every queued job."""
         jobs, unreadable = await read_jobs(cur, self._task_ids, self._timeouts)
+        steps = [job.id for job in jobs if job.flags is not None and is_step(job.flags)]
+        if steps:
+            await self._read_steps(conn, steps)
         if first is not None:
             first(jobs)
         if self._on_fetched is not None:
             await self._on_fetched(conn, jobs)
         self._enqueue(jobs, unreadable, first=first is not None)
         return len(jobs) + len(unreadable)
+
+    async def _read_steps(self, conn: psycopg.AsyncConnection[Any], job_ids: list[int]) -> None:
+        """Read what the fetched steps' tasks see (their workflows and
+        parents), in one statement. If it cannot be read, those jobs run
+        without it: ``helpers.parents`` fails them alone (they are retried)."""
+        try:
+            cur = await conn.execute(self._step_contexts, {"job_ids": job_ids})
+            rows = await cur.fetchall()
+        except psycopg.Error as exc:
+            logger.warning(
+                "Could not read the workflow steps of jobs %s: %s (their tasks fail if they "
+                "read helpers.parents)",
+                ", ".join(map(str, job_ids)),
+                one_line(exc),
+            )
+            return
+        self._steps.update(step_contexts(rows))
 
     def _enqueue(
         self, jobs: Sequence[Job], unreadable: Sequence[Unreadable], *, first: bool = False

@@ -34,6 +34,7 @@ from ...errors import JobCancelled, PayloadError
 from ...jobs.job import Job
 from ...jobs.job_state import encode_result
 from ...jobs.last_error import describe, storable, traceback_of
+from ...jobs.workflow import is_step
 from ...tasks.loader import Task
 from ...tasks.retry_policy import MAX_DELAY, Cancel, Discard, RetryPolicy, Snooze, TaskSignal
 
@@ -125,6 +126,7 @@ class Settler:
         *,
         result_limit: int | None,
         cancelling: Mapping[int, str | None],
+        step_result_limit: int | None = None,
     ) -> None:
         #: The tasks' retry policies, by identifier (only those that have one).
         self._policies = {
@@ -132,6 +134,9 @@ class Settler:
         }
         #: The largest result kept, in bytes (None: results are not kept).
         self._result_limit = result_limit
+        #: The same for a workflow step's job, whose result its children read
+        #: (kept with history off too).
+        self._step_result_limit = step_result_limit
         #: The pool's cancel requests: a job in it is cancelled, whatever it raised.
         self._cancelling = cancelling
 
@@ -149,9 +154,12 @@ class Settler:
                     error, failed_items = batch_failures(ran.job, returned)
                     if error is not None:
                         return self._failed(ran, error, failed_items)
-                if self._result_limit is not None:
+                limit = self._result_limit
+                if limit is None and is_step(ran.job.flags):
+                    limit = self._step_result_limit
+                if limit is not None:
                     # Never raises: a value it cannot encode is not kept.
-                    ran.result, ran.result_error = encode_result(returned, self._result_limit)
+                    ran.result, ran.result_error = encode_result(returned, limit)
                 return ran
             return self._failed(ran, ran.error, None)
         except BaseException as exc:  # a job's code, whatever it raised: the job fails

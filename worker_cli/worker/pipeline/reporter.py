@@ -17,6 +17,7 @@ import contextlib
 import logging
 from collections.abc import Collection
 
+from ...jobs.workflow import is_step
 from ...observe import log_output as logs
 from ...observe.events import Events
 from ..supervision.stuck import StuckJobs
@@ -62,7 +63,9 @@ class Reporter:
             self._report_failure(outcome)
             return
         if outcome.result is not None or outcome.result_error is not None:
-            self._completer.writer.keep_result(job.id, outcome.result, outcome.result_error)
+            self._completer.writer.keep_result(
+                job.id, outcome.result, outcome.result_error, step=is_step(job.flags)
+            )
         if outcome.timed_out is not None:  # it returned after its timeout
             self._completer.writer.record_timed_out(job.id)
         self._completer.succeeded(job, worker_id)

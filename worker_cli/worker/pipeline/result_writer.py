@@ -17,6 +17,15 @@ the batch is written in halves down to the refused job alone
 result; if that is refused too, or for a refused failure, the job is failed
 for good with a message saying why. Other errors (a lost connection, a
 failover) go back to the caller, which retries the whole batch.
+
+Workflow steps (jobs with the step flag, :func:`~worker_cli.jobs.workflow.is_step`):
+a batch holding some is written in one transaction with their steps'
+outcomes, and their workflows advance in it (their children's jobs added,
+or ended): successes record their steps first (``py_workflow_settle`` with
+their results), then the success statement; failures lock their workflows
+first, then the failure statements, then read their steps' outcomes from
+the rows those left (failed for good, cancelled, or retried: not final). A
+batch without steps is written as before, with no statement more.
 """
 
 from __future__ import annotations
@@ -31,11 +40,13 @@ from psycopg_pool import AsyncConnectionPool
 
 from ...jobs.job import Job
 from ...jobs.last_error import describe, storable
+from ...jobs.workflow import is_step
 from ...schema import channels
 from ...sql import cancel as cancel_sql
 from ...sql import completion as completion_sql
 from ...sql import compose
 from ...sql import failure as failure_sql
+from ...sql import workflows as workflows_sql
 from .outcome import Failure
 
 __all__ = ["HistorySettings", "ResultWriter", "refused"]
@@ -100,6 +111,9 @@ class ResultWriter:
         #: Where the waiters of finished jobs are told (wait_for_job).
         self._channel = channels.finished_channel(schema)
         self._request_cancels = compose(cancel_sql.REQUEST_CANCELS, schema)
+        self._settle_succeeded = compose(workflows_sql.SETTLE_SUCCEEDED, schema)
+        self._settle = compose(workflows_sql.SETTLE, schema)
+        self._lock_workflows = compose(workflows_sql.LOCK_WORKFLOWS, schema)
         #: Results of succeeded jobs waiting to be written: job id -> (JSON
         #: text, why it was not kept); only jobs that returned something.
         self._results: dict[int, tuple[str | None, str | None]] = {}
@@ -111,9 +125,12 @@ class ResultWriter:
         """History is on: results are worth encoding."""
         return self._history is not None
 
-    def keep_result(self, job_id: int, result: str | None, error: str | None) -> None:
-        """The result of a job that succeeded, to be written with its success."""
-        if self._history is not None and (result is not None or error is not None):
+    def keep_result(
+        self, job_id: int, result: str | None, error: str | None, *, step: bool = False
+    ) -> None:
+        """The result of a job that succeeded, to be written with its success
+        (with history on; a workflow step's, whose children read it, always)."""
+        if (self._history is not None or step) and (result is not None or error is not None):
             self._results[job_id] = (result, error)
 
     def record_timed_out(self, job_id: int) -> None:
@@ -205,7 +222,20 @@ class ResultWriter:
     async def _write(self, succeeded: Succeeded, failed: list[Failure]) -> None:
         async with self._db.connection() as conn:
             if succeeded:
-                await conn.execute(self._complete, self._complete_params(succeeded))
+                steps = [job.id for job, _ in succeeded if is_step(job.flags)]
+                if steps:
+                    results = self._results
+                    async with conn.transaction():
+                        await conn.execute(
+                            self._settle_succeeded,
+                            {
+                                "job_ids": steps,
+                                "results": [results.get(i, (None, None))[0] for i in steps],
+                            },
+                        )
+                        await conn.execute(self._complete, self._complete_params(succeeded))
+                else:
+                    await conn.execute(self._complete, self._complete_params(succeeded))
             if failed:
                 params = {
                     "job_ids": [f.job.id for f in failed],
@@ -221,9 +251,13 @@ class ResultWriter:
                     "channel": self._channel,
                 }
                 cancels = [f for f in failed if f.cancel]
+                steps = [f.job.id for f in failed if is_step(f.job.flags)]
                 # The failures, then those of jobs with a cancel request
-                # recorded as cancelled, in one transaction.
+                # recorded as cancelled, in one transaction (with their
+                # steps' outcomes, their workflows locked first).
                 async with conn.transaction():
+                    if steps:
+                        await conn.execute(self._lock_workflows, {"job_ids": steps})
                     if cancels:
                         # on_timeout="cancel": a cancel request first, so that
                         # the failure is recorded as cancelled.
@@ -247,17 +281,21 @@ class ResultWriter:
                             "pool_id": self._pool_id,
                         },
                     )
+                    if steps:
+                        await conn.execute(self._settle, {"job_ids": steps})
 
     async def give_back(self, job_ids: list[int]) -> None:
         """Give back jobs that were fetched but never started, their attempt
         restored; one with a cancel request is recorded as cancelled (never
-        run). One transaction."""
+        run). One transaction, in which a cancelled step's workflow advances."""
         async with self._db.connection() as conn, conn.transaction():
             params = {"job_ids": job_ids, "pool_id": self._pool_id}
+            await conn.execute(self._lock_workflows, {"job_ids": job_ids})
             await conn.execute(self._return, params)
             await conn.execute(
                 self._record_cancelled, {**params, "messages": None, "timed_out": []}
             )
+            await conn.execute(self._settle, {"job_ids": job_ids})
 
     def _complete_params(self, succeeded: Succeeded) -> dict[str, Any]:
         history = self._history

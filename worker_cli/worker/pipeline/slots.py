@@ -82,6 +82,7 @@ class Slots(SlotGroup):
         utils: WorkerUtils,
         log_success: bool,
         result_limit: int | None = None,
+        step_result_limit: int | None = None,
         timeout_grace: float = 30.0,
         on_stuck_exit: Callable[[Job], None] = lambda job: None,
         admit: Callable[[Job], bool] = lambda job: True,
@@ -104,11 +105,18 @@ class Slots(SlotGroup):
         )
         self._report = self._reporter.report
         #: Everything done on a job's behalf after its task call (outcome.py).
-        self._settler = Settler(tasks, result_limit=result_limit, cancelling=self.cancelling)
+        self._settler = Settler(
+            tasks,
+            result_limit=result_limit,
+            step_result_limit=step_result_limit,
+            cancelling=self.cancelling,
+        )
         self._loop = asyncio.get_running_loop()
         #: The fetched jobs' own timeouts (seconds) by job id, taken at their start, and
         #: the tasks' (those that have one). While both are empty a job costs one test.
         self._timeouts = state.timeouts
+        #: The fetched workflow steps' contexts (helpers.parents), by job id.
+        self._steps = state.steps
         self._task_timeouts = task_timeouts(tasks)
         self._deadlines = Deadlines(
             self._loop,
@@ -134,6 +142,7 @@ class Slots(SlotGroup):
             settler=self._settler,
             cancelling=self.cancelling,
             timeouts=self._timeouts,
+            steps=self._steps,
             task_timeouts=self._task_timeouts,
             admit=admit,
         )
@@ -233,6 +242,7 @@ class Slots(SlotGroup):
             utils=self._utils,
             abort_signal=self.abort,
             loop=self._loop,
+            step=self._steps.pop(job.id, None) if self._steps else None,
         )
         slot.job = job
         slot.helpers = helpers

@@ -45,6 +45,7 @@ from ...client.worker_utils import WorkerUtils
 from ...errors import JobCancelled, JobTimeout
 from ...jobs.inside_worker import TASK_THREAD_PREFIX
 from ...jobs.job import Job
+from ...jobs.workflow_state import StepContext
 from ...tasks.helpers import Helpers
 from ...tasks.loader import Task
 from .local_queue import LocalQueue, Refill
@@ -157,6 +158,8 @@ class ThreadSettings:
     cancelling: Mapping[int, str | None] = field(default_factory=dict)
     #: The fetched jobs' own timeouts (seconds), by job id; taken at their start.
     timeouts: dict[int, float] = field(default_factory=dict)
+    #: The fetched workflow steps' contexts (helpers.parents), by job id.
+    steps: dict[int, StepContext] = field(default_factory=dict)
     #: The timeouts of the tasks that declare one, by identifier.
     task_timeouts: Mapping[str, float] = field(default_factory=dict)
     #: Whether a taken job may start now (see :mod:`..supervision.start_deadlines`).
@@ -298,6 +301,7 @@ class TaskThread:
             utils=settings.utils,
             abort_signal=settings.abort,
             loop=settings.loop,
+            step=settings.steps.pop(job.id, None) if settings.steps else None,
         )
         with self._lock:
             self._helpers = helpers
