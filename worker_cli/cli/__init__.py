@@ -16,6 +16,7 @@ from .commands import command, main
 from .job_commands import add_job, job
 from .limit_commands import limit, limits
 from .pause_commands import pause, pauses, resume
+from .workflow_commands import workflow, workflows
 
 command.add_command(add_job)
 command.add_command(job)
@@ -31,5 +32,7 @@ command.add_command(reschedule)
 command.add_command(fail)
 command.add_command(remove)
 command.add_command(migrate)
+command.add_command(workflow)
+command.add_command(workflows)
 
 __all__ = ["command", "main"]
