@@ -14,8 +14,9 @@ from node_worker import NodeWorker
 from pg_server import PgServer
 from workers import until
 
-from worker_cli import JobSpec, make_worker_utils
+from worker_cli import Helpers, JobSpec, Workflow, make_worker_utils, run_once
 from worker_cli.schema.migrate import MigrationFiles, migrate
+from worker_cli.worker.background.workflow_repair import WorkflowRepair
 
 pytestmark = [pytest.mark.db, pytest.mark.node]
 
@@ -201,3 +202,39 @@ async def test_the_states_of_jobs_node_runs_and_a_cancel_node_cannot_stop(
         record = await utils.get_job_result(slow.id)
         assert (record.state, record.cancel_reason) == ("cancelled", "stop")
         assert "node failed it" in (record.last_error or "")
+
+
+async def test_a_workflow_advances_through_node_steps(
+    db: str, node: NodeWorker, node_tasks: Path
+) -> None:
+    """A step whose task only Node has: Node runs its job (deleting the row on
+    success, failing it for good on error) and the repair sweep records the
+    outcome; the step after it then runs on a Python worker."""
+    create_ran_table(db)
+    wf = Workflow("mixed")
+    node_step = wf.add("a", {"from": "python"}, ref="node_step")
+    python_step = wf.add("py_task", after=[node_step], ref="python_step")
+    wf.add("b", after=[python_step], ref="node_again")
+    seen: list[dict[str, object]] = []
+
+    async def py_task(payload: object, helpers: Helpers) -> str:
+        seen.append({ref: (p.state, p.result) for ref, p in helpers.parents.items()})
+        return "from python"
+
+    async with make_worker_utils(connection_string=db) as utils:
+        added = await utils.add_workflow(wf)
+        result = node.run("-c", db, "--once", cwd=node_tasks)
+        assert result.returncode == 0, result.stderr
+        assert ran(db) == [{"task": "a", "payload": {"from": "python"}}]
+        info = await utils.get_workflow(added.id)
+        assert info is not None and info.steps["node_step"].state == "unknown"
+        # A Python worker's repair sweep records it: succeeded, with no result.
+        assert await WorkflowRepair(utils.pool, schema="graphile_worker").sweep() == 1
+        assert await run_once(db, task_list={"py_task": py_task}, no_handle_signals=True) == 0
+        assert seen == [{"node_step": ("succeeded", None)}]
+        result = node.run("-c", db, "--once", cwd=node_tasks)
+        assert result.returncode == 0, result.stderr
+        assert await WorkflowRepair(utils.pool, schema="graphile_worker").sweep() == 1
+        info = await utils.get_workflow(added.id)
+        assert info is not None and info.state == "succeeded"
+        assert info.steps["python_step"].result == "from python"
