@@ -28,12 +28,15 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support.ui import Select
 
+from worker_cli import Helpers, WorkerUtils, Workflow, make_sync_worker_utils, run_once
 from worker_cli.dashboard import create_app
 
 pytestmark = [pytest.mark.db, pytest.mark.slow]
 
 HTML_PAYLOAD = '{"html": "<script>window.pwned = 1</script><b id=\\"bold\\">bold</b>"}'
 HTML_ERROR = '<img src=x id=evil onerror="window.pwned = 2"> went wrong'
+STEPS = "graphile_worker._private_py_workflow_steps"
+WORKFLOWS = "graphile_worker._private_py_workflows"
 
 
 @pytest.fixture(scope="module")
@@ -773,3 +776,147 @@ def test_read_only_shows_the_limits_without_the_form(db: str, browser: WebDriver
         assert "0 / 4 running" in row.text
         assert browser.find_elements(By.ID, "limit-form") == []
         assert browser.find_elements(By.CSS_SELECTOR, "#limits-table button") == []
+
+
+def nightly_import() -> Workflow:
+    """A workflow of twelve steps over six depths."""
+    wf = Workflow("nightly import")
+    fetch = wf.add("fetch_feed", ref="fetch")
+    parsed = [wf.add("parse", {"part": p}, ref=f"parse-{p}", after=[fetch]) for p in PARTS]
+    images = wf.add("resize_images", ref="resize-images", after=[parsed[2]], max_attempts=1)
+    validate = wf.add("validate", after=parsed)
+    wf.add("cleanup", ref="cleanup-orders", after=[parsed[0]], run_if="failed")
+    load = wf.add("load", ref="load-warehouse", after=[validate])
+    cdn = wf.add("purge_cdn", ref="purge-cdn", after=[images])
+    wf.add("alert", ref="alert-oncall", after=[images], run_if="failed")
+    search = wf.add("reindex", ref="rebuild-search-index-for-every-shop", after=[load])
+    wf.add("report", after=[search, cdn], run_if="finished")
+    return wf
+
+
+PARTS = ("orders", "customers", "products")
+
+#: The links of the graph that pass through a box other than their parent's
+#: and child's: (parent, child, box), each point of each link checked.
+LINKS_THROUGH_BOXES = """
+const boxes = Array.from(document.querySelectorAll('#workflow-graph g.graph-node'))
+  .map(g => [g.dataset.ref, g.querySelector('rect').getBBox()]);
+const found = new Set();
+for (const link of document.querySelectorAll('#workflow-graph path.graph-edge')) {
+  const length = link.getTotalLength();
+  for (let at = 0; at <= length; at += 2) {
+    const p = link.getPointAtLength(at);
+    for (const [ref, b] of boxes) {
+      if (ref !== link.dataset.parent && ref !== link.dataset.child
+          && p.x > b.x && p.x < b.x + b.width && p.y > b.y && p.y < b.y + b.height) {
+        found.add([link.dataset.parent, link.dataset.child, ref].join(' '));
+      }
+    }
+  }
+}
+return Array.from(found);
+"""
+
+
+async def test_a_workflow_drawn_as_a_graph(
+    db: str, utils: WorkerUtils, browser: WebDriver, tmp_path: Path
+) -> None:
+    """The Workflows page links to a workflow's page, whose graph is drawn
+    by depth, each box coloured by its state and big enough for its label,
+    none over another, a box with a job linking to it; no script, and a
+    screenshot (docs/images/dashboard-workflow.png is one)."""
+    added = await utils.add_workflow(nightly_import())
+
+    async def ok(payload: Any, helpers: Helpers) -> None:
+        pass
+
+    async def broken(payload: Any, helpers: Helpers) -> None:
+        raise OSError("image service unreachable")
+
+    tasks = {"fetch_feed": ok, "parse": ok, "resize_images": broken}
+    assert await run_once(db, task_list=tasks, no_handle_signals=True) == 0
+    alert = value(db, f"select job_id from {STEPS} where ref = 'alert-oncall'")
+    update_job(db, alert, "locked_at = now(), locked_by = 'pool-1', attempts = 1")
+    browser.set_window_size(1280, 1250)
+    try:
+        with serve_app(create_app(db, refresh=0)) as url:
+            browser.get(url + "/")
+            click(browser, "#nav-workflows")
+            click(browser, f"#workflows-table a[href='/workflows/{added.id}']")
+            graph = wait_for(browser, "#workflow-graph")
+            states = {
+                node.get_attribute("data-ref"): node.get_attribute("data-state")
+                for node in graph.find_elements(By.CSS_SELECTOR, "g.graph-node")
+            }
+            assert states == {
+                "fetch": "succeeded",
+                "parse-orders": "succeeded",
+                "parse-customers": "succeeded",
+                "parse-products": "succeeded",
+                "resize-images": "failed",
+                "validate": "waiting",
+                "cleanup-orders": "skipped",
+                "load-warehouse": "blocked",
+                "purge-cdn": "cancelled",
+                "alert-oncall": "running",
+                "rebuild-search-index-for-every-shop": "blocked",
+                "report": "blocked",
+            }
+            boxes = browser.execute_script(
+                "return Array.from(document.querySelectorAll('#workflow-graph g.graph-node'))"
+                ".map(g => { const r = g.querySelector('rect').getBBox();"
+                " const t = g.querySelector('text.graph-ref');"
+                " return [g.dataset.ref, r.x, r.y, r.width, r.height,"
+                " t.getComputedTextLength(), getComputedStyle(g.querySelector('rect')).fill]; })"
+            )
+            for ref, x, y, width, height, text, _ in boxes:
+                assert text <= width - 8, (ref, text, width)  # the label fits its box
+                for other, x2, y2, *_ in boxes:
+                    if other != ref:  # no box over another
+                        assert abs(x - x2) >= width or abs(y - y2) >= height, (ref, other)
+            fills = {ref: fill for ref, *_, fill in boxes}
+            assert fills["resize-images"] == "rgb(254, 226, 226)"  # the failed badge's
+            assert fills["fetch"] == "rgb(220, 252, 231)"  # the succeeded badge's
+            depth = {ref: y for ref, _, y, *_ in boxes}
+            assert depth["fetch"] < depth["parse-orders"] == depth["parse-products"]
+            assert depth["parse-products"] < depth["validate"] < depth["load-warehouse"]
+            assert depth["load-warehouse"] < depth["rebuild-search-index-for-every-shop"]
+            assert depth["rebuild-search-index-for-every-shop"] < depth["report"]
+            assert len(browser.find_elements(By.CSS_SELECTOR, "#workflow-graph .graph-edge")) == 14
+            # No link runs through a box but its own two (purge-cdn's to report
+            # goes round rebuild-search's box, between them).
+            assert browser.execute_script(LINKS_THROUGH_BOXES) == []
+            assert console_errors(browser) == []
+            shot = tmp_path / "dashboard-workflow.png"
+            browser.save_screenshot(str(shot))
+            assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+            click(browser, "g.graph-node[data-ref='alert-oncall'] a")
+            assert browser.current_url == f"{url}/jobs/{alert}"
+            assert wait_for(browser, "#job-state").text == "running"
+    finally:
+        browser.set_window_size(1400, 1000)
+
+
+def test_a_refresh_keeps_a_tall_graph_scrolled(db: str, browser: WebDriver) -> None:
+    """A graph taller than its box scrolls inside it, and the page's refresh
+    (every 0.3 s here) leaves it where it was scrolled to."""
+    wf = Workflow("wide")
+    root = wf.add("split")
+    for n in range(200):
+        wf.add("part", ref=f"part-{n}", after=[root])
+    with make_sync_worker_utils(connection_string=db) as sync_utils:
+        added = sync_utils.add_workflow(wf)
+
+    def script(code: str) -> Any:
+        return browser.execute_script(code)  # type: ignore[no-untyped-call]
+
+    with serve_app(create_app(db, refresh=0.3)) as url:
+        browser.get(f"{url}/workflows/{added.id}")
+        wait_for(browser, "#workflow-graph")
+        box = "document.getElementById('graph-scroll')"
+        assert script(f"return {box}.scrollHeight > {box}.clientHeight + 400")
+        script(f"{box}.scrollTop = 400")
+        rows(db, f"update {WORKFLOWS} set name = 'renamed' where id = %s", (added.id,))
+        wait_for_text(browser, "#workflow-name", "renamed")  # refreshed
+        assert script(f"return {box}.scrollTop") == 400
+        assert console_errors(browser) == []

@@ -13,6 +13,7 @@ from dbhelpers import list_history_for_expiry, rows, value
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 
+from worker_cli import Workflow, make_sync_worker_utils
 from worker_cli.dashboard import create_app
 
 pytestmark = [pytest.mark.db, pytest.mark.slow]
@@ -84,6 +85,17 @@ def fill(db: str) -> int:
     return failed
 
 
+def add_workflow(db: str) -> int:
+    """A workflow with a long name, long refs and eight steps at one depth
+    (a graph wider than the screen); its id."""
+    wf = Workflow("nightly " + "import_of_every_shop_" * 4)
+    root = wf.add("fetch_feed", ref="fetch-" + "x" * 100)
+    for n in range(8):
+        wf.add("parse", {"n": n}, ref=f"parse-part-{n}-" + "y" * 60, after=[root])
+    with make_sync_worker_utils(connection_string=db) as utils:
+        return utils.add_workflow(wf).id
+
+
 def overflow(phone: WebDriver) -> dict[str, int]:
     """The page's width, the viewport's, and the right edge of the navigation."""
     result: dict[str, int] = phone.execute_script(  # type: ignore[no-untyped-call]
@@ -97,6 +109,7 @@ def overflow(phone: WebDriver) -> dict[str, int]:
 
 def test_no_page_scrolls_sideways_on_a_phone(db: str, phone: WebDriver) -> None:
     failed = fill(db)
+    workflow = add_workflow(db)
     pages = [
         "/",
         "/jobs",
@@ -106,6 +119,9 @@ def test_no_page_scrolls_sideways_on_a_phone(db: str, phone: WebDriver) -> None:
         f"/jobs/{failed}/reschedule",
         "/pools",
         "/crontab",
+        "/workflows",
+        f"/workflows/{workflow}",
+        f"/workflows/{workflow}/cancel",
         "/nosuch",
     ]
     with serve_app(create_app(db, refresh=0)) as url:

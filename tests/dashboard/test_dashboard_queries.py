@@ -1,7 +1,9 @@
 """Every dashboard statement stays bounded on a large queue: EXPLAINed on
-200,000 jobs (and 20,000 named queues, 200,000 finished jobs in the history),
-none scans ``_private_jobs`` or the history sequentially, and each reads the
-index its comment in ``worker_cli/sql/dashboard.py`` names."""
+200,000 jobs (and 20,000 named queues, 200,000 finished jobs in the history,
+200,000 workflows, one of 10,000 steps), none scans ``_private_jobs``, the
+history or the workflows' tables sequentially, and each reads the index its
+comment in ``worker_cli/sql/dashboard.py`` (or
+``worker_cli/sql/dashboard_workflows.py``) names."""
 
 from __future__ import annotations
 
@@ -15,9 +17,11 @@ import pytest
 from psycopg.types.json import Jsonb
 
 from worker_cli.dashboard import filters as queries
+from worker_cli.dashboard import workflow_graph
 from worker_cli.dashboard.job_counts import sample_percent
 from worker_cli.sql import compose
 from worker_cli.sql import dashboard as dashboard_sql
+from worker_cli.sql import dashboard_workflows as workflows_sql
 from worker_cli.sql import limits as limits_sql
 from worker_cli.sql import status as status_sql
 
@@ -30,6 +34,16 @@ LIMITS, PARTITIONS = 300, 3_000
 #: The tables no statement may scan sequentially: they may hold millions of
 #: rows (named queues, tens of thousands).
 LARGE = ("_private_jobs", "_private_py_job_history", "_private_job_queues")
+#: Workflows; the steps of the newest (running), and of each of the
+#: SMALL_WORKFLOWS before it.
+WORKFLOWS, BIG_STEPS, SMALL_WORKFLOWS, SMALL_STEPS = 200_000, 10_000, 40_000, 5
+#: The workflows' tables (and the jobs, for their steps' live state).
+WORKFLOW_TABLES = (
+    "_private_py_workflows",
+    "_private_py_workflow_steps",
+    "_private_py_workflow_edges",
+    "_private_jobs",
+)
 
 
 @pytest.fixture(scope="module")
@@ -137,8 +151,80 @@ def big_queue(pg: Any, migrated_template: str) -> Iterator[str]:
                 "from generate_series(1, %s) as n",
                 (PARTITIONS,),
             )
+            add_workflows(conn)
             conn.execute("analyze")
         yield url
+
+
+def add_workflows(conn: psycopg.Connection[Any]) -> None:
+    """WORKFLOWS workflows: every 10th failed, every 7th cancelled, the newest
+    2,000 running, the others succeeded, finished over the last two days;
+    the SMALL_WORKFLOWS before the newest SMALL_STEPS steps each (a chain), then the
+    newest, BIG_STEPS steps (a binary tree: step n waits for step n / 2; its
+    first 1,000 queued with a job each)."""
+    conn.execute(
+        """
+        insert into graphile_worker._private_py_workflows (
+          name, state, steps, steps_left, succeeded, failed, cancelled, created_at, finished_at)
+        select 'wf ' || n, s.state, 5, case when s.state = 'running' then 5 else 0 end,
+          case when s.state = 'succeeded' then 5 else 0 end,
+          case when s.state = 'failed' then 1 else 0 end,
+          case when s.state = 'cancelled' then 1 else 0 end,
+          now() - (%(n)s - n) * interval '3 seconds',
+          case when s.state <> 'running' then now() - (%(n)s - n) * interval '3 seconds' end
+        from generate_series(1, %(n)s) as n
+        cross join lateral (
+          select case when n > %(n)s - 2000 then 'running' when n %% 10 = 0 then 'failed'
+            when n %% 7 = 0 then 'cancelled' else 'succeeded' end as state
+        ) as s
+        order by n
+        """,
+        {"n": WORKFLOWS},
+    )
+    conn.execute(
+        """
+        update graphile_worker._private_py_workflows set steps = %(big)s, steps_left = %(big)s
+        where id = %(n)s
+        """,
+        {"big": BIG_STEPS, "n": WORKFLOWS},
+    )
+    conn.execute(
+        """
+        insert into graphile_worker._private_py_workflow_steps (
+          workflow_id, ref, position, task_identifier, spec, run_if, state, parents)
+        select w, 'step-' || p, p, 'task_1', '{}', 'succeeded', 'succeeded',
+          case when p > 1 then 1 else 0 end
+        from generate_series(%(n)s - %(small)s, %(n)s - 1) as w
+        cross join generate_series(1, %(steps)s) as p
+        """,
+        {"n": WORKFLOWS, "small": SMALL_WORKFLOWS, "steps": SMALL_STEPS},
+    )
+    conn.execute(
+        """
+        insert into graphile_worker._private_py_workflow_steps (
+          workflow_id, ref, position, task_identifier, spec, run_if, state, parents, job_id)
+        select %(n)s, 'step-' || p, p, 'task_1', '{}', 'succeeded',
+          case when p <= 1000 then 'queued' else 'blocked' end,
+          case when p > 1 then 1 else 0 end, case when p <= 1000 then p end
+        from generate_series(1, %(big)s) as p
+        """,
+        {"n": WORKFLOWS, "big": BIG_STEPS},
+    )
+    # The links: step n waits for step n / 2 in the big one, for step n - 1
+    # in the others.
+    conn.execute(
+        """
+        insert into graphile_worker._private_py_workflow_edges (parent_id, child_id)
+        select p.id, c.id
+        from graphile_worker._private_py_workflow_steps as c
+        join graphile_worker._private_py_workflow_steps as p
+          on p.workflow_id = c.workflow_id
+          and p.position = case when c.workflow_id = %(n)s then c.position / 2
+            else c.position - 1 end
+        where c.position > 1
+        """,
+        {"n": WORKFLOWS},
+    )
 
 
 def plan_nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
@@ -492,3 +578,126 @@ def test_the_stranded_statement_counts_at_most_its_cap_per_priority(big_queue: s
         if node.get("Relation Name") == "_private_jobs":
             assert node.get("Index Name") == "_private_py_jobs_task_order", node
             assert node["Actual Rows"] <= 101 * node["Actual Loops"], node
+
+
+STEPS_INDEX = "_private_py_workflow_steps_position"
+#: The ids of the steps the big workflow's graph draws (its first by position,
+#: added after the others' steps).
+DRAWN = list(
+    range(
+        SMALL_WORKFLOWS * SMALL_STEPS + 1,
+        SMALL_WORKFLOWS * SMALL_STEPS + workflow_graph.GRAPH_STEPS + 1,
+    )
+)
+
+#: The Workflows pages' statements, and the indexes each reads.
+WORKFLOW_CASES: list[tuple[str, LiteralString, dict[str, Any], set[str]]] = [
+    (
+        "workflows, no filter",
+        workflows_sql.WORKFLOWS_PAGE,
+        {"before": 2**63 - 1, "window": queries.WINDOW, "limit": 51, "state": None, "cut": 2000},
+        {"_private_py_workflows_pkey"},
+    ),
+    (
+        "workflows, failed, from a cursor",
+        workflows_sql.WORKFLOWS_PAGE,
+        {"before": 150_000, "window": queries.WINDOW, "limit": 51, "state": "failed", "cut": 2000},
+        {"_private_py_workflows_pkey"},
+    ),
+    (
+        "running workflows",
+        workflows_sql.RUNNING_WORKFLOWS_PAGE,
+        {"before": WORKFLOWS - 1_000, "limit": 51, "cut": 2000},
+        {"_private_py_workflows_running"},
+    ),
+    (
+        "a workflow",
+        workflows_sql.WORKFLOW,
+        {"id": WORKFLOWS, "cut": 2000},
+        {"_private_py_workflows_pkey"},
+    ),
+    (
+        "the steps drawn",
+        workflows_sql.WORKFLOW_STEPS_PAGE,
+        {"workflow_id": WORKFLOWS, "after": 0, "limit": workflow_graph.GRAPH_STEPS},
+        {STEPS_INDEX, "jobs_pkey1"},
+    ),
+    (
+        "a page of steps",
+        workflows_sql.WORKFLOW_STEPS_PAGE,
+        {"workflow_id": WORKFLOWS, "after": 5_000, "limit": 101},
+        {STEPS_INDEX},
+    ),
+    (
+        "the links among the steps drawn",
+        workflows_sql.WORKFLOW_EDGES,
+        {"ids": DRAWN, "limit": workflow_graph.EDGES_READ},
+        {"_private_py_workflow_edges_child"},
+    ),
+]
+
+
+@pytest.mark.parametrize("costs", COSTS.values(), ids=COSTS.keys())
+@pytest.mark.parametrize(
+    ("statement", "params", "indexes"),
+    [case[1:] for case in WORKFLOW_CASES],
+    ids=[case[0] for case in WORKFLOW_CASES],
+)
+def test_the_workflow_statements_read_their_indexes(
+    big_queue: str,
+    statement: LiteralString,
+    params: dict[str, Any],
+    indexes: set[str],
+    costs: dict[str, float],
+) -> None:
+    nodes = explain(big_queue, statement, costs, **params)
+    for table in WORKFLOW_TABLES:
+        assert not [s for s in scans(nodes, table) if s.startswith("Seq Scan")], table
+    used = {node["Index Name"] for node in nodes if "Index Name" in node}  # bitmap scans too
+    assert indexes <= used, used
+
+
+def analyzed(url: str, statement: LiteralString, **params: Any) -> list[dict[str, Any]]:
+    with psycopg.connect(url) as conn:
+        query = psycopg.sql.SQL("explain (analyze, format json) ") + compose(
+            statement, "graphile_worker"
+        )
+        [(result,)] = conn.execute(query, params).fetchall()
+    return list(plan_nodes(result[0]["Plan"]))
+
+
+def rows_read(nodes: list[dict[str, Any]], relation: str) -> int:
+    """The rows the scans of ``relation`` read, kept or filtered out."""
+    return sum(
+        (node["Actual Rows"] + node.get("Rows Removed by Filter", 0)) * node["Actual Loops"]
+        for node in nodes
+        if node.get("Relation Name") == relation
+    )
+
+
+def test_a_workflow_page_reads_only_that_workflows_steps(big_queue: str) -> None:
+    """The big workflow's steps (of 210,000 in the table): at most its own
+    BIG_STEPS are read, and only the page's steps' jobs; of its links, at
+    most the limit."""
+    steps = analyzed(
+        big_queue,
+        workflows_sql.WORKFLOW_STEPS_PAGE,
+        workflow_id=WORKFLOWS,
+        after=0,
+        limit=workflow_graph.GRAPH_STEPS,
+    )
+    assert 0 < rows_read(steps, "_private_py_workflow_steps") <= BIG_STEPS
+    assert rows_read(steps, "_private_jobs") <= workflow_graph.GRAPH_STEPS
+    links = analyzed(big_queue, workflows_sql.WORKFLOW_EDGES, ids=DRAWN, limit=300)
+    # (Actual Rows is a mean per loop, rounded: the root's loop found none.)
+    assert 0 < rows_read(links, "_private_py_workflow_edges") <= 300 + 10
+    page = analyzed(
+        big_queue,
+        workflows_sql.WORKFLOWS_PAGE,
+        before=2**63 - 1,
+        window=1_000,
+        limit=51,
+        state="no such state",
+        cut=2000,
+    )
+    assert rows_read(page, "_private_py_workflows") <= 1_000

@@ -12,6 +12,9 @@ Starlette, uvicorn and Jinja2. Nothing else in the package imports it.
 - :mod:`.page_data`, :mod:`.filters`, :mod:`.job_counts`: what it reads, every
   statement bounded and index-backed, counts exact or sampled;
 - :mod:`.finished`: the Finished view's filter, cursor and page (the history);
+- :mod:`.workflow_pages`, :mod:`.workflow_graph`, :mod:`.workflow_actions`:
+  the Workflows pages (a workflow's steps drawn as an SVG graph), cancel and
+  retry;
 - :mod:`.inputs`: values from URLs and forms, checked before the database;
 - :mod:`.security`: authentication, CSRF, security headers, loopback-only;
 - :mod:`.serve`: the standalone server behind the command;

@@ -35,7 +35,17 @@ from ..db.connections import worker_conninfo
 from ..db.timestamps import read_timestamps_leniently
 from ..sql import pauses as pauses_sql
 from ..sql import sessions as sessions_sql
-from . import actions, bulk_actions, crontab_page, limit_actions, pages, pause_actions, throughput
+from . import (
+    actions,
+    bulk_actions,
+    crontab_page,
+    limit_actions,
+    pages,
+    pause_actions,
+    throughput,
+    workflow_actions,
+    workflow_pages,
+)
 from .error_chain import error_chain
 from .formatting import FILTERS
 from .inputs import BIGINT, BadInput, parse_job_id, shown
@@ -103,6 +113,8 @@ class Dashboard:
                 *bulk_actions.routes(self),
                 *pause_actions.routes(self),
                 *limit_actions.routes(self),
+                *workflow_pages.routes(self),
+                *workflow_actions.routes(self),
                 Mount("/static", app=StaticFiles(directory=PACKAGE / "static"), name="static"),
             ],
             exception_handlers={

@@ -55,6 +55,17 @@ DONE = {
     "resume": "Resumed {target}: its jobs run again.",
     "limit": "Limited {target}: {detail}. Every Python worker keeps to it from its next fetch.",
     "unlimit": "Removed the limit of {target}: its jobs start without it.",
+    "workflow-cancel": (
+        "Workflow {workflow} was cancelled: none of its steps will run any more. It ended {state}."
+    ),
+    "workflow-cancel-running": (
+        "Workflow {workflow} was cancelled: none of its steps will start any more, and "
+        "its workers were asked to stop its running steps. It ends when they stop."
+    ),
+    "workflow-retry": (
+        "Workflow {workflow} runs again: {detail} (its failed and cancelled steps, and "
+        "the steps after them) start as their parents end."
+    ),
 }
 
 #: Why an action was refused: nothing was changed.
@@ -76,10 +87,17 @@ REFUSED = {
     "not-limited": "{target} had no limit (removed already?): nothing was changed.",
     "bad-input": "{error}. Nothing was changed.",
     "bulk-none": "No job matches ({detail}): nothing was changed.",
+    "workflow-gone": (
+        "Workflow {workflow} no longer exists (finished and pruned?): nothing was changed."
+    ),
+    "workflow-finished": "Workflow {workflow} had already finished ({state}): nothing was changed.",
+    "workflow-nothing": (
+        "Workflow {workflow} has no failed or cancelled step to run again: nothing was changed."
+    ),
 }
 
 #: The values a notice is filled with (each shortened to Flash.MAX_VALUE).
-VALUES = ("job", "pool", "state", "what", "name", "error", "detail")
+VALUES = ("job", "pool", "state", "what", "name", "error", "detail", "workflow")
 
 
 @dataclass(frozen=True)
@@ -105,11 +123,12 @@ def notice_of(
     name: str = "",
     error: str = "",
     detail: str = "",
+    workflow: str = "",
 ) -> Notice | None:
     """The notice ``kind`` names, filled in; None for a kind there is none of.
     ``what`` and ``name``: a pause's or a limit's kind (``queue``, ``task``)
     and name; ``error``: the line saying which field was refused;
-    ``detail``: what a limit allows."""
+    ``detail``: what a limit allows; ``workflow``: a workflow's id."""
     refused = kind in REFUSED
     template = REFUSED.get(kind) or DONE.get(kind)
     if template is None:
@@ -117,7 +136,13 @@ def notice_of(
     state = state if state in (*FINISHED_STATES, "unknown") else "unknown"
     target = describe_target(what, name) if what in ("queue", "task") else "?"
     text = template.format(
-        job=job, pool=pool, state=state, target=target, error=error, detail=detail
+        job=job,
+        pool=pool,
+        state=state,
+        target=target,
+        error=error,
+        detail=detail,
+        workflow=workflow,
     )
     return Notice(text[:1].upper() + text[1:], refused)
 

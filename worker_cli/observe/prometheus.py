@@ -32,7 +32,12 @@ Where each figure comes from, so that nothing is paid when metrics are off
 - ``graphile_worker_tasks_stranded{task}``: the runnable jobs of each task
   that no live Python pool handles (by the heartbeats' task lists; Node
   workers are not seen), no series for the others and none at all while no
-  Python pool has a heartbeat row; in the same cached query.
+  Python pool has a heartbeat row; in the same cached query;
+- ``graphile_worker_workflows{state}``: the workflows running now (state
+  ``running``) and those that finished in the last day (``succeeded``,
+  ``failed``, ``cancelled``), each counted through its index up to
+  :data:`~worker_cli.observe.queue_depth.WORKFLOWS_CAP`; in the same cached
+  query.
 """
 
 from __future__ import annotations
@@ -46,7 +51,15 @@ from typing import TYPE_CHECKING, Any
 from ..errors import ConfigurationError
 from ..extras import install_hint
 from .job_stats import DURATION_BUCKETS, OUTCOMES, JobStats
-from .queue_depth import EMPTY_GROUP, OTHER_TASKS, QUEUE_LABELS, STATES, Depth, QueueDepth
+from .queue_depth import (
+    EMPTY_GROUP,
+    OTHER_TASKS,
+    QUEUE_LABELS,
+    STATES,
+    WORKFLOWS_CAP,
+    Depth,
+    QueueDepth,
+)
 from .status_report import STRANDED_CAP
 
 try:
@@ -162,6 +175,7 @@ class _Collector:
         yield from (paused, queries)
         yield from _limit_families(queue)
         yield _stranded_family(queue)
+        yield _workflows_family(queue)
 
 
 def _depth_families(queue: Depth | None, tasks: Iterable[str]) -> Iterator[Metric]:
@@ -227,6 +241,22 @@ def _stranded_family(queue: Depth | None) -> Metric:
     for task, runnable in queue.stranded if queue is not None else ():
         stranded.add_metric([task], runnable)
     return stranded
+
+
+def _workflows_family(queue: Depth | None) -> Metric:
+    """The workflows' family, filled from ``queue`` (None: empty): a series
+    per state, 0 when none."""
+    workflows = GaugeMetricFamily(
+        "graphile_worker_workflows",
+        "Workflows (all workers) by state: running, those running now; succeeded, "
+        "failed, cancelled, those that finished so in the last day. Each counted up to "
+        f"{WORKFLOWS_CAP:,} (the finished ones together, the last to finish first); "
+        "read with the queue depth.",
+        labels=("state",),
+    )
+    for state, count in queue.workflows if queue is not None else ():
+        workflows.add_metric([state], count)
+    return workflows
 
 
 def _limit_families(queue: Depth | None) -> Iterator[Metric]:

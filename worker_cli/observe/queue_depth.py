@@ -21,7 +21,9 @@ their use (at most :data:`LIMITS_LIMIT`, each over at most
 :data:`PARTITIONS_READ` partition values), and the stranded tasks, with
 runnable jobs that no live Python pool handles (at most
 :data:`~worker_cli.observe.status_report.STRANDED_TASKS`, each counted up to
-:data:`~worker_cli.observe.status_report.STRANDED_CAP`). A
+:data:`~worker_cli.observe.status_report.STRANDED_CAP`), and the workflows by
+state: the running ones, and those that finished in the last day (each read
+through its index, up to :data:`WORKFLOWS_CAP`). A
 scrape on the event loop's own thread (an ASGI app sharing the worker's
 loop) cannot wait: it gets the figures of the previous query, and the next
 scrape the new ones.
@@ -40,10 +42,12 @@ from typing import TYPE_CHECKING, Any
 from psycopg_pool import AsyncConnectionPool
 
 from ..db.backoff import one_line
+from ..jobs.workflow_state import WORKFLOW_STATES
 from ..sql import compose
 from ..sql import depth_metrics as metrics_sql
 from ..sql import limits as limits_sql
 from ..sql import status as status_sql
+from ..sql import workflow_metrics as workflow_metrics_sql
 from .status_report import STRANDED_CAP, STRANDED_TASKS
 
 if TYPE_CHECKING:
@@ -60,6 +64,7 @@ __all__ = [
     "QUEUE_LABELS",
     "SCAN_LIMIT",
     "STATES",
+    "WORKFLOWS_CAP",
     "Depth",
     "Group",
     "LimitUse",
@@ -93,6 +98,9 @@ PAUSES_LIMIT = 1000
 #: each (beyond them, a partitioned limit's figures are lower bounds).
 LIMITS_LIMIT = 1000
 PARTITIONS_READ = 1000
+#: Workflows counted at most: the running ones, and (all states together)
+#: those that finished in the last day, the last to finish first.
+WORKFLOWS_CAP = 10_000
 
 #: The clock of the cache (a module global, so that a test can move it).
 _clock = time.monotonic
@@ -147,6 +155,10 @@ class Depth:
     #: The stranded tasks and their runnable jobs (up to STRANDED_CAP), by
     #: task: none when no Python pool has a heartbeat row.
     stranded: tuple[tuple[str, int], ...] = ()
+    #: The workflows by state, in the order of WORKFLOW_STATES: running now,
+    #: and finished in the last day (each up to WORKFLOWS_CAP); empty when
+    #: they could not be read.
+    workflows: tuple[tuple[str, int], ...] = ()
 
 
 class QueueDepth:
@@ -160,6 +172,7 @@ class QueueDepth:
         self._pauses = compose(metrics_sql.PAUSES_IN_FORCE, pool.options.schema)
         self._limits = compose(limits_sql.LIMIT_USAGE, pool.options.schema)
         self._stranded = compose(status_sql.STRANDED_TASKS, pool.options.schema)
+        self._workflows = compose(workflow_metrics_sql.WORKFLOWS_BY_STATE, pool.options.schema)
         self._lock = threading.Lock()
         self._figures: Depth | None = None
         self._read_at = -math.inf
@@ -246,6 +259,9 @@ class QueueDepth:
             limits = tuple(_limit_use(row) for row in await cur.fetchall())
             cur = await conn.execute(self._stranded, {"tasks": STRANDED_TASKS, "cap": STRANDED_CAP})
             stranded = tuple((str(row[0]), int(row[1])) for row in await cur.fetchall())
+            cur = await conn.execute(self._workflows, {"cap": WORKFLOWS_CAP})
+            counted = {str(state): int(count) for state, count in await cur.fetchall()}
+        workflows = tuple((state, counted.get(state, 0)) for state in WORKFLOW_STATES)
         scanned = sum(int(row[9]) for row in rows)
         return Depth(
             _groups(rows),
@@ -253,6 +269,7 @@ class QueueDepth:
             paused=paused,
             limits=limits,
             stranded=stranded,
+            workflows=workflows,
         )
 
 

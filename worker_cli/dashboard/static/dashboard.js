@@ -67,6 +67,27 @@
     }
   }
 
+  // A box that scrolls inside the page (class keep-scroll: a workflow's
+  // graph) stays where it was scrolled to in the refreshed content.
+  function scrolled(current) {
+    var boxes = current.querySelectorAll(".keep-scroll[id]");
+    var found = [];
+    for (var i = 0; i < boxes.length; i++) {
+      found.push([boxes[i].id, boxes[i].scrollTop, boxes[i].scrollLeft]);
+    }
+    return found;
+  }
+
+  function keepScroll(found) {
+    for (var i = 0; i < found.length; i++) {
+      var box = document.getElementById(found[i][0]);
+      if (box) {
+        box.scrollTop = found[i][1];
+        box.scrollLeft = found[i][2];
+      }
+    }
+  }
+
   function refresh() {
     if (paused || document.hidden || busy()) {
       return schedule();
@@ -85,7 +106,9 @@
           var next = document.importNode(fresh, true);
           keepNotice(current, next);
           keepOpen(current, next);
+          var positions = scrolled(current);
           current.replaceWith(next);
+          keepScroll(positions);
         }
         document.body.classList.remove("stale");
       })
