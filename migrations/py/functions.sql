@@ -2019,11 +2019,12 @@ $fn$;
 -- (cancelled or skipped, naming the parent), and so on down, in rounds (one
 -- statement per round for the whole workflow, never one per step).
 --
--- Steps are found by id, through "= any(array)" on a unique index, and each
--- statement is planned for what it is given (plan_cache_mode =
--- force_custom_plan): a workflow's steps are added faster than statistics
--- follow them, and a generic plan made while the table was small (a seq scan
--- of the steps inside a loop over them) took 19 s to record 5,000 steps.
+-- The statements on the way of a job's end each read one table, through a
+-- unique index ("= any(array)" of ids), and look up what they need of other
+-- rows in a jsonb map by id, never through a join: a workflow's steps are
+-- added faster than statistics follow them, and plans made while the table
+-- was small, joining the steps to a set of them, read the whole workflow once
+-- per step (13 s to record 2,000 steps, 19 s for 5,000).
 --
 -- Locks: every function here locks a workflow's row (py_workflow_lock)
 -- before it reads or changes its steps, and before any job row of them: the
@@ -2037,7 +2038,6 @@ create or replace function {{schema}}.py_workflow_lock(job_ids bigint[])
 returns void
 language plpgsql
 volatile
-set plan_cache_mode = force_custom_plan
 as $fn$
 begin
   perform 1
@@ -2063,7 +2063,6 @@ create or replace function {{schema}}.py_workflow_insert(
 returns bigint[]
 language plpgsql
 volatile
-set plan_cache_mode = force_custom_plan
 as $fn$
 declare
   v_map jsonb;
@@ -2110,7 +2109,6 @@ create or replace function {{schema}}.py_add_workflow(name text, steps jsonb)
 returns bigint
 language plpgsql
 volatile
-set plan_cache_mode = force_custom_plan
 as $fn$
 declare
   v_id bigint;
@@ -2146,7 +2144,6 @@ create or replace function {{schema}}.py_workflow_start(
 returns bigint[]
 language plpgsql
 volatile
-set plan_cache_mode = force_custom_plan
 as $fn$
 declare
   v_steps bigint[];
@@ -2154,6 +2151,8 @@ declare
   v_jobs bigint[];
   v_failed bigint[] := '{}';
   v_job bigint;
+  -- Each started step's job, by step id.
+  v_at jsonb;
 begin
   select array_agg(s.id order by s.position),
     array_agg(json_populate_record(
@@ -2193,10 +2192,14 @@ begin
       end loop;
     end;
   end if;
+  v_at := (
+    select jsonb_object_agg(m.step_id::text, m.job_id)
+    from unnest(v_steps, v_jobs) as m (step_id, job_id)
+    where m.job_id is not null
+  );
   update {{schema}}._private_py_workflow_steps as s
-  set state = 'queued', job_id = m.job_id, queued_at = now()
-  from unnest(v_steps, v_jobs) as m (step_id, job_id)
-  where s.id = m.step_id and m.job_id is not null;
+  set state = 'queued', job_id = (v_at ->> s.id::text)::bigint, queued_at = now()
+  where s.id = any(array(select k::bigint from jsonb_object_keys(v_at) as k));
   insert into {{schema}}._private_py_job_options (job_id, timeout)
   select s.job_id, make_interval(secs => (s.spec ->> 'timeout')::float8)
   from {{schema}}._private_py_workflow_steps as s
@@ -2225,7 +2228,6 @@ create or replace function {{schema}}.py_workflow_advance(
 returns void
 language plpgsql
 volatile
-set plan_cache_mode = force_custom_plan
 as $fn$
 declare
   v_wf constant bigint := py_workflow_advance.workflow_id;
@@ -2235,38 +2237,49 @@ declare
   v_start bigint[];
   v_cancel bigint[];
   v_skip bigint[];
-  v_told bigint[];
-  v_n int[];
-  v_failed int[];
-  v_skipped int[];
+  -- The ended steps' [state, ref], and each told child's counts, by id.
+  v_parents jsonb;
+  v_told jsonb;
+  v_bad text;
   v_cancelling boolean;
 begin
   select w.cancel_requested_at is not null into v_cancelling
   from {{schema}}._private_py_workflows as w where w.id = v_wf;
   loop
+    v_told := null;
     if cardinality(v_ended) > 0 then
-      -- What each child of the ended steps is told, as arrays: joined back
-      -- through unnest (sized by the planner), never through a CTE it would
-      -- scan once per step.
-      select array_agg(t.child_id), array_agg(t.n), array_agg(t.failed), array_agg(t.skipped)
-      into v_told, v_n, v_failed, v_skipped
+      -- The ended steps' states and refs, by id; then what each of their
+      -- children is told ([parents ended, of them failed or cancelled,
+      -- skipped, the first bad parent's ref]), by id: every statement reads
+      -- one table through a unique index, whatever the plan.
+      select jsonb_object_agg(p.id::text, jsonb_build_array(p.state, p.ref))
+      into v_parents
+      from {{schema}}._private_py_workflow_steps as p
+      where p.id = any(v_ended);
+      select jsonb_object_agg(t.child_id::text, jsonb_build_array(t.n, t.failed, t.skipped, t.bad))
+      into v_told
       from (
-        select e.child_id, count(*)::int as n,
-          (count(*) filter (where p.state in ('failed', 'cancelled')))::int as failed,
-          (count(*) filter (where p.state = 'skipped'))::int as skipped
+        select e.child_id, count(*) as n,
+          count(*) filter (where v_parents -> e.parent_id::text ->> 0 in ('failed', 'cancelled'))
+            as failed,
+          count(*) filter (where v_parents -> e.parent_id::text ->> 0 = 'skipped') as skipped,
+          min(
+            (case v_parents -> e.parent_id::text ->> 0
+              when 'failed' then '0' when 'cancelled' then '1' when 'skipped' then '2' end)
+            || (v_parents -> e.parent_id::text ->> 1)
+          ) as bad
         from {{schema}}._private_py_workflow_edges as e
-        join {{schema}}._private_py_workflow_steps as p on p.id = e.parent_id
         where e.parent_id = any(v_ended)
         group by e.child_id
       ) as t;
       if v_told is not null then
         with counted as (
           update {{schema}}._private_py_workflow_steps as c
-          set parents_left = c.parents_left - t.n,
-            parents_failed = c.parents_failed + t.failed,
-            parents_skipped = c.parents_skipped + t.skipped
-          from unnest(v_told, v_n, v_failed, v_skipped) as t (id, n, failed, skipped)
-          where c.id = t.id and c.state = 'blocked'
+          set parents_left = c.parents_left - (v_told -> c.id::text ->> 0)::int,
+            parents_failed = c.parents_failed + (v_told -> c.id::text ->> 1)::int,
+            parents_skipped = c.parents_skipped + (v_told -> c.id::text ->> 2)::int
+          where c.id = any(array(select k::bigint from jsonb_object_keys(v_told) as k))
+            and c.state = 'blocked'
           returning c.id
         )
         select v_check || coalesce(array_agg(counted.id), '{}') into v_check from counted;
@@ -2303,6 +2316,10 @@ begin
               select 'its workflow was cancelled' || coalesce(': ' || w.cancel_reason, '')
               from {{schema}}._private_py_workflows as w where w.id = v_wf)
             when s.run_if = 'failed' and s.id = any(v_skip) then 'no parent failed'
+            when v_told ? s.id::text and v_told -> s.id::text ->> 3 is not null then
+              'parent ' || quote_literal(substr(v_told -> s.id::text ->> 3, 2))
+              || case left(v_told -> s.id::text ->> 3, 1)
+                  when '0' then ' failed' when '1' then ' was cancelled' else ' was skipped' end
             else (
               select 'parent ' || quote_literal(p.ref) || case p.state
                   when 'failed' then ' failed'
@@ -2380,7 +2397,6 @@ create or replace function {{schema}}.py_workflow_settle(
 returns integer
 language plpgsql
 volatile
-set plan_cache_mode = force_custom_plan
 as $fn$
 declare
   v_succeeded constant boolean := results is not null;
@@ -2392,6 +2408,8 @@ declare
   v_states text[];
   v_results json[];
   v_errors text[];
+  -- Where each step is in those arrays, by id.
+  v_at jsonb;
   v_wf bigint;
   v_steps bigint[];
   v_ended bigint[];
@@ -2456,11 +2474,17 @@ begin
       ) as o
       where o.state is not null;
       if v_ids is not null then
+        v_at := (
+          select jsonb_object_agg(o.id::text, o.position)
+          from unnest(v_ids) with ordinality as o (id, position)
+        );
         with marked as (
           update {{schema}}._private_py_workflow_steps as s
-          set state = o.state, result = o.result, error = o.error, finished_at = now()
-          from unnest(v_ids, v_states, v_results, v_errors) as o (id, state, result, error)
-          where s.id = o.id
+          set state = v_states[(v_at ->> s.id::text)::int],
+            result = v_results[(v_at ->> s.id::text)::int],
+            error = v_errors[(v_at ->> s.id::text)::int],
+            finished_at = now()
+          where s.id = any(v_ids)
           returning s.id
         )
         select array_agg(marked.id) into v_ended from marked;
@@ -2505,7 +2529,6 @@ create or replace function {{schema}}.py_workflow_break(
 returns void
 language plpgsql
 volatile
-set plan_cache_mode = force_custom_plan
 as $fn$
 declare
   v_wf constant bigint := py_workflow_break.workflow_id;
@@ -2546,7 +2569,6 @@ create or replace function {{schema}}.py_workflow_repair(max_steps integer defau
 returns integer
 language plpgsql
 volatile
-set plan_cache_mode = force_custom_plan
 as $fn$
 declare
   v_ids bigint[];
@@ -2582,7 +2604,6 @@ create or replace function {{schema}}.py_workflow_extend(
 returns integer
 language plpgsql
 volatile
-set plan_cache_mode = force_custom_plan
 as $fn$
 declare
   v_wf constant bigint := py_workflow_extend.workflow_id;
@@ -2652,7 +2673,6 @@ create or replace function {{schema}}.py_cancel_workflow(workflow_id bigint, rea
 returns text
 language plpgsql
 volatile
-set plan_cache_mode = force_custom_plan
 as $fn$
 declare
   v_wf constant bigint := py_cancel_workflow.workflow_id;
@@ -2699,7 +2719,6 @@ create or replace function {{schema}}.py_retry_workflow(workflow_id bigint)
 returns integer
 language plpgsql
 volatile
-set plan_cache_mode = force_custom_plan
 as $fn$
 declare
   v_wf constant bigint := py_retry_workflow.workflow_id;
