@@ -2021,10 +2021,12 @@ $fn$;
 --
 -- The statements on the way of a job's end each read one table, through a
 -- unique index ("= any(array)" of ids), and look up what they need of other
--- rows in a jsonb map by id, never through a join: a workflow's steps are
--- added faster than statistics follow them, and plans made while the table
--- was small, joining the steps to a set of them, read the whole workflow once
--- per step (13 s to record 2,000 steps, 19 s for 5,000).
+-- rows in a jsonb map by id, never through a join; and every function runs
+-- with enable_seqscan off (as py_fetch_jobs). A workflow's steps are added
+-- faster than statistics follow them: plans made while the table was small
+-- joined the steps to a set of them once per step (13 s to record 2,000
+-- steps, 19 s for 5,000), or, cached, scanned the whole table for each step
+-- once it had grown (a chain of 1,000 steps at 39 a second, not 150).
 --
 -- Locks: every function here locks a workflow's row (py_workflow_lock)
 -- before it reads or changes its steps, and before any job row of them: the
@@ -2038,6 +2040,7 @@ create or replace function {{schema}}.py_workflow_lock(job_ids bigint[])
 returns void
 language plpgsql
 volatile
+set enable_seqscan = off
 as $fn$
 begin
   perform 1
@@ -2063,6 +2066,7 @@ create or replace function {{schema}}.py_workflow_insert(
 returns bigint[]
 language plpgsql
 volatile
+set enable_seqscan = off
 as $fn$
 declare
   v_map jsonb;
@@ -2109,6 +2113,7 @@ create or replace function {{schema}}.py_add_workflow(name text, steps jsonb)
 returns bigint
 language plpgsql
 volatile
+set enable_seqscan = off
 as $fn$
 declare
   v_id bigint;
@@ -2144,6 +2149,7 @@ create or replace function {{schema}}.py_workflow_start(
 returns bigint[]
 language plpgsql
 volatile
+set enable_seqscan = off
 as $fn$
 declare
   v_steps bigint[];
@@ -2228,6 +2234,7 @@ create or replace function {{schema}}.py_workflow_advance(
 returns void
 language plpgsql
 volatile
+set enable_seqscan = off
 as $fn$
 declare
   v_wf constant bigint := py_workflow_advance.workflow_id;
@@ -2397,6 +2404,7 @@ create or replace function {{schema}}.py_workflow_settle(
 returns integer
 language plpgsql
 volatile
+set enable_seqscan = off
 as $fn$
 declare
   v_succeeded constant boolean := results is not null;
@@ -2529,6 +2537,7 @@ create or replace function {{schema}}.py_workflow_break(
 returns void
 language plpgsql
 volatile
+set enable_seqscan = off
 as $fn$
 declare
   v_wf constant bigint := py_workflow_break.workflow_id;
@@ -2569,6 +2578,7 @@ create or replace function {{schema}}.py_workflow_repair(max_steps integer defau
 returns integer
 language plpgsql
 volatile
+set enable_seqscan = off
 as $fn$
 declare
   v_ids bigint[];
@@ -2604,6 +2614,7 @@ create or replace function {{schema}}.py_workflow_extend(
 returns integer
 language plpgsql
 volatile
+set enable_seqscan = off
 as $fn$
 declare
   v_wf constant bigint := py_workflow_extend.workflow_id;
@@ -2673,6 +2684,7 @@ create or replace function {{schema}}.py_cancel_workflow(workflow_id bigint, rea
 returns text
 language plpgsql
 volatile
+set enable_seqscan = off
 as $fn$
 declare
   v_wf constant bigint := py_cancel_workflow.workflow_id;
@@ -2719,6 +2731,7 @@ create or replace function {{schema}}.py_retry_workflow(workflow_id bigint)
 returns integer
 language plpgsql
 volatile
+set enable_seqscan = off
 as $fn$
 declare
   v_wf constant bigint := py_retry_workflow.workflow_id;

@@ -35,7 +35,7 @@ FUNCTIONS_AT_REVISION = {
     23: "d3c5a9474630c1642c2c97e25cf38db3fbcdfd4d3af82ff67762188a95617359",
     24: "d3c5a9474630c1642c2c97e25cf38db3fbcdfd4d3af82ff67762188a95617359",
     25: "d3c5a9474630c1642c2c97e25cf38db3fbcdfd4d3af82ff67762188a95617359",
-    26: "fa68db7e65a2b780688930e5eddaeae2312fdf77ed42bf1147fb0a23f34c943c",
+    26: "09954ac1afbbf3e11177f57a25643bc911886c0661d7652bb46b74d626e2bf7d",
 }
 
 _DEFINED = re.compile(r"^create or replace function \{\{schema\}\}\.(\w+)\(", re.M)
