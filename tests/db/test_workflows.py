@@ -694,10 +694,12 @@ def test_the_readme_workflow_runs_as_written(db: str, tmp_path: Path) -> None:
         check=False,
     )
     assert done.returncode == 0, done.stderr
-    assert done.stdout.startswith("workflow 1\nworkflow 2\n")
+    assert done.stdout.startswith("workflow 1\nworkflow 2\nworkflow 3\n")
     assert "order 2: {'charge': 'failed'}" in done.stderr
     assert "order 1: {'charge': 'succeeded'}" in done.stderr
-    shown = done.stdout.splitlines()[2:]
+    batch_line = "order 3: {'job-1': 'succeeded', 'job-2': 'succeeded', 'job-3': 'succeeded'}"
+    assert batch_line in done.stderr
+    shown = done.stdout.splitlines()[3:]
     [expected] = re.findall(r"```text\n(.*?)```", section, flags=re.S)
     lines = expected.splitlines()
     assert shown[0] == lines[0]
