@@ -106,6 +106,21 @@ def check_each_step_ran_once(db: str, steps: int, fan_in: int, *, killed: bool =
     assert value(db, "select count(*) from graphile_worker._private_jobs") == 0
 
 
+def wait_all_finished(db: str) -> None:
+    wait_until(
+        lambda: (
+            value(
+                db,
+                "select count(*) from graphile_worker._private_py_workflows "
+                "where state = 'running'",
+            )
+            == 0
+        ),
+        120,
+        "every workflow to finish",
+    )
+
+
 def workers_folder(tmp_path: Path) -> Path:
     (tmp_path / "tasks").mkdir()
     (tmp_path / "tasks" / "step.py").write_text(STEP_TASK)
@@ -124,18 +139,7 @@ def test_each_step_starts_once_across_workers(db: str, tmp_path: Path, processes
     ]
     steps = add_workflows(db, diamonds=150, fan_in=200)
     try:
-        wait_until(
-            lambda: (
-                value(
-                    db,
-                    "select count(*) from graphile_worker._private_py_workflows "
-                    "where state = 'running'",
-                )
-                == 0
-            ),
-            120,
-            "every workflow to finish",
-        )
+        wait_all_finished(db)
     finally:
         assert sigterm_all(workers) == [0] * processes
     # Steps ran in more than one process (the races this is about).
@@ -164,18 +168,7 @@ def test_each_step_starts_once_when_a_worker_is_killed(db: str, tmp_path: Path) 
             victim.signal(signal.SIGKILL)
             victim.wait()
             workers.append(started_worker(db, Worker(db, cwd, *args)))
-        wait_until(
-            lambda: (
-                value(
-                    db,
-                    "select count(*) from graphile_worker._private_py_workflows "
-                    "where state = 'running'",
-                )
-                == 0
-            ),
-            120,
-            "every workflow to finish",
-        )
+        wait_all_finished(db)
     finally:
         assert sigterm_all(workers) == [0] * len(workers)
     check_each_step_ran_once(db, steps, 300, killed=True)

@@ -201,23 +201,10 @@ def _step_row(step: StepInfo) -> tuple[str, ...]:
 def as_document(info: WorkflowInfo) -> dict[str, Any]:
     """The workflow as JSON (``--json``): its fields, times in ISO 8601, and
     (``workflow``) its steps by ref."""
+    from ..jobs.workflow_state import WORKFLOW_FIELDS
+
     document: dict[str, Any] = {}
-    for name in (
-        "id",
-        "name",
-        "state",
-        "total",
-        "left",
-        "succeeded",
-        "failed",
-        "cancelled",
-        "skipped",
-        "error",
-        "cancel_requested_at",
-        "cancel_reason",
-        "created_at",
-        "finished_at",
-    ):
+    for name in WORKFLOW_FIELDS:
         value = getattr(info, name)
         document[name] = value.isoformat() if isinstance(value, datetime) else value
     if info.steps:

@@ -21,6 +21,7 @@ from typing import Any, Literal, TypeAlias
 
 __all__ = [
     "FINAL_STEP_STATES",
+    "WORKFLOW_FIELDS",
     "AddedWorkflow",
     "ParentOutcome",
     "StepContext",
@@ -92,8 +93,9 @@ _STEP_FIELDS = (
 )
 
 
-#: WORKFLOW_COLUMNS of sql/workflows.py WORKFLOW, in order.
-_WORKFLOW_FIELDS = (
+#: The fields of a workflow (not its steps): WORKFLOW's columns in
+#: sql/workflows.py, in order.
+WORKFLOW_FIELDS = (
     "id",
     "name",
     "state",
@@ -147,7 +149,7 @@ class WorkflowInfo:
             values = dict(zip(_STEP_FIELDS, step, strict=True))
             values["after"] = tuple(values["after"])
             infos[values["ref"]] = StepInfo(**values)
-        values = dict(zip(_WORKFLOW_FIELDS, row, strict=True))
+        values = dict(zip(WORKFLOW_FIELDS, row, strict=True))
         return cls(**values, steps=infos)
 
 
