@@ -172,3 +172,34 @@ def test_each_step_starts_once_when_a_worker_is_killed(db: str, tmp_path: Path) 
     finally:
         assert sigterm_all(workers) == [0] * len(workers)
     check_each_step_ran_once(db, steps, 300, killed=True)
+
+
+def test_each_step_starts_once_when_connections_are_cut(db: str, tmp_path: Path) -> None:
+    """Every connection of two workers cut three times while they run steps
+    and write their outcomes (pg_terminate_backend): a batch whose
+    transaction was cut is written again whole, so each step still has one
+    job and its result."""
+    rows(db, RUNS)
+    cwd = workers_folder(tmp_path)
+    args = ("-j", "10", "--poll-interval", "200", "--history", "off")
+    workers = [started_worker(db, Worker(db, cwd, *args)) for _ in range(2)]
+    steps = add_workflows(db, diamonds=200, fan_in=300)
+    try:
+        for cut in range(3):
+            wait_until(
+                lambda cut=cut: (
+                    value(db, "select count(*) from public.step_runs") > 150 * (cut + 1)
+                ),
+                60,
+                "steps to run",
+                interval=0.01,
+            )
+            assert value(
+                db,
+                "select count(pg_terminate_backend(pid)) from pg_stat_activity "
+                "where datname = current_database() and pid <> pg_backend_pid()",
+            )
+        wait_all_finished(db)
+    finally:
+        assert sigterm_all(workers) == [0, 0]
+    check_each_step_ran_once(db, steps, 300, killed=True)
