@@ -22,6 +22,7 @@ from worker_cli import (
     Helpers,
     JobSpec,
     JobSpecError,
+    Limit,
     SchemaNotInstalledError,
     WorkerUtils,
     Workflow,
@@ -709,3 +710,35 @@ def test_the_readme_workflow_runs_as_written(db: str, tmp_path: Path) -> None:
         return cells[:2] + cells[3:] if len(cells) > 2 else cells
 
     assert [without_job(line) for line in shown[-4:]] == [without_job(line) for line in lines[-4:]]
+
+
+async def test_pauses_and_limits_hold_step_jobs_as_any_job(db: str, utils: WorkerUtils) -> None:
+    """A step's job is an ordinary job: a pause of its task holds it (its
+    workflow waits), and a limit on its task bounds how many run at once."""
+    running = 0
+    most = 0
+
+    async def step(payload: Any, helpers: Helpers) -> None:
+        nonlocal running, most
+        running += 1
+        most = max(most, running)
+        await asyncio.sleep(0.02)
+        running -= 1
+
+    wf = Workflow()
+    first = wf.add("first")
+    fanned = [wf.add("limited", {"n": n}, after=[first]) for n in range(12)]
+    wf.add("paused", after=fanned)
+    added = await utils.add_workflow(wf)
+    await utils.pause(task="paused")
+    await utils.set_limit(Limit(max_running=2), task="limited")
+    tasks = {"first": step, "limited": step, "paused": step}
+    await drain(db, tasks, concurrency=10)
+    info = await utils.get_workflow(added.id)
+    assert info is not None and info.state == "running"
+    assert info.steps["paused"].state == "paused"
+    assert all(info.steps[s.ref].state == "succeeded" for s in fanned)
+    assert most == 2  # the limit held among the 12 fanned-out steps
+    assert await utils.resume(task="paused")
+    await drain(db, tasks, concurrency=10)
+    assert (await utils.wait_for_workflow(added.id, timeout=10)).state == "succeeded"
