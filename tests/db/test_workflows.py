@@ -27,6 +27,7 @@ from worker_cli import (
     WorkerUtils,
     Workflow,
     WorkflowError,
+    WorkflowNotFound,
     WorkflowWaitTimeout,
     batch,
     make_sync_worker_utils,
@@ -398,6 +399,21 @@ async def test_wait_for_workflow_times_out_and_lists(db: str, utils: WorkerUtils
     added = await utils.add_workflow(wf)
     with pytest.raises(WorkflowWaitTimeout, match=r"1 of 1 steps not final"):
         await utils.wait_for_workflow(added.id, timeout=0.2)
+    with pytest.raises(WorkflowNotFound, match="workflow 999 does not exist"):
+        await utils.wait_for_workflow(999)
+    with pytest.raises(JobSpecError, match="timeout"):
+        await utils.wait_for_workflow(added.id, timeout=-1)
+    refused: list[str] = []
+
+    async def waits(payload: Any, helpers: Helpers) -> None:
+        try:
+            await utils.wait_for_workflow(added.id, timeout=0.1)
+        except RuntimeError as exc:
+            refused.append(str(exc))
+
+    await utils.add_job("waits")
+    await drain(db, {"waits": waits})
+    assert refused and "inside a task run by this process's worker" in refused[0]
     listed = await utils.list_workflows(state="running")
     assert [w.id for w in listed] == [added.id] and listed[0].steps == {}
     assert await utils.list_workflows(state="succeeded") == []

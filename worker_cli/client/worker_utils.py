@@ -349,11 +349,14 @@ class WorkerUtils:
         self,
         workflow_id: int,
         timeout: float | None = None,  # noqa: ASYNC109 (the sync twin's argument)
+        *,
+        allow_in_task: bool = False,
     ) -> WorkflowInfo:
         """Wait until the workflow is final and return it (as
         :meth:`get_workflow`); ``timeout`` (seconds) raises
-        :class:`WorkflowWaitTimeout`. Read again every 50 ms, growing to 1 s."""
-        check_workflow_wait(workflow_id, timeout)
+        :class:`WorkflowWaitTimeout`. Read again every 50 ms, growing to 1 s.
+        Refused inside a task of this process's worker unless ``allow_in_task``."""
+        check_workflow_wait(workflow_id, timeout, allow_in_task=allow_in_task)
         deadline = None if timeout is None else time.monotonic() + timeout
         pause = 0.05
         while True:

@@ -13,6 +13,7 @@ from psycopg import errors as pg_errors
 
 from ..db.plan import Plan, query
 from ..errors import GraphileWorkerError, JobSpecError
+from ..jobs.inside_worker import in_worker_task
 from ..jobs.job_state import check_job_id
 from ..jobs.payloads import json_default
 from ..jobs.text_args import check_text
@@ -65,9 +66,19 @@ class WorkflowWaitTimeout(TimeoutError, GraphileWorkerError):
         self.last = last
 
 
-def check_workflow_wait(workflow_id: int, timeout: float | None) -> None:
-    """The arguments of ``wait_for_workflow``, checked before any I/O."""
+def check_workflow_wait(workflow_id: int, timeout: float | None, *, allow_in_task: bool) -> None:
+    """The arguments of ``wait_for_workflow``, checked before any I/O; and
+    refused inside a job of this process's worker unless ``allow_in_task``
+    (as ``wait_for_job``: a pool whose slots all wait never runs the steps
+    they wait for)."""
     check_workflow_id(workflow_id)
+    if not allow_in_task and in_worker_task():
+        raise RuntimeError(
+            "wait_for_workflow was called inside a task run by this process's worker: "
+            "waiting there holds a slot, and a pool whose slots all wait never runs the "
+            "steps they wait for. Add a step after them instead (helpers.add_steps), or "
+            "pass allow_in_task=True if the pool can spare the slot."
+        )
     if timeout is not None and (
         isinstance(timeout, bool)
         or not isinstance(timeout, int | float)
