@@ -74,6 +74,10 @@ class ProgressReporter:
         last_at, last_done = self._started, 0
         while True:
             await asyncio.sleep(self.interval)
+            if self.pool.utils is None:
+                # Not running (still starting, or closed and about to log its
+                # total): a line then would have nothing to count with.
+                continue
             remaining = await self._remaining()
             now, done = time.monotonic(), self.pool.jobs_done
             rate = (done - last_done) / (now - last_at)
