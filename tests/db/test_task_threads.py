@@ -204,8 +204,12 @@ async def test_a_plain_task_raising_base_exceptions_fails_only_its_job(
 
 
 async def test_a_logging_filter_that_raises_loses_no_outcome(utils: WorkerUtils, db: str) -> None:
-    # Enough jobs that the threads report several outcomes at once.
-    await utils.add_jobs([{"identifier": "fails", "payload": {"n": n}} for n in range(100)])
+    # Enough jobs that the threads report several outcomes at once. One attempt
+    # each: on a slow machine the drain outlasts the first retry's backoff
+    # (2.7 s), and a failed job would run again within it.
+    await utils.add_jobs(
+        [{"identifier": "fails", "payload": {"n": n}, "max_attempts": 1} for n in range(100)]
+    )
     await utils.add_jobs([{"identifier": "works", "payload": {"n": n}} for n in range(500)])
 
     def fails(payload: Any, helpers: Helpers) -> None:
