@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from ..jobs.workflow_state import WORKFLOW_STATES
 from .common import CONTEXT_SETTINGS, connection_option, run_async, schema_option, shared
 from .params import MAX_WAIT, number
 from .params import job_id as job_id_param
@@ -111,7 +112,7 @@ def workflow(
 @schema_option
 @click.option(
     "--state",
-    type=click.Choice(["running", "succeeded", "failed", "cancelled"]),
+    type=click.Choice(WORKFLOW_STATES),
     help="Only workflows in this state.",
 )
 @click.option(
