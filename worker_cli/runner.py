@@ -163,6 +163,7 @@ async def run(
     max_result_bytes: int = WorkerOptions.max_result_bytes,
     timeout_grace: float = WorkerOptions.timeout_grace,
     cron_timezone: str = WorkerOptions.cron_timezone,
+    job_logs: str = WorkerOptions.job_logs,
     tracing: bool = False,
     metrics_registry: CollectorRegistry | None = None,
 ) -> Runner:
@@ -202,6 +203,7 @@ async def run(
         max_result_bytes=max_result_bytes,
         timeout_grace=timeout_grace,
         cron_timezone=cron_timezone,
+        job_logs=job_logs,
     )
     _warn_if_pool_too_small(options)
     pool = _make_pool(

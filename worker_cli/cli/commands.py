@@ -164,6 +164,7 @@ tracing_option = click.option(
 @worker_option("history")
 @worker_option("timeout_grace")
 @worker_option("cron_timezone")
+@worker_option("job_logs")
 @click.option(
     "--tasks",
     "tasks_dir",

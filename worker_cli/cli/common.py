@@ -74,6 +74,17 @@ def worker_option(field: str) -> Callable[[F], F]:
             show_envvar=flag.envvar is not None,
             help=flag.help,
         )
+    if flag.choices is not None:
+        return click.option(
+            *flag.names,
+            field,
+            type=click.Choice(flag.choices),
+            default=flag.default,
+            show_default=True,
+            envvar=flag.envvar,
+            show_envvar=flag.envvar is not None,
+            help=flag.help,
+        )
     if isinstance(flag.default, bool):
         return click.option(
             *flag.names,

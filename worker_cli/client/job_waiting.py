@@ -50,7 +50,7 @@ from ..db.backoff import RECONNECT, Backoff, one_line
 from ..db.connections import worker_conninfo
 from ..errors import ConfigurationError, GraphileWorkerError, JobSpecError
 from ..jobs.inside_worker import in_worker_task
-from ..jobs.job_state import FINAL_STATES, JobResult, check_job_id
+from ..jobs.job_state import FINAL_STATES, JobProgress, JobResult, check_job_id
 from ..sql import listen as listen_sql
 
 __all__ = [
@@ -75,6 +75,9 @@ Until = Literal["final", "attempt"]
 VISIBILITY_GRACE = 2.0
 #: The safety poll: 1 s after the first read, growing to 5 s.
 POLL = Backoff((1.0, 2.0, 3.0, 4.0, 5.0), jitter=0.1)
+#: Seconds between two reads of a waiter told of progress (``on_progress``):
+#: the workers write it at most this often.
+PROGRESS_POLL = 0.5
 #: ``application_name`` of the listener's connection (unless the
 #: connection string sets one).
 APPLICATION_NAME = "graphile-worker waiter"
@@ -137,8 +140,12 @@ class Waiting:
         timeout: float | None,
         until: Until,
         clock: Callable[[], float] = time.monotonic,
+        on_progress: Callable[[JobProgress], object] | None = None,
     ) -> None:
         self.job_id = job_id
+        #: Told each new progress the reads find (``wait_for_job(on_progress=)``).
+        self.on_progress = on_progress
+        self._progress: JobProgress | None = None
         self.timeout = timeout
         self.until = until
         self._clock = clock
@@ -174,6 +181,10 @@ class Waiting:
         :class:`WaitTimeout` once the timeout is over."""
         if record is not None:
             self.last = record
+            progress = record.progress
+            if self.on_progress is not None and progress is not None and progress != self._progress:
+                self._progress = progress
+                self.on_progress(progress)
             if self.done(record):
                 return record
         now = self._clock()
@@ -186,6 +197,8 @@ class Waiting:
             raise WaitTimeout(self.job_id, self.timeout, self.last)
         self._polls += 1
         delay = POLL.delay(self._polls)
+        if self.on_progress is not None:  # progress is written twice a second
+            delay = min(delay, PROGRESS_POLL)
         if not self.seen and self.grace_end > now:
             delay = min(delay, self.grace_end - now)
         if self.deadline is not None:

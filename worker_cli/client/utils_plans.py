@@ -31,7 +31,7 @@ from ..jobs.job_spec import (
     validate_identifier,
     with_local_run_at,
 )
-from ..jobs.job_state import AttemptError, JobResult, check_job_id
+from ..jobs.job_state import AttemptError, JobLog, JobResult, check_job_id
 from ..jobs.limit_spec import Limit, LimitInfo, limit_params, limit_target
 from ..jobs.pause_spec import Pause, pause_params, target
 from ..jobs.payloads import NamedPayload, job_identity
@@ -55,6 +55,7 @@ from ..sql import cancel as cancel_sql
 from ..sql import cleanup as cleanup_sql
 from ..sql import compose
 from ..sql import history as history_sql
+from ..sql import job_logs as job_logs_sql
 from ..sql import jobs as jobs_sql
 from ..sql import limits as limits_sql
 from ..sql import pauses as pauses_sql
@@ -254,6 +255,17 @@ class UtilsPlans:
             statement = compose(jobs_sql.JOB_ERRORS, self.schema)
             rows = yield from query(statement, {"job_id": job_id})
         return [AttemptError(*row) for row in rows]
+
+    def job_logs(self, job_id: int) -> Plan[list[JobLog]]:
+        """``get_job_logs``: a job's kept attempt logs, oldest first."""
+        check_job_id(job_id)
+        return self._job_logs(job_id)
+
+    def _job_logs(self, job_id: int) -> Plan[list[JobLog]]:
+        with schema_required(self.schema):
+            statement = compose(job_logs_sql.JOB_LOGS, self.schema)
+            rows = yield from query(statement, {"job_id": job_id})
+        return [JobLog.from_row(row) for row in rows]
 
     def cancel_jobs(self, job_ids: Sequence[int], reason: str | None) -> Plan[dict[int, Any]]:
         """``cancel_job`` and ``cancel_jobs``: each job's state after the call."""

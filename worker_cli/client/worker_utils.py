@@ -29,7 +29,7 @@ import asyncio  # async-only
 import logging  # async-only
 import threading
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
 from datetime import datetime, timedelta
 from typing import Any, TypeVar, Unpack, overload
@@ -46,9 +46,10 @@ from ..db.plan import Plan
 from ..errors import ConfigurationError, GraphileWorkerError
 from ..jobs.job import Job
 from ..jobs.job_spec import AddJobOptions, JobKeyMode, JobSpec, TaskSpec
-from ..jobs.job_state import AttemptError, JobResult, JobState
+from ..jobs.job_state import AttemptError, JobLog, JobProgress, JobResult, JobState
 from ..jobs.limit_spec import Limit, LimitInfo
 from ..jobs.pause_spec import Pause
+from ..jobs.schedule import Schedule
 from ..jobs.payloads import NamedPayload, job_identity
 from ..jobs.unique import UniqueJobResult, UniqueSpec
 from ..jobs.workflow import Workflow
@@ -56,7 +57,7 @@ from ..jobs.workflow_state import AddedWorkflow, WorkflowInfo
 from ..schema.channels import finished_channel
 from ..schema.cleanup_tasks import CleanupTask
 from ..schema.migrate import MigrationReport
-from . import workflow_plans
+from . import schedule_plans, workflow_plans
 
 # sync-only: from .sync_waiting import SyncWaitListener, wait_blocking
 from .async_waiting import AsyncWaitListener, wait_async  # async-only
@@ -302,6 +303,12 @@ class WorkerUtils:
         days), oldest first; empty for a job that never failed on one."""
         return await self._run(self._plans.job_errors(job_id))
 
+    async def get_job_logs(self, job_id: int) -> list[JobLog]:
+        """The lines its task logged through ``helpers.logger`` in each kept
+        attempt (``--job-logs``: failed attempts by default), oldest first;
+        kept 7 days."""
+        return await self._run(self._plans.job_logs(job_id))
+
     async def wait_for_job(
         self,
         job_id: int,
@@ -309,12 +316,15 @@ class WorkerUtils:
         *,
         until: Until = "final",
         allow_in_task: bool = False,
+        on_progress: Callable[[JobProgress], object] | None = None,
     ) -> JobResult:
         """Wait until the job is finished (``succeeded``, ``cancelled``, ``failed`` or
         ``unknown``; with ``until="attempt"`` also ``retrying``, or ``paused`` after a
         failed attempt) and return its record (as :meth:`get_job_result`). ``timeout``
         (seconds) raises :class:`WaitTimeout`, leaving the job alone. Refused inside a
-        task of this process's worker unless ``allow_in_task``. See
+        task of this process's worker unless ``allow_in_task``. ``on_progress``
+        is called with each new progress of the job seen while waiting (it is
+        read twice a second then). See
         :mod:`worker_cli.client.job_waiting` and the README."""
         check_wait(
             job_id, timeout, until, allow_in_task=allow_in_task, given=self._given is not None
@@ -323,8 +333,68 @@ class WorkerUtils:
             if self._listener is None:
                 self._listener = AsyncWaitListener(self.pool, finished_channel(self.schema))
             listener = self._listener
-        waiting = Waiting(job_id, timeout, until)
+        waiting = Waiting(job_id, timeout, until, on_progress=on_progress)
         return await wait_async(self.pool, self._plans, listener, waiting)
+
+    async def add_schedule(
+        self,
+        identifier: str,
+        pattern: str,
+        task_identifier: str,
+        payload: Mapping[str, Any] | None = None,
+        *,
+        tz: str | None = None,
+        fill: timedelta | float | str | None = None,
+        queue_name: str | None = None,
+        priority: int | None = None,
+        max_attempts: int | None = None,
+        job_key: str | None = None,
+        paused: bool = False,
+    ) -> Schedule:
+        """Add a schedule to the database, or replace the one of this
+        ``identifier`` (README, "Schedules in the database"): every Python
+        worker fires it as a crontab line (``pattern``'s five fields, in
+        ``tz``; ``fill``: the backfill period, a timedelta, seconds or a
+        phrase like ``2d``), within a second or two, without a restart. An
+        identifier a crontab item uses, a pattern that never fires, an
+        unknown zone or a payload over 64 KiB is refused with one line
+        naming the field, nothing written."""
+        plan = schedule_plans.add_schedule(
+            self.schema,
+            identifier,
+            pattern,
+            task_identifier,
+            payload,
+            tz=tz,
+            fill=fill,
+            queue_name=queue_name,
+            priority=priority,
+            max_attempts=max_attempts,
+            job_key=job_key,
+            paused=paused,
+        )
+        return await self._run(plan)
+
+    async def remove_schedule(self, identifier: str) -> bool:
+        """Remove a schedule; whether there was one (its jobs already added stay)."""
+        return await self._run(schedule_plans.remove_schedule(self.schema, identifier))
+
+    async def pause_schedule(self, identifier: str) -> Schedule | None:
+        """Pause a schedule: it adds no job until resumed (None: no such schedule)."""
+        return await self._run(schedule_plans.pause_schedule(self.schema, identifier, True))
+
+    async def resume_schedule(self, identifier: str) -> Schedule | None:
+        """Resume a paused schedule from now on (the paused time is never
+        backfilled); None: no such schedule."""
+        return await self._run(schedule_plans.resume_schedule(self.schema, identifier))
+
+    async def list_schedules(self) -> list[Schedule]:
+        """Every schedule in the database, by identifier."""
+        return await self._run(schedule_plans.list_schedules(self.schema))
+
+    async def get_schedule(self, identifier: str) -> Schedule | None:
+        """One schedule (None: no such schedule)."""
+        return await self._run(schedule_plans.get_schedule(self.schema, identifier))
 
     async def add_workflow(self, workflow: Workflow) -> AddedWorkflow:
         """Add a workflow whole (README, "Workflows"): its steps, their links,

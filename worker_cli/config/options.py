@@ -67,6 +67,9 @@ MAX_RESULT_BYTES = 64 << 20
 MAX_TIMEOUT_GRACE = 86_400
 
 
+#: The values of ``job_logs`` (``--job-logs``).
+JOB_LOGS_CHOICES = ("failed", "all", "off")
+
 @dataclass(frozen=True)
 class WorkerOptions:
     """How a worker pool runs; every field has the CLI's default."""
@@ -162,9 +165,17 @@ class WorkerOptions:
     #: The IANA time zone of the crontab lines without ``?tz=``
     #: (``--cron-timezone``); UTC, as graphile-worker (Node) runs every line.
     cron_timezone: str = "UTC"
+    #: Which attempts keep the lines their task logged through
+    #: ``helpers.logger`` (``--job-logs``): ``failed`` ones (written with the
+    #: failure: a success costs nothing), ``all``, or none (``off``).
+    job_logs: str = "failed"
 
     def __post_init__(self) -> None:
         zone_named(self.cron_timezone)  # ValueError naming an unknown zone
+        if self.job_logs not in JOB_LOGS_CHOICES:
+            raise ValueError(
+                f"job_logs is {self.job_logs!r}; expected one of {', '.join(JOB_LOGS_CHOICES)}"
+            )
         _check_range("concurrency", self.concurrency, 1, MAX_CONCURRENCY)
         _check_range("poll_interval", self.poll_interval, 0, MAX_POLL_INTERVAL, "s", low_open=True)
         _check_range("max_pool_size", self.max_pool_size, 2, MAX_POOL_SIZE)
@@ -245,6 +256,8 @@ class Flag:
     high: int | None = None
     #: ``low`` itself is not accepted.
     low_open: bool = False
+    #: The values the flag takes (None: any, within low/high).
+    choices: tuple[str, ...] | None = None
 
     @property
     def switch(self) -> bool:
@@ -402,6 +415,15 @@ FLAGS: tuple[Flag, ...] = (
         help="The IANA time zone (Europe/Paris) of the crontab lines without ?tz=; daylight "
         "saving changes as Debian's cron. graphile-worker (Node) runs every line in UTC: "
         "do not let Node workers run a crontab meant for another zone.",
+    ),
+    Flag(
+        "job_logs",
+        ("--job-logs",),
+        envvar="GRAPHILE_WORKER_JOB_LOGS",
+        choices=JOB_LOGS_CHOICES,
+        help="Which attempts keep the lines their task logged through helpers.logger "
+        "(shown by `graphile-worker job ID --logs` and the dashboard): failed ones, all "
+        "(a success writes them too), or off. At most 1,000 lines, 64 KiB, per attempt.",
     ),
     Flag(
         "use_local_time",

@@ -29,6 +29,8 @@ __all__ = [
     "JOB_RESULT_COLUMNS",
     "STATE_ALIASES",
     "AttemptError",
+    "JobLog",
+    "JobProgress",
     "JobResult",
     "JobState",
     "ResultUnavailable",
@@ -92,6 +94,72 @@ class ResultUnavailable(GraphileWorkerError):
 
 
 @dataclass(frozen=True)
+class JobProgress:
+    """How far a job has got, as its task last reported it
+    (``helpers.progress``): ``done`` of ``total``, or a fraction from 0 to 1
+    when ``total`` is None; kept across retries and once it has finished."""
+
+    done: float
+    total: float | None
+    message: str | None
+    updated_at: datetime
+
+    @property
+    def fraction(self) -> float:
+        """From 0 to 1 (``done / total``, at most 1; 0 for a total of 0)."""
+        if self.total is None:
+            return min(1.0, self.done)
+        return min(1.0, self.done / self.total) if self.total > 0 else 0.0
+
+    def __str__(self) -> str:
+        if self.total is None:
+            shown = f"{self.fraction:.0%}"
+        else:
+            shown = f"{self.done:g}/{self.total:g} ({self.fraction:.0%})"
+        return shown if self.message is None else f"{shown} {self.message}"
+
+    def as_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict (``updated_at`` in ISO 8601)."""
+        return {
+            "done": self.done,
+            "total": self.total,
+            "message": self.message,
+            "fraction": self.fraction,
+            "updated_at": self.updated_at.isoformat(),
+        }
+
+
+@dataclass(frozen=True)
+class JobLog:
+    """The lines a task logged through ``helpers.logger`` during one attempt
+    (``get_job_logs``; ``--job-logs``), kept 7 days."""
+
+    attempt: int | None
+    #: ``failed``, ``succeeded`` or ``cancelled``.
+    outcome: str
+    logged_at: datetime
+    #: The lines, oldest first (the first says how many were dropped, if any).
+    lines: list[str]
+    #: Lines dropped to keep within the cap (the oldest).
+    dropped: int
+
+    @classmethod
+    def from_row(cls, row: Sequence[Any]) -> JobLog:
+        attempt, outcome, logged_at, text, dropped = row
+        return cls(attempt, outcome, logged_at, text.split("\n") if text else [], dropped)
+
+    def as_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict (``logged_at`` in ISO 8601)."""
+        return {
+            "attempt": self.attempt,
+            "outcome": self.outcome,
+            "logged_at": self.logged_at.isoformat(),
+            "lines": self.lines,
+            "dropped": self.dropped,
+        }
+
+
+@dataclass(frozen=True)
 class JobResult:
     """What is known of a job: its state, and once it has succeeded, its result.
 
@@ -122,14 +190,22 @@ class JobResult:
     #: The pause holding it (``paused`` only): ``queue mail``, ``task
     #: send_email``, ``every queue`` or ``every task``.
     paused_by: str | None = None
+    #: How far it has got (``helpers.progress``; None: it reported nothing).
+    progress: JobProgress | None = None
     _result: Any = field(default=None, repr=False)
 
     @classmethod
     def from_row(cls, row: Sequence[Any]) -> JobResult:
-        """From a row of ``py_job_status`` (:data:`JOB_RESULT_COLUMNS`)."""
-        values = dict(zip(JOB_RESULT_COLUMNS, row, strict=True))
+        """From a row of ``py_job_status`` (:data:`JOB_RESULT_COLUMNS`),
+        optionally followed by its progress's four columns."""
+        count = len(JOB_RESULT_COLUMNS)
+        values = dict(zip(JOB_RESULT_COLUMNS, row[:count], strict=True))
         result = values.pop("result")
-        return cls(**values, _result=result)
+        extra = row[count:]
+        progress = None
+        if len(extra) == 4 and extra[0] is not None:
+            progress = JobProgress(*extra)
+        return cls(**values, progress=progress, _result=result)
 
     @property
     def finished(self) -> bool:
@@ -158,6 +234,7 @@ class JobResult:
                 continue
             value = getattr(self, name)
             out[name] = value.isoformat() if isinstance(value, datetime) else value
+        out["progress"] = None if self.progress is None else self.progress.as_dict()
         return out
 
 

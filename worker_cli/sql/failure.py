@@ -23,8 +23,9 @@ from __future__ import annotations
 # failure's message. Each failed attempt (not a snooze) appends its error and
 # its traceback (%(tracebacks)s, bounded by the worker; py/000023.sql) to
 # _private_py_job_errors (migrations/py/000018.sql): last_error keeps only the
-# newest message. The attempt recorded is the one the job is at: for a job
-# asked to cancel while it ran (py_cancel_jobs set its attempts to
+# newest message; and the lines its task logged (%(logs)s: null when none or
+# job logs are off) to _private_py_job_logs (000027.sql). The attempt
+# recorded is the one the job is at: for a job asked to cancel while it ran (py_cancel_jobs set its attempts to
 # max_attempts), the attempt its cancel request kept. The waiters of the jobs
 # (notify_on_finish) are told, in one notification.
 FAIL_BATCH = """
@@ -48,8 +49,11 @@ FAIL_BATCH = """
     from unnest(
       %(job_ids)b::bigint[], %(messages)s::text[], %(items)s::text[], %(permanent)s::bool[],
       %(timed_out)s::bool[], %(delays)s::float8[], %(snoozes)s::float8[], %(max_snoozes)s::int[],
-      %(tracebacks)s::text[]
-    ) as f(id, message, items, permanent, timed_out, delay, snooze, max_snoozes, traceback)
+      %(tracebacks)s::text[], %(logs)s::text[], %(logs_dropped)s::int[]
+    ) as f(
+      id, message, items, permanent, timed_out, delay, snooze, max_snoozes, traceback, logs,
+      logs_dropped
+    )
     left join {schema}._private_py_job_options as o on o.job_id = f.id
     left join {schema}._private_jobs as cur on cur.id = f.id
   ),
@@ -89,6 +93,16 @@ FAIL_BATCH = """
     from failure
     left join failed on failed.id = failure.id
     where not failure.snoozing
+      and (failed.id is not null or failure.cancelling)
+  ),
+  attempt_logs as (
+    insert into {schema}._private_py_job_logs (job_id, attempt, outcome, lines, dropped)
+    select failure.id, failure.attempt,
+      case when failure.cancelling then 'cancelled' else 'failed' end,
+      failure.logs, coalesce(failure.logs_dropped, 0)
+    from failure
+    left join failed on failed.id = failure.id
+    where failure.logs is not null and not failure.snoozing
       and (failed.id is not null or failure.cancelling)
   ),
   snoozes_counted as (

@@ -223,7 +223,13 @@ UNIQUE_TABLES_INSTALLED = """
 """
 
 # The state (and result) of one job: migrations/py/000007.sql.
-JOB_STATUS = "select * from {schema}.py_job_status(%(job_id)s)"
+# A job's record (py_job_status), and its progress (migrations/py/000027.sql;
+# null columns when it reported none).
+JOB_STATUS = """
+  select s.*, p.done, p.total, p.message, p.updated_at
+  from {schema}.py_job_status(%(job_id)s) as s
+  left join {schema}._private_py_job_progress as p on p.job_id = %(job_id)s::bigint
+"""
 
 # A job's attempt errors (migrations/py/000018.sql), with their tracebacks and
 # the operators' retries among them (000023.sql), oldest first, through their

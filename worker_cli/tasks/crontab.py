@@ -32,6 +32,7 @@ __all__ = [
     "CronItem",
     "CrontabError",
     "ParsedCronItem",
+    "parse_cron_item",
     "parse_cron_items",
     "parse_crontab",
     "parse_time_phrase",
@@ -123,6 +124,16 @@ class ParsedCronItem:
             return False
         return self.matches_day(ts)
 
+    def ever_fires(self) -> bool:
+        """Whether any day of any year matches (``0 0 31 2 *`` never does):
+        eight years hold every leap day on every day of the week."""
+        day, end = date(2024, 1, 1), date(2032, 1, 1)
+        while day < end:
+            if self.matches_day(day):
+                return True
+            day += timedelta(days=1)
+        return False
+
     def matches_day(self, day: date) -> bool:
         """Whether the item fires on ``day`` (its month, day of month and of week)."""
         if day.month not in self.months:
@@ -169,6 +180,11 @@ def parse_cron_items(items: Iterable[CronItem | Mapping[str, Any]]) -> list[Pars
             raise CrontabError(f"{where}: {exc}") from None
     _check_unique(parsed, lambda index: f"cron item {index}")
     return parsed
+
+
+def parse_cron_item(item: CronItem) -> ParsedCronItem:
+    """Validate one cron item (a database schedule's; the error says what is wrong)."""
+    return _parse_item(item)
 
 
 def parse_time_phrase(phrase: str) -> timedelta:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
+import math
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from functools import cached_property
 from typing import Any, TypeVar, overload
@@ -20,17 +21,34 @@ from ..jobs.payloads import NamedPayload, job_identity
 from ..jobs.unique import UniqueJobResult, UniqueSpec
 from ..jobs.workflow import Workflow, WorkflowError, is_step
 from ..jobs.workflow_state import ParentOutcome, StepContext
+from .attempt_log import AttemptLog
 from .operation_limits import Holds, OperationLimit, refuse_on_loop
 
-__all__ = ["Helpers", "JobLogger"]
+__all__ = ["MESSAGE_MAX", "Helpers", "JobLogger", "ProgressSink"]
 
 T = TypeVar("T")
+
+#: Where ``helpers.progress`` reports go: (job id, done, total, message).
+ProgressSink = Callable[[int, float, "float | None", "str | None"], None]
+
+#: The longest progress message kept, in characters (a longer one is cut).
+MESSAGE_MAX = 1000
 
 
 class JobLogger(logging.LoggerAdapter):  # type: ignore[type-arg]
     """A logger whose lines start with ``[job(worker-…: task{id})]``; the records
     also carry ``worker_id``, ``task_identifier``, ``job_id``, ``attempt`` and
-    ``max_attempts`` as attributes (fields of ``--log-format json``)."""
+    ``max_attempts`` as attributes (fields of ``--log-format json``). With
+    ``capture``, the lines it logs are also kept for the attempt
+    (``--job-logs``: :mod:`~worker_cli.tasks.attempt_log`)."""
+
+    capture: AttemptLog | None = None
+
+    def log(self, level: int, msg: Any, *args: Any, **kwargs: Any) -> None:
+        capture = self.capture
+        if capture is not None and self.isEnabledFor(level):
+            capture.add(level, msg, args, kwargs.get("exc_info"))
+        super().log(level, msg, *args, **kwargs)
 
     def process(self, msg: Any, kwargs: Any) -> tuple[Any, Any]:
         extra = self.extra or {}
@@ -54,6 +72,8 @@ class Helpers:
     - ``run(awaitable)``: from a plain (threaded) task, run one of the above on
       the worker's event loop and return its result
     - ``limit(name, partition)``: a block within an operation limit
+    - ``progress(done, total=None, message=None)``: how far the job has got
+      (shown by ``graphile-worker job ID``, the dashboard, ``get_job_result``)
     - ``workflow_id``, ``step_ref``, ``parents``: a workflow step's workflow,
       its name in it, and its parents' outcomes; ``add_steps(workflow)``: add
       steps to its workflow (dynamic fan-out)
@@ -77,9 +97,15 @@ class Helpers:
         abort_signal: asyncio.Event,
         loop: asyncio.AbstractEventLoop | None = None,
         step: StepContext | None = None,
+        progress: ProgressSink | None = None,
+        capture_logs: bool = False,
     ) -> None:
         self.job = job
         self._step = step
+        self._progress = progress
+        self._capture_logs = capture_logs
+        #: The attempt's kept log lines (made with the logger, when kept).
+        self.attempt_log: AttemptLog | None = None
         self.worker_id = worker_id
         self.abort_signal = abort_signal
         self._utils = utils
@@ -131,7 +157,7 @@ class Helpers:
     def logger(self) -> JobLogger:
         """A logger whose lines name the worker, the task and the job (made on first use)."""
         job = self.job
-        return JobLogger(
+        logger = JobLogger(
             logging.getLogger("graphile_worker.job"),
             {
                 "worker_id": self.worker_id,
@@ -141,6 +167,34 @@ class Helpers:
                 "max_attempts": job.max_attempts,
             },
         )
+        if self._capture_logs:
+            logger.capture = self.attempt_log = AttemptLog()
+        return logger
+
+    def progress(
+        self, done: float, total: float | None = None, message: str | None = None
+    ) -> None:
+        """Report how far the job has got: ``done`` of ``total`` (``done`` a
+        fraction from 0 to 1 when ``total`` is None), with an optional
+        ``message``. Call it as often as you like, from an ``async def`` or a
+        plain task: the worker writes each job's latest report at most twice
+        a second, beside the job (kept across retries, and with its history).
+        Raises ValueError naming the argument for a value that is not one."""
+        _check_number("done", done)
+        if total is None:
+            if not 0 <= done <= 1:
+                raise ValueError(
+                    f"done is {done!r}: without a total, done is a fraction from 0 to 1"
+                )
+        else:
+            _check_number("total", total)
+        if message is not None:
+            if not isinstance(message, str):
+                raise ValueError(f"message is {message!r}; it must be a string or None")
+            message = message[:MESSAGE_MAX].encode("utf-8", "backslashreplace").decode()
+            message = message.replace("\x00", "\\x00")
+        if self._progress is not None:
+            self._progress(self.job.id, float(done), None if total is None else float(total), message)
 
     @property
     def workflow_id(self) -> int | None:
@@ -292,3 +346,14 @@ class Helpers:
             return await awaitable
 
         return asyncio.run_coroutine_threadsafe(wrapper(), self._loop).result()
+
+
+def _check_number(name: str, value: object) -> None:
+    """A progress count: a finite number, 0 or more (an int past float's
+    range is none)."""
+    try:
+        finite = isinstance(value, int | float) and math.isfinite(value)
+    except OverflowError:
+        finite = False
+    if isinstance(value, bool) or not finite or value < 0:  # type: ignore[operator]
+        raise ValueError(f"{name} is {value!r}; it must be a finite number, 0 or more")

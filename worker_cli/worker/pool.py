@@ -38,6 +38,7 @@ from ..observe.progress import log_held_by_pauses
 from ..tasks.loader import Task
 from .background.heartbeat import Heartbeat, PoolReport
 from .background.lock_refresh import LockRefresh
+from .background.progress_writer import ProgressWriter
 from .background.loops import PoolHooks, background_loops
 from .background.pause_watch import Pauses
 from .declared_limits import declare_limits
@@ -243,10 +244,12 @@ class WorkerPool:
             pool_idle=lambda: not slots.running and not queue,
             on_written=self.nudge,
             history=HistorySettings(options.keep_succeeded) if options.history else None,
+            success_logs=options.job_logs == "all",
         )
         deadlines = StartDeadlines(
             utils.pool, options.schema, give_back=completer.return_unstarted, nudge=self.nudge
         )
+        progress = ProgressWriter(utils.pool, schema=options.schema)
         self._fetcher.limited.deadlines = deadlines
         slots = self._slots = Slots(
             concurrency=options.concurrency,
@@ -261,12 +264,16 @@ class WorkerPool:
             timeout_grace=options.timeout_grace,
             on_stuck_exit=self._on_stuck_exit,
             admit=deadlines.admit,
+            progress=progress.report,
+            job_logs=options.job_logs,
         )
         try:
             async with asyncio.TaskGroup() as group:
                 slot_tasks = slots.start(group)
                 fetcher = group.create_task(self._fetcher.run(self._on_exhausted))
                 writer = group.create_task(completer.run())
+                # Ended after the running jobs (their last reports are written).
+                progress_task = group.create_task(progress.run())
                 loops = [*self._background(utils, slots, completer, lock_refresh), deadlines.run()]
                 helpers = [group.create_task(loop) for loop in loops]
                 self.nudge()
@@ -288,8 +295,9 @@ class WorkerPool:
                 )
                 given_back = asyncio.ensure_future(completer.return_unstarted(slots.returned))
                 completer.close()
+                progress_task.cancel()
                 # A helper inside a query may take a while to end once cancelled.
-                await self._finish(returning, given_back, writer, *helpers)
+                await self._finish(returning, given_back, writer, progress_task, *helpers)
         finally:
             slots.close()
 

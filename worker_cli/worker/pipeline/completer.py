@@ -62,10 +62,13 @@ class Completer:
         pool_idle: Callable[[], bool],
         on_written: Callable[[], None],
         history: HistorySettings | None = None,
+        success_logs: bool = False,
     ) -> None:
         self._pool_id = pool_id = state.id
         #: The statements (and a refused result's isolation).
-        self.writer = ResultWriter(db, schema=schema, pool_id=pool_id, history=history)
+        self.writer = ResultWriter(
+            db, schema=schema, pool_id=pool_id, history=history, success_logs=success_logs
+        )
         self._delay = batch_delay
         #: Ids of the jobs the pool holds locked; written ones are removed.
         self._held = state.held

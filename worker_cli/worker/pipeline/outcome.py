@@ -35,6 +35,7 @@ from ...jobs.job import Job
 from ...jobs.job_state import encode_result
 from ...jobs.last_error import describe, storable, traceback_of
 from ...jobs.workflow import is_step
+from ...tasks.attempt_log import AttemptLog
 from ...tasks.loader import Task
 from ...tasks.retry_policy import MAX_DELAY, Cancel, Discard, RetryPolicy, Snooze, TaskSignal
 
@@ -62,6 +63,11 @@ class Ran:
     result: str | None = None
     #: Why what it returned was not kept (see ``encode_result``).
     result_error: str | None = None
+    #: The lines its task logged through helpers.logger (--job-logs), and
+    #: once settled, their text and how many were dropped (a success's are
+    #: written with --job-logs all only).
+    log: AttemptLog | None = None
+    logs: tuple[str, int] | None = None
 
 
 @dataclass(slots=True)
@@ -102,6 +108,8 @@ class Failure:
     #: :func:`~worker_cli.jobs.last_error.traceback_of`); last_error keeps
     #: ``message`` only.
     traceback: str | None = field(init=False)
+    #: The lines its task logged during the attempt (text, lines dropped).
+    logs: tuple[str, int] | None = None
 
     def __post_init__(self) -> None:
         self.traceback = traceback_of(self.error)
@@ -145,6 +153,10 @@ class Settler:
         ``ran`` itself, its result encoded). Never raises."""
         step = "settle its outcome"
         try:
+            log, ran.log = ran.log, None
+            if log is not None:
+                step = "keep its log lines"
+                ran.logs = log.render()
             if ran.error is None:
                 returned, ran.returned = ran.returned, None
                 if returned is None:
@@ -168,6 +180,7 @@ class Settler:
     def _failed(self, ran: Ran, error: BaseException, failed_items: list[int] | None) -> Failure:
         job = ran.job
         failure = Failure(job, ran.worker_id, error, describe(error), failed_items, ran.duration_ms)
+        failure.logs = ran.logs
         policy = self._policies.get(job.task_identifier) if self._policies else None
         if isinstance(error, TaskSignal):
             step = f"act on the {type(error).__name__} it raised"
@@ -208,6 +221,7 @@ class Settler:
             describe(exc).splitlines()[0],
         )
         failure = Failure(job, ran.worker_id, error, message, None, ran.duration_ms)
+        failure.logs = ran.logs
         if ran.timed_out is not None:
             self._timed_out(failure, ran.timed_out)
         return failure

@@ -66,6 +66,8 @@ class Reporter:
             self._completer.writer.keep_result(
                 job.id, outcome.result, outcome.result_error, step=is_step(job.flags)
             )
+        if outcome.logs is not None:
+            self._completer.writer.keep_logs(job, outcome.logs)
         if outcome.timed_out is not None:  # it returned after its timeout
             self._completer.writer.record_timed_out(job.id)
         self._completer.succeeded(job, worker_id)

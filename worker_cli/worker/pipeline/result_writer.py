@@ -46,6 +46,7 @@ from ...sql import cancel as cancel_sql
 from ...sql import completion as completion_sql
 from ...sql import compose
 from ...sql import failure as failure_sql
+from ...sql import job_logs as job_logs_sql
 from ...sql import workflows as workflows_sql
 from .outcome import Failure
 
@@ -100,6 +101,7 @@ class ResultWriter:
         schema: str,
         pool_id: str,
         history: HistorySettings | None,
+        success_logs: bool = False,
     ) -> None:
         self._db = db
         self._pool_id = pool_id
@@ -119,6 +121,11 @@ class ResultWriter:
         self._results: dict[int, tuple[str | None, str | None]] = {}
         #: Succeeded jobs waiting to be written that went past their timeout.
         self._timed_out: set[int] = set()
+        #: Successes keep their attempts' log lines (--job-logs all): job id
+        #: -> (attempt, text, lines dropped), written with their success.
+        self._success_logs = success_logs
+        self._logs: dict[int, tuple[int, str, int]] = {}
+        self._record_logs = compose(job_logs_sql.RECORD_SUCCESS_LOGS, schema)
 
     @property
     def keeps_results(self) -> bool:
@@ -133,6 +140,12 @@ class ResultWriter:
         if (self._history is not None or step) and (result is not None or error is not None):
             self._results[job_id] = (result, error)
 
+    def keep_logs(self, job: Job, logs: tuple[str, int]) -> None:
+        """The log lines of a job that succeeded, to be written with its
+        success (--job-logs all; else dropped: a success costs nothing)."""
+        if self._success_logs:
+            self._logs[job.id] = (job.attempts, *logs)
+
     def record_timed_out(self, job_id: int) -> None:
         """A job that succeeded after its timeout: its history says so."""
         if self._history is not None:
@@ -145,6 +158,9 @@ class ResultWriter:
                 self._results.pop(job.id, None)
         if self._timed_out:
             self._timed_out.difference_update(job.id for job, _ in succeeded)
+        if self._logs:
+            for job, _ in succeeded:
+                self._logs.pop(job.id, None)
 
     async def write(self, succeeded: Succeeded, failed: list[Failure]) -> None:
         """Write the results; if the server refuses them for what they hold,
@@ -233,9 +249,9 @@ class ResultWriter:
                                 "results": [results.get(i, (None, None))[0] for i in steps],
                             },
                         )
-                        await conn.execute(self._complete, self._complete_params(succeeded))
+                        await self._complete_batch(conn, succeeded)
                 else:
-                    await conn.execute(self._complete, self._complete_params(succeeded))
+                    await self._complete_batch(conn, succeeded)
             if failed:
                 params = {
                     "job_ids": [f.job.id for f in failed],
@@ -247,6 +263,8 @@ class ResultWriter:
                     "snoozes": [f.snooze for f in failed],
                     "max_snoozes": [f.max_snoozes for f in failed],
                     "tracebacks": [f.traceback for f in failed],
+                    "logs": [None if f.logs is None else f.logs[0] for f in failed],
+                    "logs_dropped": [None if f.logs is None else f.logs[1] for f in failed],
                     "pool_id": self._pool_id,
                     "channel": self._channel,
                 }
@@ -296,6 +314,28 @@ class ResultWriter:
                 self._record_cancelled, {**params, "messages": None, "timed_out": []}
             )
             await conn.execute(self._settle, {"job_ids": job_ids})
+
+    async def _complete_batch(
+        self, conn: psycopg.AsyncConnection[Any], succeeded: Succeeded
+    ) -> None:
+        """The success statement; with logs to keep (--job-logs all), and
+        them, in one transaction."""
+        logs = self._logs
+        kept = [(job.id, logs[job.id]) for job, _ in succeeded if job.id in logs] if logs else []
+        if not kept:
+            await conn.execute(self._complete, self._complete_params(succeeded))
+            return
+        async with conn.transaction():
+            await conn.execute(self._complete, self._complete_params(succeeded))
+            await conn.execute(
+                self._record_logs,
+                {
+                    "job_ids": [job_id for job_id, _ in kept],
+                    "attempts": [entry[0] for _, entry in kept],
+                    "lines": [entry[1] for _, entry in kept],
+                    "dropped": [entry[2] for _, entry in kept],
+                },
+            )
 
     def _complete_params(self, succeeded: Succeeded) -> dict[str, Any]:
         history = self._history

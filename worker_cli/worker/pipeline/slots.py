@@ -36,7 +36,7 @@ from ...client.worker_utils import WorkerUtils
 from ...errors import JobCancelled
 from ...jobs.inside_worker import SLOT_TASK_PREFIX
 from ...jobs.job import Job
-from ...tasks.helpers import Helpers
+from ...tasks.helpers import Helpers, ProgressSink
 from ...tasks.loader import Task
 from ..pool_state import PoolState
 from ..supervision.deadlines import Deadlines, job_timeout, task_timeouts
@@ -86,6 +86,8 @@ class Slots(SlotGroup):
         timeout_grace: float = 30.0,
         on_stuck_exit: Callable[[Job], None] = lambda job: None,
         admit: Callable[[Job], bool] = lambda job: True,
+        progress: ProgressSink | None = None,
+        job_logs: str = "failed",
     ) -> None:
         self._tasks = tasks
         self._queue = state.queue
@@ -111,6 +113,10 @@ class Slots(SlotGroup):
             step_result_limit=step_result_limit,
             cancelling=self.cancelling,
         )
+        #: Where helpers.progress reports go, and whether helpers.logger's
+        #: lines are kept for the attempt (--job-logs).
+        self._progress = progress
+        self._capture_logs = job_logs != "off"
         self._loop = asyncio.get_running_loop()
         #: The fetched jobs' own timeouts (seconds) by job id, taken at their start, and
         #: the tasks' (those that have one). While both are empty a job costs one test.
@@ -145,6 +151,8 @@ class Slots(SlotGroup):
             steps=self._steps,
             task_timeouts=self._task_timeouts,
             admit=admit,
+            progress=progress,
+            capture_logs=self._capture_logs,
         )
         self._watch = LoopWatch(self._loop, self.job_of)
         #: Jobs running now.
@@ -243,6 +251,8 @@ class Slots(SlotGroup):
             abort_signal=self.abort,
             loop=self._loop,
             step=self._steps.pop(job.id, None) if self._steps else None,
+            progress=self._progress,
+            capture_logs=self._capture_logs,
         )
         slot.job = job
         slot.helpers = helpers
@@ -288,6 +298,7 @@ class Slots(SlotGroup):
             return None
         duration = (time.perf_counter() - started) * 1000
         ran = Ran(job, slot.worker_id, error, duration, None if error is not None else result)
+        ran.log = helpers.attempt_log
         if timed_out is not None:
             ran.timed_out = task.options.on_timeout
             if error is not None and not (self.cancelling and job.id in self.cancelling):

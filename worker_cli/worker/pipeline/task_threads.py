@@ -46,7 +46,7 @@ from ...errors import JobCancelled, JobTimeout
 from ...jobs.inside_worker import TASK_THREAD_PREFIX
 from ...jobs.job import Job
 from ...jobs.workflow_state import StepContext
-from ...tasks.helpers import Helpers
+from ...tasks.helpers import Helpers, ProgressSink
 from ...tasks.loader import Task
 from .local_queue import LocalQueue, Refill
 from .outcome import Failure, Ran, Settler
@@ -164,6 +164,9 @@ class ThreadSettings:
     task_timeouts: Mapping[str, float] = field(default_factory=dict)
     #: Whether a taken job may start now (see :mod:`..supervision.start_deadlines`).
     admit: Callable[[Job], bool] = _always
+    #: Where helpers.progress reports go; whether helpers.logger's lines are kept.
+    progress: ProgressSink | None = None
+    capture_logs: bool = False
 
 
 class TaskThread:
@@ -302,6 +305,8 @@ class TaskThread:
             abort_signal=settings.abort,
             loop=settings.loop,
             step=settings.steps.pop(job.id, None) if settings.steps else None,
+            progress=settings.progress,
+            capture_logs=settings.capture_logs,
         )
         with self._lock:
             self._helpers = helpers
@@ -317,6 +322,7 @@ class TaskThread:
         error, returned = contained_call(task.function, job, helpers, settings.loop)
         duration = (time.perf_counter() - started) * 1000
         ran = Ran(job, self._worker_id, error, duration, returned)
+        ran.log = helpers.attempt_log
         if timeout is not None:
             with self._lock:
                 self._timed = None
