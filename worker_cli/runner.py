@@ -279,6 +279,11 @@ async def _start(
         conn = await connect(pool.conninfo_for("fetch"), autocommit=True)
         try:
             await migrate(conn, database.schema)
+            if not pool.once:
+                from .worker.background.schedule_source import refuse_shared_identifiers
+
+                identifiers = [item.identifier for item in pool.cron_items]
+                await refuse_shared_identifiers(conn, database.schema, identifiers)
         except BaseException:
             await conn.close()
             raise

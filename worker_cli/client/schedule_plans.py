@@ -120,7 +120,5 @@ def get_schedule(schema: str, identifier: str) -> Plan[Schedule | None]:
 
 def _get(schema: str, identifier: str) -> Plan[Schedule | None]:
     with schema_required(schema):
-        rows = yield from query(
-            compose(schedules_sql.SCHEDULE, schema), {"identifier": identifier}
-        )
+        rows = yield from query(compose(schedules_sql.SCHEDULE, schema), {"identifier": identifier})
     return Schedule.from_row(rows[0]) if rows else None

@@ -49,8 +49,8 @@ from ..jobs.job_spec import AddJobOptions, JobKeyMode, JobSpec, TaskSpec
 from ..jobs.job_state import AttemptError, JobLog, JobProgress, JobResult, JobState
 from ..jobs.limit_spec import Limit, LimitInfo
 from ..jobs.pause_spec import Pause
-from ..jobs.schedule import Schedule
 from ..jobs.payloads import NamedPayload, job_identity
+from ..jobs.schedule import Schedule
 from ..jobs.unique import UniqueJobResult, UniqueSpec
 from ..jobs.workflow import Workflow
 from ..jobs.workflow_state import AddedWorkflow, WorkflowInfo

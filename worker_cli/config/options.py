@@ -70,6 +70,7 @@ MAX_TIMEOUT_GRACE = 86_400
 #: The values of ``job_logs`` (``--job-logs``).
 JOB_LOGS_CHOICES = ("failed", "all", "off")
 
+
 @dataclass(frozen=True)
 class WorkerOptions:
     """How a worker pool runs; every field has the CLI's default."""

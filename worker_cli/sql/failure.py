@@ -25,8 +25,9 @@ from __future__ import annotations
 # _private_py_job_errors (migrations/py/000018.sql): last_error keeps only the
 # newest message; and the lines its task logged (%(logs)s: null when none or
 # job logs are off) to _private_py_job_logs (000027.sql). The attempt
-# recorded is the one the job is at: for a job asked to cancel while it ran (py_cancel_jobs set its attempts to
-# max_attempts), the attempt its cancel request kept. The waiters of the jobs
+# recorded is the one the job is at: for a job asked to cancel while it ran
+# (py_cancel_jobs set its attempts to max_attempts), the attempt its cancel
+# request kept. The waiters of the jobs
 # (notify_on_finish) are told, in one notification.
 FAIL_BATCH = """
   with failure as (

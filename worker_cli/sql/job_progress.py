@@ -26,15 +26,19 @@ JOB_PROGRESS = """
 
 # Delete, in one bounded batch, progress not updated for 7 days whose job has
 # left the jobs table (its history, if any, is 7 days old too: a failed job's
-# is kept that long, a success's a day by default).
+# is kept that long, a success's a day by default); how many.
 PRUNE_PROGRESS = """
-  delete from {schema}._private_py_job_progress as p
-  where p.job_id in (
-    select o.job_id
-    from {schema}._private_py_job_progress as o
-    where o.updated_at < now() - interval '7 days'
-      and not exists (select 1 from {schema}._private_jobs as j where j.id = o.job_id)
-    order by o.updated_at
-    limit %(limit)s
+  with pruned as (
+    delete from {schema}._private_py_job_progress as p
+    where p.job_id in (
+      select o.job_id
+      from {schema}._private_py_job_progress as o
+      where o.updated_at < now() - interval '7 days'
+        and not exists (select 1 from {schema}._private_jobs as j where j.id = o.job_id)
+      order by o.updated_at
+      limit %(limit)s
+    )
+    returning 1
   )
+  select count(*) from pruned
 """

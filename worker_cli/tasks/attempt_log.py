@@ -18,7 +18,6 @@ import traceback
 from collections import deque
 from typing import Any, Literal
 
-
 __all__ = ["BYTES_MAX", "LINES_MAX", "LINE_MAX", "AttemptLog", "JobLogs"]
 
 #: What ``--job-logs`` keeps: ``failed`` attempts' lines (the default),
@@ -55,7 +54,9 @@ class AttemptLog:
         if exc_info:
             text += "\n" + _traceback(exc_info)
         now = time.time()
-        stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1000):03d}Z"
+        stamp = (
+            time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1000):03d}Z"
+        )
         line = f"{stamp} {logging.getLevelName(level)} {text[:LINE_MAX]}"
         with self._lock:
             self._lines.append(line)

@@ -46,7 +46,9 @@ class JobLogger(logging.LoggerAdapter):  # type: ignore[type-arg]
 
     def log(self, level: int, msg: Any, *args: Any, **kwargs: Any) -> None:
         capture = self.capture
-        if capture is not None and self.isEnabledFor(level):
+        # INFO and above whatever the output's level (kept for the attempt
+        # even where the process prints only warnings); DEBUG when printed.
+        if capture is not None and (level >= logging.INFO or self.isEnabledFor(level)):
             capture.add(level, msg, args, kwargs.get("exc_info"))
         super().log(level, msg, *args, **kwargs)
 
@@ -171,9 +173,7 @@ class Helpers:
             logger.capture = self.attempt_log = AttemptLog()
         return logger
 
-    def progress(
-        self, done: float, total: float | None = None, message: str | None = None
-    ) -> None:
+    def progress(self, done: float, total: float | None = None, message: str | None = None) -> None:
         """Report how far the job has got: ``done`` of ``total`` (``done`` a
         fraction from 0 to 1 when ``total`` is None), with an optional
         ``message``. Call it as often as you like, from an ``async def`` or a
@@ -194,7 +194,9 @@ class Helpers:
             message = message[:MESSAGE_MAX].encode("utf-8", "backslashreplace").decode()
             message = message.replace("\x00", "\\x00")
         if self._progress is not None:
-            self._progress(self.job.id, float(done), None if total is None else float(total), message)
+            self._progress(
+                self.job.id, float(done), None if total is None else float(total), message
+            )
 
     @property
     def workflow_id(self) -> int | None:

@@ -38,9 +38,9 @@ from ..observe.progress import log_held_by_pauses
 from ..tasks.loader import Task
 from .background.heartbeat import Heartbeat, PoolReport
 from .background.lock_refresh import LockRefresh
-from .background.progress_writer import ProgressWriter
 from .background.loops import PoolHooks, background_loops
 from .background.pause_watch import Pauses
+from .background.progress_writer import ProgressWriter
 from .declared_limits import declare_limits
 from .pipeline.already_held import Refetched
 from .pipeline.completer import Completer

@@ -13,6 +13,13 @@ An item in a time zone (its ``?tz=``, or the worker's ``cron_timezone`` when
 that is not UTC) fires at the UTC minutes :mod:`worker_cli.tasks.cron_zones`
 computes, live and in backfill alike; its jobs' ``_cron`` also get ``local``,
 the wall time with its offset. ``ts`` and ``last_execution`` stay UTC instants.
+
+The schedules in the database (:mod:`.schedule_source`) are fired by the same
+loop, at the same minutes, by the same rules: each minute, those whose
+timetable matches are fired through ``schedules_sql.FIRE_SCHEDULES`` (their
+own ``last_execution`` decides which worker adds the job), and at start
+those with a ``fill`` are backfilled from where they last fired (never before
+``known_since``: their creation, or their last resume).
 """
 
 from __future__ import annotations
@@ -31,8 +38,10 @@ from ...config.zones import UTC_NAMES, zone_named
 from ...db.backoff import CRON, retry_until_done
 from ...sql import compose
 from ...sql import cron as cron_sql
+from ...sql import schedules as schedules_sql
 from ...tasks.cron_zones import ZoneTimetable, local_timestamp
 from ...tasks.crontab import ParsedCronItem
+from .schedule_source import DatabaseSchedules, Entry
 
 __all__ = ["Clock", "CronScheduler", "SystemClock", "cron_timestamp"]
 
@@ -82,8 +91,12 @@ class CronScheduler:
         *,
         clock: Clock | None = None,
         default_zone: str = "UTC",
+        schedules: DatabaseSchedules | None = None,
     ) -> None:
         self.items = list(items)
+        #: The database's schedules (None: only the crontab's items).
+        self.schedules = schedules
+        self._fire = compose(schedules_sql.FIRE_SCHEDULES, schema)
         self.pool = pool
         self.schema = schema
         self.clock = clock or SystemClock()
@@ -111,6 +124,11 @@ class CronScheduler:
 
     async def run(self) -> None:
         start = self.clock.now()
+        schedules = self.schedules
+        if schedules is not None:
+            await retry_until_done(
+                "read the schedules", schedules.load, logger=logger, backoff=CRON
+            )
         await retry_until_done(
             "register and backfill cron items",
             self.register_and_backfill,
@@ -118,7 +136,13 @@ class CronScheduler:
             logger=logger,
             backoff=CRON,
         )
-        ts = round_up_to_minute(start)
+        async with asyncio.TaskGroup() as group:
+            if schedules is not None:
+                group.create_task(schedules.watch())
+            await self._tick(round_up_to_minute(start))
+
+    async def _tick(self, ts: datetime) -> None:
+        """Fire what is due at each minute from ``ts`` on, for ever."""
         while True:
             now = self.clock.now()
             if now < ts:
@@ -137,6 +161,18 @@ class CronScheduler:
                     logger=logger,
                     backoff=CRON,
                 )
+            if self.schedules is not None:
+                fired = [entry for entry in self.schedules.entries.values() if entry.fires(ts)]
+                if fired:
+                    await retry_until_done(
+                        "fire schedules",
+                        self.fire,
+                        ts,
+                        fired,
+                        False,
+                        logger=logger,
+                        backoff=CRON,
+                    )
             ts += MINUTE
 
     async def register_and_backfill(self, start: datetime) -> None:
@@ -155,9 +191,23 @@ class CronScheduler:
             for item, fires in self.timetable
             if item.identifier in known and item.backfill_period
         ]
-        if not backfill:
+        # Schedules fire from where they last fired, never before known_since.
+        filled = [
+            (
+                entry,
+                max(
+                    entry.schedule.last_execution or entry.schedule.known_since,
+                    entry.schedule.known_since,
+                ),
+            )
+            for entry in (self.schedules.entries.values() if self.schedules is not None else ())
+            if entry.item.backfill_period
+        ]
+        periods = [item.backfill_period for item, _ in backfill]
+        periods += [entry.item.backfill_period for entry, _ in filled]
+        if not periods:
             return
-        ts = round_up_to_minute(start - max(item.backfill_period for item, _ in backfill))
+        ts = round_up_to_minute(start - max(periods))
         while ts < start:
             due = [
                 item
@@ -168,6 +218,13 @@ class CronScheduler:
             ]
             if due:
                 await self.schedule(ts, due, True)
+            fired = [
+                entry
+                for entry, since in filled
+                if entry.item.backfill_period >= start - ts and ts > since and entry.fires(ts)
+            ]
+            if fired:
+                await self.fire(ts, fired, True)
             ts += MINUTE
 
     async def schedule(
@@ -202,6 +259,36 @@ class CronScheduler:
                 " (backfill)" if backfilled else "",
             )
         return added
+
+    async def fire(self, ts: datetime, entries: Sequence[Entry], backfilled: bool) -> list[int]:
+        """Add the jobs of the schedules ``entries`` for the minute ``ts``
+        (those another worker fired already, or changed since they were
+        read, add none); returns the ids added."""
+        stamp = cron_timestamp(ts)
+        specs = []
+        for entry in entries:
+            cron: dict[str, Any] = {"ts": stamp, "backfilled": backfilled}
+            if entry.zone is not None:
+                cron["local"] = local_timestamp(ts, entry.zone)
+            specs.append(
+                {
+                    "identifier": entry.schedule.identifier,
+                    "version": entry.schedule.version,
+                    "payload": {**(entry.schedule.payload or {}), "_cron": cron},
+                }
+            )
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(self._fire, {"specs": json.dumps(specs), "ts": ts})
+            added = [(identifier, int(job_id)) async for identifier, job_id in cur]
+        if added:
+            logger.info(
+                "Cron: added %d job(s) of schedule(s) %s for %s%s",
+                len(added),
+                ", ".join(sorted(identifier for identifier, _ in added)),
+                stamp,
+                " (backfill)" if backfilled else "",
+            )
+        return [job_id for _, job_id in added]
 
     def _cron_field(
         self, item: ParsedCronItem, ts: datetime, stamp: str, backfilled: bool

@@ -4,7 +4,8 @@
 fetcher is nudged. ``<schema>:py:cancel`` means jobs were cancelled while
 running: the cancel watch looks for this pool's. ``<schema>:py:control``
 means a queue or task was paused or resumed: the pause watch reads the
-pauses again. ``worker:migrate`` with
+pauses again. ``<schema>:py:schedules`` means a schedule in the database
+changed: the cron scheduler reads them again. ``worker:migrate`` with
 ``breaking`` means another worker applied a schema revision this one does
 not know: the pool stops. A lost
 connection is re-opened with the :data:`retry.RECONNECT` backoff; once
@@ -64,6 +65,7 @@ class Listener:
         schema: str = "graphile_worker",
         on_cancel: Callable[[str], None] | None = None,
         on_control: Callable[[], None] | None = None,
+        on_schedules: Callable[[], None] | None = None,
         probe_pool: AsyncConnectionPool[Any] | None = None,
         poll_interval: float = 2.0,
     ) -> None:
@@ -84,6 +86,9 @@ class Listener:
         #: The channel of pauses and resumes (migrations/py/000014.sql).
         self._control_channel = channels.channel(schema, "control")
         self._on_control = on_control
+        #: The channel of schedules' changes (migrations/py/000027.sql).
+        self._schedules_channel = channels.channel(schema, "schedules")
+        self._on_schedules = on_schedules
         self._on_breaking_migration = on_breaking_migration
         self._on_reconnected = on_reconnected
         self._events = events
@@ -105,6 +110,10 @@ class Listener:
                         channel = sql.Identifier(self._control_channel)
                         await conn.execute(sql.SQL(listen_sql.LISTEN).format(channel))
                         self._on_control()  # pauses made while we were not listening
+                    if self._on_schedules is not None:
+                        channel = sql.Identifier(self._schedules_channel)
+                        await conn.execute(sql.SQL(listen_sql.LISTEN).format(channel))
+                        self._on_schedules()  # changes made while we were not listening
                     if self._probe_pool is not None:
                         channel = sql.Identifier(self._probe_channel)
                         await conn.execute(sql.SQL(listen_sql.LISTEN).format(channel))
@@ -192,6 +201,8 @@ class Listener:
             self._on_cancel(payload)
         elif channel == self._control_channel and self._on_control is not None:
             self._on_control()
+        elif channel == self._schedules_channel and self._on_schedules is not None:
+            self._on_schedules()
         elif channel == "worker:migrate":
             try:
                 details = json.loads(payload)

@@ -23,11 +23,13 @@ from ..pipeline.local_queue import LocalQueue
 from ..pipeline.slots import Slots
 from ..supervision.cancel_watch import CancelWatch
 from ..supervision.stuck import StuckJobs
+from .cron_scheduler import CronScheduler
 from .listener import Listener
 from .lock_refresh import LockRefresh
 from .maintenance import Poller, Sweeper
 from .pause_watch import Pauses, PauseSettings, PauseWatch
 from .pruner import HistoryPruner
+from .schedule_source import DatabaseSchedules
 from .workflow_repair import WorkflowRepair
 
 if TYPE_CHECKING:
@@ -95,6 +97,10 @@ def background_loops(
             nudge=pool.nudge,
             on_control=pool.limits_changed,
         )
+    # Cron: the crontab's items, and the database's schedules (always: one
+    # may be added at any time). A schedule without tz runs in UTC whatever
+    # this worker's cron_timezone: every worker of the fleet must agree.
+    schedules = DatabaseSchedules(utils.pool, options.schema, default_zone=None)
     listener = Listener(
         pool.connections,
         on_jobs=pool.nudge,
@@ -105,6 +111,7 @@ def background_loops(
         schema=options.schema,
         on_cancel=cancels.notified,
         on_control=pauses.notified if pauses is not None else None,
+        on_schedules=schedules.notified,
         probe_pool=utils.pool,
         poll_interval=options.poll_interval,
     )
@@ -134,15 +141,13 @@ def background_loops(
     ]
     if pauses is not None:
         loops.append(pauses.run())
-    if pool.cron_items:
-        from .cron_scheduler import CronScheduler
-
-        loops.append(
-            CronScheduler(
-                pool.cron_items,
-                utils.pool,
-                options.schema,
-                default_zone=options.cron_timezone,
-            ).run()
-        )
+    loops.append(
+        CronScheduler(
+            pool.cron_items,
+            utils.pool,
+            options.schema,
+            default_zone=options.cron_timezone,
+            schedules=schedules,
+        ).run()
+    )
     return loops

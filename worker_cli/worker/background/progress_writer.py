@@ -7,9 +7,10 @@ writer's loop writes the reports made since its last write, each job's
 latest, in one statement (``_private_py_job_progress``): at most a few writes
 a second per job, whatever the tasks do, and nothing on the completion's
 path. A report made just before its job ends is written after it (the row
-outlives the job: it is its history's progress). A write the database refuses
-or fails is logged and dropped (the next report replaces it): progress is
-information, never a job's outcome. When the pool stops, what is left is
+outlives the job: it is its history's progress). A write the database fails is
+logged and dropped (the next report replaces it): progress is information,
+never a job's outcome. One the database refuses for what a report holds (a
+user's trigger) is written again job by job: only that job's is dropped. When the pool stops, what is left is
 written once more, briefly.
 """
 
@@ -25,6 +26,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from ...sql import compose
 from ...sql import job_progress as progress_sql
+from ..pipeline.result_writer import refused
 
 __all__ = ["INTERVAL", "ProgressWriter"]
 
@@ -79,20 +81,31 @@ class ProgressWriter:
             pending, self._pending = self._pending, {}
         if not pending:
             return
+        try:
+            await self._write(pending)
+        except (psycopg.Error, OSError) as exc:
+            if not refused(exc) or len(pending) == 1:
+                logger.warning("Writing the progress of %d job(s) failed: %s", len(pending), exc)
+                return
+            # Refused for what one report holds (a user's trigger, say):
+            # each job's alone, so that the others are written.
+            for job_id, report in pending.items():
+                try:
+                    await self._write({job_id: report})
+                except (psycopg.Error, OSError) as exc:
+                    logger.warning("Writing the progress of job %d failed: %s", job_id, exc)
+
+    async def _write(self, pending: dict[int, Report]) -> None:
         ids = list(pending)
         reports = [pending[i] for i in ids]
-        try:
-            async with self._db.connection() as conn:
-                await conn.execute(
-                    self._statement,
-                    {
-                        "job_ids": ids,
-                        "dones": [r[0] for r in reports],
-                        "totals": [r[1] for r in reports],
-                        "messages": [r[2] for r in reports],
-                    },
-                )
-        except (psycopg.Error, OSError) as exc:
-            logger.warning("Writing the progress of %d job(s) failed: %s", len(ids), exc)
-            return
+        async with self._db.connection() as conn:
+            await conn.execute(
+                self._statement,
+                {
+                    "job_ids": ids,
+                    "dones": [r[0] for r in reports],
+                    "totals": [r[1] for r in reports],
+                    "messages": [r[2] for r in reports],
+                },
+            )
         self.written += len(ids)

@@ -31,6 +31,8 @@ from ...client.worker_utils import WorkerUtils
 from ...sql import cancel as cancel_sql
 from ...sql import compose
 from ...sql import history as history_sql
+from ...sql import job_logs as job_logs_sql
+from ...sql import job_progress as job_progress_sql
 from ...sql import workflows as workflows_sql
 
 __all__ = ["BATCH", "MAX_BATCHES", "SCAN", "HistoryPruner"]
@@ -72,6 +74,8 @@ class HistoryPruner:
         self._statement = compose(history_sql.PRUNE_HISTORY, schema)
         self._finalize = compose(cancel_sql.RECORD_CANCELLED, schema)
         self._prune_errors = compose(history_sql.PRUNE_ATTEMPT_ERRORS, schema)
+        self._prune_logs = compose(job_logs_sql.PRUNE_JOB_LOGS, schema)
+        self._prune_progress = compose(job_progress_sql.PRUNE_PROGRESS, schema)
         self._interval = interval
 
     async def run(self) -> None:
@@ -80,6 +84,7 @@ class HistoryPruner:
             await asyncio.sleep(random.uniform(low, high))
             await self.prune()
             await self.prune_attempt_errors()
+            await self.prune_job_logs()
             await self.finalize_cancelled()
             await self.prune_workflows()
 
@@ -151,6 +156,31 @@ class HistoryPruner:
         return await self._turn(
             self._prune_errors, {"limit": batch}, max_batches, kept_next, "attempt errors"
         )
+
+    async def prune_job_logs(
+        self, batch: int = BATCH, max_batches: int = MAX_BATCHES
+    ) -> int | None:
+        """One turn over the jobs' kept logs and progress (kept 7 days, as
+        the attempt errors): how many rows were deleted (None: the database
+        failed, which is logged)."""
+
+        def kept_next(row: tuple[Any, ...]) -> bool:
+            deleted, read = row
+            return bool(deleted < read or read < batch)
+
+        logs = await self._turn(
+            self._prune_logs, {"limit": batch}, max_batches, kept_next, "job logs"
+        )
+        progress = await self._turn(
+            self._prune_progress,
+            {"limit": batch},
+            max_batches,
+            lambda row: bool(row[0] < batch),
+            "job progress",
+        )
+        if logs is None or progress is None:
+            return None
+        return logs + progress
 
     async def _turn(
         self,
