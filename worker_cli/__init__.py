@@ -28,10 +28,18 @@ from .errors import (
 )
 from .jobs.job import Job
 from .jobs.job_spec import JobKeyMode, JobSpec, TaskSpec
-from .jobs.job_state import AttemptError, JobResult, JobState, ResultUnavailable
+from .jobs.job_state import (
+    AttemptError,
+    JobLog,
+    JobProgress,
+    JobResult,
+    JobState,
+    ResultUnavailable,
+)
 from .jobs.limit_spec import Limit, LimitInfo
 from .jobs.pause_spec import Pause
 from .jobs.payloads import NamedPayload
+from .jobs.schedule import Schedule
 from .jobs.unique import UniqueJobResult, UniqueRule, UniqueRuleError
 from .jobs.workflow import Step, Workflow, WorkflowError, batch
 from .jobs.workflow_state import AddedWorkflow, ParentOutcome, StepInfo, WorkflowInfo
@@ -62,6 +70,8 @@ __all__ = [
     "Job",
     "JobCancelled",
     "JobKeyMode",
+    "JobLog",
+    "JobProgress",
     "JobResult",
     "JobSpec",
     "JobSpecError",
@@ -80,6 +90,7 @@ __all__ = [
     "ResultUnavailable",
     "RetryPolicy",
     "Runner",
+    "Schedule",
     "SchemaNotInstalledError",
     "Snooze",
     "Step",

@@ -244,6 +244,29 @@ async def sets(payload, helpers):
     await helpers.query("set session characteristics as transaction read only")
 
 
+class ShownRaises:
+    """A log message whose text raises payload["kind"]."""
+
+    def __init__(self, kind):
+        self.kind = kind
+
+    def __str__(self):
+        raise boom(self.kind)
+
+
+async def job_log(payload, helpers):
+    # The attempt's kept lines (issue 46) and the worker's output both read it.
+    helpers.logger.info(ShownRaises(payload["kind"]))
+    raise ValueError("logged then failed")
+
+
+async def progress(payload, helpers):
+    if payload["value"] == "nul":
+        helpers.progress(0.5, message="a\\x00b \\ud800 " + "x" * 5000)
+        return None
+    helpers.progress({"nan": math.nan, "huge": 10**400, "over": 2}[payload["value"]])
+
+
 async def innocent(payload, helpers):
     await helpers.query("insert into public.innocent_runs values (%s)", (payload["n"],))
 
@@ -254,7 +277,7 @@ TASKS = {
         "task_async", "task_plain", "result_async", "result_plain", "batch", "batch_items",
         "snooze", "cancel", "backoff", "retry_on", "error_text", "events", "plain_events",
         "logged", "plain_logged", "limit_key", "limited", "sync_limit", "sync_run", "sets",
-        "innocent",
+        "job_log", "progress", "innocent",
     )
 }
 
@@ -370,6 +393,16 @@ def expected_of(task: str, payload: dict[str, Any]) -> Expected:
             return "succeeded", None
         case "sync_limit", _:
             return "failed", "RuntimeError: helpers.limit: 'with helpers.limit(...)' waits"
+        case "job_log", None:
+            # The job logger's prefix reads the message: the task's own call
+            # raises what its __str__ does, the job fails with it.
+            return "failed", raised(kind)
+        case "progress", "nul":
+            return "succeeded", None
+        case "progress", "over":
+            return "failed", "ValueError: done is 2: without a total"
+        case "progress", _:
+            return "failed", "ValueError: done is "
         case "sync_run", _:
             return "failed", "RuntimeError: helpers.run() waits for the worker's event loop"
     raise AssertionError(f"no expectation for {task} {payload}")
@@ -394,6 +427,7 @@ def bad_jobs() -> list[tuple[str, Any]]:
             "plain_events",
             "logged",
             "plain_logged",
+            "job_log",
         ):
             jobs.append((task, {"kind": kind}))
         jobs.append(("batch", [{"kind": kind}]))
@@ -404,6 +438,7 @@ def bad_jobs() -> list[tuple[str, Any]]:
         "backoff": ("nan", "text", "negative"),
         "error_text": ("long",),
         "limit_key": ("long", "nul", "surrogate"),
+        "progress": ("nan", "huge", "over", "nul"),
     }.items():
         jobs.extend((task, {"value": v}) for v in values)
     jobs.append(("batch_items", [{}, {}]))

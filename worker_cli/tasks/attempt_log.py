@@ -49,8 +49,8 @@ class AttemptLog:
         logging does); never raises."""
         try:
             text = str(msg) % args if args else str(msg)
-        except Exception as exc:  # a bad format: keep what can be kept
-            text = f"{msg!r} {args!r} (could not be formatted: {type(exc).__name__})"
+        except BaseException as exc:  # a bad format, a __str__ raising anything
+            text = f"<a line that could not be formatted: {type(exc).__name__}>"
         if exc_info:
             text += "\n" + _traceback(exc_info)
         now = time.time()

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-import math
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from functools import cached_property
@@ -180,23 +179,17 @@ class Helpers:
         plain task: the worker writes each job's latest report at most twice
         a second, beside the job (kept across retries, and with its history).
         Raises ValueError naming the argument for a value that is not one."""
-        _check_number("done", done)
-        if total is None:
-            if not 0 <= done <= 1:
-                raise ValueError(
-                    f"done is {done!r}: without a total, done is a fraction from 0 to 1"
-                )
-        else:
-            _check_number("total", total)
-        if message is not None:
-            if not isinstance(message, str):
-                raise ValueError(f"message is {message!r}; it must be a string or None")
-            message = message[:MESSAGE_MAX].encode("utf-8", "backslashreplace").decode()
-            message = message.replace("\x00", "\\x00")
+        # The checks cost a few comparisons: a task may call this in a tight
+        # loop (the message is made storable when written, at most twice a second).
+        if not (
+            type(done) in _NUMBER
+            and 0 <= done <= (1 if total is None else _LARGEST)
+            and (total is None or (type(total) in _NUMBER and 0 <= total <= _LARGEST))
+            and (message is None or isinstance(message, str))
+        ):
+            _refuse_progress(done, total, message)
         if self._progress is not None:
-            self._progress(
-                self.job.id, float(done), None if total is None else float(total), message
-            )
+            self._progress(self.job.id, done, total, message)
 
     @property
     def workflow_id(self) -> int | None:
@@ -350,12 +343,25 @@ class Helpers:
         return asyncio.run_coroutine_threadsafe(wrapper(), self._loop).result()
 
 
+#: Numbers progress takes (bool, an int subclass, is none), and the largest.
+_NUMBER = (int, float)
+_LARGEST = 1.7e308
+
+
+def _refuse_progress(done: object, total: object, message: object) -> None:
+    """Raise ValueError naming the argument of ``progress`` that is wrong."""
+    _check_number("done", done)
+    if total is None:
+        if not 0 <= done <= 1:  # type: ignore[operator]
+            raise ValueError(f"done is {done!r}: without a total, done is a fraction from 0 to 1")
+    else:
+        _check_number("total", total)
+    if message is not None and not isinstance(message, str):
+        raise ValueError(f"message is {message!r}; it must be a string or None")
+
+
 def _check_number(name: str, value: object) -> None:
-    """A progress count: a finite number, 0 or more (an int past float's
-    range is none)."""
-    try:
-        finite = isinstance(value, int | float) and math.isfinite(value)
-    except OverflowError:
-        finite = False
-    if isinstance(value, bool) or not finite or value < 0:  # type: ignore[operator]
+    """A progress count: a finite number, 0 or more (NaN, infinities and an
+    int past float's range are none)."""
+    if type(value) not in _NUMBER or not 0 <= value <= _LARGEST:  # type: ignore[operator]
         raise ValueError(f"{name} is {value!r}; it must be a finite number, 0 or more")

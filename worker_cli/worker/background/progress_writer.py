@@ -10,8 +10,8 @@ path. A report made just before its job ends is written after it (the row
 outlives the job: it is its history's progress). A write the database fails is
 logged and dropped (the next report replaces it): progress is information,
 never a job's outcome. One the database refuses for what a report holds (a
-user's trigger) is written again job by job: only that job's is dropped. When the pool stops, what is left is
-written once more, briefly.
+user's trigger) is written again job by job: only that job's is dropped.
+When the pool stops, what is left is written once more, briefly.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from ...sql import compose
 from ...sql import job_progress as progress_sql
+from ...tasks.helpers import MESSAGE_MAX
 from ..pipeline.result_writer import refused
 
 __all__ = ["INTERVAL", "ProgressWriter"]
@@ -103,9 +104,18 @@ class ProgressWriter:
                 self._statement,
                 {
                     "job_ids": ids,
-                    "dones": [r[0] for r in reports],
-                    "totals": [r[1] for r in reports],
-                    "messages": [r[2] for r in reports],
+                    "dones": [float(r[0]) for r in reports],
+                    "totals": [None if r[1] is None else float(r[1]) for r in reports],
+                    "messages": [_storable(r[2]) for r in reports],
                 },
             )
         self.written += len(ids)
+
+
+def _storable(message: str | None) -> str | None:
+    """A progress message as stored: its first :data:`MESSAGE_MAX`
+    characters, NUL and lone surrogates escaped."""
+    if message is None:
+        return None
+    cut = str(message)[:MESSAGE_MAX]
+    return cut.encode("utf-8", "backslashreplace").decode().replace("\x00", "\\x00")
