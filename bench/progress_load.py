@@ -40,7 +40,7 @@ TASKS = {
         "            helpers.progress(turn % 1000, 1000, f'turn {turn}')\n"
         "        await asyncio.sleep(0.001)\n"
         "        if turn % 200 == 0:\n"
-        "            rows = await helpers.query(\"select exists (select 1 from public.stop)\")\n"
+        '            rows = await helpers.query("select exists (select 1 from public.stop)")\n'
         "            if rows[0]['exists']:\n"
         "                return turn\n"
     ),
@@ -82,10 +82,11 @@ def one_round(admin: str, workdir: Path, jobs: int, progress: bool) -> tuple[flo
     )
     try:
         with psycopg.connect(url, autocommit=True) as conn:
-            noop = "(select id from graphile_worker._private_tasks where identifier = 'noop')"
-            while conn.execute(
-                f"select exists (select 1 from graphile_worker._private_jobs where task_id = {noop})"
-            ).fetchone()[0]:  # type: ignore[index]
+            left = (
+                "select exists (select 1 from graphile_worker._private_jobs where task_id = "
+                "(select id from graphile_worker._private_tasks where identifier = 'noop'))"
+            )
+            while conn.execute(left).fetchone()[0]:  # type: ignore[index]
                 time.sleep(0.2)
             cpu = cpu_seconds(worker.pid)
             conn.execute("insert into public.stop values (now())")
