@@ -136,7 +136,7 @@ if TYPE_CHECKING:
         make_sync_worker_utils,
         quick_add_job_sync,
     )
-    from .tasks.crontab import (
+    from .jobs.crontab import (
         CronItem,
         CrontabError,
         ParsedCronItem,
@@ -152,7 +152,7 @@ def __getattr__(name: str) -> Any:
     # The crontab parser is imported on first use: a worker without a crontab
     # starts faster.
     if name in _LAZY:
-        from .tasks import crontab
+        from .jobs import crontab
 
         return getattr(crontab, name)
     if name in _LAZY_SYNC:  # the synchronous utilities: a worker does not use them

@@ -31,7 +31,7 @@ from .worker import WorkerPool
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
-    from .tasks.crontab import ParsedCronItem
+    from .jobs.crontab import ParsedCronItem
 
 __all__ = ["Runner", "run", "run_migrations", "run_once"]
 
@@ -336,7 +336,7 @@ def load_cron_items(
     given = [x for x in (crontab, crontab_file, parsed_cron_items) if x is not None]
     if not given:
         return []
-    from .tasks.crontab import CrontabError, parse_crontab
+    from .jobs.crontab import CrontabError, parse_crontab
 
     if len(given) > 1:
         raise ConfigurationError("give at most one of crontab, crontab_file and parsed_cron_items")

@@ -36,7 +36,7 @@ from selenium.webdriver.common.by import By
 
 from worker_cli.dashboard import create_app
 from worker_cli.dashboard.security import Csrf
-from worker_cli.tasks.crontab import parse_crontab
+from worker_cli.jobs.crontab import parse_crontab
 
 pytestmark = pytest.mark.db
 

@@ -17,7 +17,7 @@ from psycopg_pool import AsyncConnectionPool
 from readme_blocks import blocks, write_files
 
 from worker_cli import parse_crontab
-from worker_cli.tasks.cron_zones import fire_instants
+from worker_cli.jobs.cron_zones import fire_instants
 from worker_cli.worker.background.cron_scheduler import CronScheduler
 
 __all__ = ["pool"]  # the fixture

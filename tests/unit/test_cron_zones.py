@@ -10,8 +10,8 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from worker_cli.tasks.cron_zones import ZoneTimetable, fire_instants, local_timestamp
-from worker_cli.tasks.crontab import CronItem, CrontabError, parse_cron_items, parse_crontab
+from worker_cli.jobs.cron_zones import ZoneTimetable, fire_instants, local_timestamp
+from worker_cli.jobs.crontab import CronItem, CrontabError, parse_cron_items, parse_crontab
 
 pytestmark = pytest.mark.unit
 

@@ -9,7 +9,7 @@ import pytest
 from dbhelpers import run_cli
 
 from worker_cli import CronItem, CrontabError, parse_cron_items, parse_crontab
-from worker_cli.tasks.crontab import parse_time_phrase
+from worker_cli.jobs.crontab import parse_time_phrase
 
 pytestmark = pytest.mark.unit
 

@@ -6,7 +6,7 @@ every Python worker fires as it fires its crontab's lines.
 :func:`schedule_params` checks what ``add_schedule`` was given, one field at a
 time, so that the error names the field, before anything is sent; and
 :func:`schedule_item` turns a stored schedule into the crontab code's
-:class:`~worker_cli.tasks.crontab.ParsedCronItem`, so its instants (time zones,
+:class:`~worker_cli.jobs.crontab.ParsedCronItem`, so its instants (time zones,
 daylight saving changes, backfill) are the crontab's, computed by the same code.
 """
 
@@ -20,8 +20,8 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from ..errors import JobSpecError
-from ..tasks.crontab import CronItem, CrontabError, ParsedCronItem, parse_cron_item
-from ..tasks.crontab import parse_time_phrase as _phrase
+from .crontab import CronItem, CrontabError, ParsedCronItem, parse_cron_item
+from .crontab import parse_time_phrase as _phrase
 from .job_spec import IDENTIFIER_MAX
 from .payloads import json_default
 

@@ -57,7 +57,7 @@ from .stopping import (
 from .supervision.start_deadlines import StartDeadlines
 
 if TYPE_CHECKING:
-    from ..tasks.crontab import ParsedCronItem
+    from ..jobs.crontab import ParsedCronItem
 
 __all__ = ["PoolLoad", "WorkerPool"]
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from ...sql import compose
 from ...sql import django as django_sql
-from ...tasks.crontab import ParsedCronItem, parse_crontab
+from ...jobs.crontab import ParsedCronItem, parse_crontab
 from ...tasks.helpers import Helpers
 
 __all__ = ["PRUNE_TASK", "make_prune_task", "prune_cron_items"]

@@ -10,7 +10,7 @@ recorded and not backfilled. A timer that fires early sleeps again; one that
 fires late (a paused process) catches up every missed minute, once each.
 
 An item in a time zone (its ``?tz=``, or the worker's ``cron_timezone`` when
-that is not UTC) fires at the UTC minutes :mod:`worker_cli.tasks.cron_zones`
+that is not UTC) fires at the UTC minutes :mod:`worker_cli.jobs.cron_zones`
 computes, live and in backfill alike; its jobs' ``_cron`` also get ``local``,
 the wall time with its offset. ``ts`` and ``last_execution`` stay UTC instants.
 
@@ -39,8 +39,8 @@ from ...db.backoff import CRON, retry_until_done
 from ...sql import compose
 from ...sql import cron as cron_sql
 from ...sql import schedules as schedules_sql
-from ...tasks.cron_zones import ZoneTimetable, local_timestamp
-from ...tasks.crontab import ParsedCronItem
+from ...jobs.cron_zones import ZoneTimetable, local_timestamp
+from ...jobs.crontab import ParsedCronItem
 from .schedule_source import DatabaseSchedules, Entry
 
 __all__ = ["Clock", "CronScheduler", "SystemClock", "cron_timestamp"]

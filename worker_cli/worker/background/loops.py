@@ -33,7 +33,7 @@ from .schedule_source import DatabaseSchedules
 from .workflow_repair import WorkflowRepair
 
 if TYPE_CHECKING:
-    from ...tasks.crontab import ParsedCronItem
+    from ...jobs.crontab import ParsedCronItem
 
 __all__ = ["PoolHooks", "background_loops"]
 

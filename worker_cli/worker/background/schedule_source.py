@@ -31,8 +31,8 @@ from ...errors import ConfigurationError
 from ...jobs.schedule import Schedule, schedule_item
 from ...sql import compose
 from ...sql import schedules as schedules_sql
-from ...tasks.cron_zones import ZoneTimetable
-from ...tasks.crontab import CrontabError, ParsedCronItem
+from ...jobs.cron_zones import ZoneTimetable
+from ...jobs.crontab import CrontabError, ParsedCronItem
 
 __all__ = ["POLL", "DatabaseSchedules", "Entry"]
 

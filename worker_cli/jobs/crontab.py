@@ -10,7 +10,7 @@ Fields take numbers, ``*``, ``*/n`` (every n-th value from the field's
 minimum), ranges ``a-b`` and comma-separated lists of these. Day of week is
 0-6 from Sunday (7 is Sunday too). When both day of month and day of week are
 restricted, a day matching either matches, as in cron. When a line's zone
-fires it (daylight saving time) is :mod:`worker_cli.tasks.cron_zones`'s business.
+fires it (daylight saving time) is :mod:`worker_cli.jobs.cron_zones`'s business.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from zoneinfo import ZoneInfo
 
 from ..config.zones import zone_named
 from ..errors import ConfigurationError
-from ..jobs.job_spec import IDENTIFIER_MAX, KEY_MAX
+from .job_spec import IDENTIFIER_MAX, KEY_MAX
 
 __all__ = [
     "CronItem",
