@@ -205,6 +205,8 @@ async def test_bad_input_is_refused_naming_the_field_with_nothing_written(
         ({"max_attempts": 0}, "max_attempts"),
         ({"queue_name": "a queue"}, "queue_name"),
         ({"paused": "yes"}, "paused"),
+        ({"job_key": "k\x00"}, "job_key"),
+        ({"job_key": "k\udcff"}, "job_key"),
     ]
     for change, field in cases:
         args: dict[str, Any] = {

@@ -24,6 +24,7 @@ from .crontab import CronItem, CrontabError, ParsedCronItem, parse_cron_item
 from .crontab import parse_time_phrase as _phrase
 from .job_spec import IDENTIFIER_MAX
 from .payloads import json_default
+from .text_args import check_text
 
 __all__ = [
     "PAYLOAD_MAX",
@@ -161,6 +162,7 @@ def schedule_params(
     """``add_schedule``'s arguments checked (a JobSpecError naming the field)
     and ready to send."""
     check_schedule_identifier(identifier)
+    check_text(job_key, "job_key")
     period = _fill(fill)
     base: dict[str, Any] = {"task": "t", "pattern": "* * * * *", "identifier": "t"}
     checks: list[tuple[str, dict[str, Any]]] = [
