@@ -16,6 +16,7 @@ from .commands import command, main
 from .job_commands import add_job, job
 from .limit_commands import limit, limits
 from .pause_commands import pause, pauses, resume
+from .schedule_commands import schedule, schedules
 from .workflow_commands import workflow, workflows
 
 command.add_command(add_job)
@@ -34,5 +35,7 @@ command.add_command(remove)
 command.add_command(migrate)
 command.add_command(workflow)
 command.add_command(workflows)
+command.add_command(schedule)
+command.add_command(schedules)
 
 __all__ = ["command", "main"]

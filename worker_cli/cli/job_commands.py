@@ -1,11 +1,12 @@
-"""The commands about single jobs: ``add-job``, and ``job`` (its record and
-attempt errors; ``--wait`` waits for it to finish)."""
+"""The commands about single jobs: ``add-job``, and ``job`` (its record, its
+progress and attempt errors; ``--logs`` the lines its attempts logged;
+``--wait`` waits for it to finish)."""
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -19,9 +20,9 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from ..jobs.job import Job
-    from ..jobs.job_state import AttemptError, JobResult
+    from ..jobs.job_state import AttemptError, JobLog, JobResult
 
-__all__ = ["WAIT_TIMEOUT_EXIT", "add_job", "format_record", "job"]
+__all__ = ["WAIT_TIMEOUT_EXIT", "add_job", "format_logs", "format_record", "job"]
 
 #: Exit code of ``job --wait`` when the job has not finished in time.
 WAIT_TIMEOUT_EXIT = 3
@@ -130,6 +131,14 @@ def added(job: Job, mode: str | None) -> str:
     help="Print every attempt's traceback (default: the newest attempt's).",
 )
 @click.option(
+    "--logs",
+    "with_logs",
+    is_flag=True,
+    help="Print the lines each kept attempt logged through helpers.logger (a worker keeps "
+    "failed and cancelled attempts' by default; --job-logs all keeps every attempt's); with "
+    '--json, as "logs".',
+)
+@click.option(
     "--wait",
     type=number(0, MAX_WAIT),
     metavar="SECONDS",
@@ -144,12 +153,14 @@ def job(
     job_id: int,
     as_json: bool,
     all_tracebacks: bool,
+    with_logs: bool,
     wait: float | None,
 ) -> None:
     """Print what is known of job ID: its state, task, queue, attempts, times,
-    payload, last error and result (from any process; see get_job_result),
-    and every failed attempt's error a Python worker kept (get_job_errors),
-    with the newest attempt's traceback."""
+    progress, payload, last error and result (from any process; see
+    get_job_result), and every failed attempt's error a Python worker kept
+    (get_job_errors), with the newest attempt's traceback; with --logs, the
+    lines its kept attempts logged (get_job_logs)."""
     import psycopg
 
     from ..client.job_waiting import WaitTimeout
@@ -160,7 +171,9 @@ def job(
 
     connection, schema = shared(ctx, connection, schema)
 
-    async def read() -> tuple[JobResult | None, list[AttemptError], Extras, WaitTimeout | None]:
+    async def read() -> tuple[
+        JobResult | None, list[AttemptError], Extras, WaitTimeout | None, list[JobLog] | None
+    ]:
         async with make_worker_utils(connection, schema=schema) as utils:
             record: JobResult | None
             timed_out = None
@@ -172,6 +185,7 @@ def job(
                 except WaitTimeout as exc:
                     record, timed_out = exc.last, exc
             errors = await utils.get_job_errors(job_id)
+            logs = await utils.get_job_logs(job_id) if with_logs else None
             async with utils.connection() as conn:
                 try:
                     cursor = await conn.execute(
@@ -183,18 +197,22 @@ def job(
                         "run `graphile-worker --schema-only` (or start a worker) to upgrade it"
                     ) from None
                 payload, removed_by = await cursor.fetchone() or (None, None)
-            return record, errors, Extras(payload, removed_by), timed_out
+            return record, errors, Extras(payload, removed_by), timed_out, logs
 
-    record, errors, extras, timed_out = run_async(read())
+    record, errors, extras, timed_out, logs = run_async(read())
     if record is not None:
         if as_json:
             document = record.as_dict()
             document["payload"] = None if extras.payload is None else json.loads(extras.payload)
             document["removed_by"] = extras.removed_by
             document["attempt_errors"] = [error.as_dict() for error in errors]
+            if logs is not None:
+                document["logs"] = [log.as_dict() for log in logs]
             click.echo(json.dumps(document))
         else:
             click.echo(format_record(record, errors, extras, all_tracebacks=all_tracebacks))
+            if logs is not None:
+                click.echo(format_logs(job_id, logs))
     if timed_out is not None:
         click.echo(f"Error: {timed_out}", err=True)
         ctx.exit(WAIT_TIMEOUT_EXIT)
@@ -267,6 +285,9 @@ def format_record(
             lines.append(f"  {label}: {shown}")
         if name == "key" and record.attempts is not None:
             lines.append(f"  attempts: {record.attempts} of {record.max_attempts}")
+        if name == "key" and record.progress is not None:
+            updated = record.progress.updated_at.isoformat()
+            lines.append(f"  progress: {record.progress}, updated {updated}")
     if record.timed_out:
         lines.append("  timed out: yes")
     lines.extend(_payload_lines(record, extras))
@@ -312,3 +333,24 @@ def _payload_lines(record: JobResult, extras: Extras) -> list[str]:
             "--json prints it whole)"
         ]
     return [f"  payload: {text}"]
+
+
+def format_logs(job_id: int, logs: Sequence[JobLog]) -> str:
+    """``job ID --logs``: each kept attempt's lines, oldest attempt first,
+    under a header naming the attempt, its outcome and when its lines were
+    written (UTC); or why there are none."""
+    if not logs:
+        return (
+            f"  no logs kept for job {job_id} (a worker keeps the lines a task logs through "
+            "helpers.logger for failed and cancelled attempts only, unless it runs with "
+            "--job-logs all; they are kept 7 days)"
+        )
+    lines = ["  logs (oldest attempt first):"]
+    for log in logs:
+        attempt = "?" if log.attempt is None else str(log.attempt)
+        at = log.logged_at.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+        lines.append(f"    attempt {attempt} ({log.outcome}, {at})")
+        lines.extend(f"      {line}" for line in log.lines)
+        if not log.lines:
+            lines.append("      (no lines)")
+    return "\n".join(lines)
