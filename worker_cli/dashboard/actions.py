@@ -62,16 +62,16 @@ def routes(dashboard: Site) -> list[Route]:
     ]
 
 
-async def read_form(request: Request) -> dict[str, str] | None:
+async def read_form(request: Request, limit: int = MAX_FORM) -> dict[str, str] | None:
     """An urlencoded form's fields (the last value of each), or None if the
-    body is not one or is too long."""
+    body is not one or is longer than ``limit`` bytes."""
     kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if kind != "application/x-www-form-urlencoded":
         return None
     body = b""
     async for chunk in request.stream():
         body += chunk
-        if len(body) > MAX_FORM:
+        if len(body) > limit:
             return None
     try:
         fields = parse_qs(body.decode(), keep_blank_values=True, max_num_fields=20)
@@ -89,15 +89,18 @@ def refused(dashboard: Site, request: Request, reason: str) -> Response:
     return dashboard.render(request, "error.html", status=403, title="Refused", reason=reason)
 
 
-async def checked_form(dashboard: Site, request: Request) -> dict[str, str] | Response:
+async def checked_form(
+    dashboard: Site, request: Request, *, limit: int = MAX_FORM
+) -> dict[str, str] | Response:
     """An action's POSTed form, or the response refusing it (read-only, from
-    another site, not a form, CSRF token missing or wrong)."""
+    another site, not a form or longer than ``limit`` bytes, CSRF token
+    missing or wrong)."""
     if dashboard.read_only:
         return refused(dashboard, request, READ_ONLY)
     foreign = foreign_post(request.headers, dashboard.hosts)
     if foreign is not None:
         return refused(dashboard, request, foreign)
-    form = await read_form(request)
+    form = await read_form(request, limit)
     if form is None:
         return refused(dashboard, request, "the request is not one of the dashboard's forms")
     if not dashboard.csrf.valid(request.cookies.get(Csrf.COOKIE), form.get(Csrf.FIELD)):

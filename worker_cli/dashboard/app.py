@@ -42,6 +42,7 @@ from . import (
     limit_actions,
     pages,
     pause_actions,
+    schedule_actions,
     throughput,
     workflow_actions,
     workflow_pages,
@@ -83,6 +84,8 @@ class Dashboard:
         cron_timezone: str = "UTC",
     ) -> None:
         self.crontab = crontab_page.load_crontab(crontab, crontab_file, cron_timezone)
+        #: The zone of the cron items and schedules without one (--cron-timezone).
+        self.cron_zone = crontab_page.cron_zone(cron_timezone)
         self.conninfo = resolve_connection_string(connection_string)
         self.no_prepared_statements = no_prepared_statements
         self.schema = resolve_schema(schema)
@@ -107,7 +110,8 @@ class Dashboard:
         inner = Starlette(
             routes=[
                 *throughput.routes(self),  # the overview, with its chart
-                *crontab_page.routes(self, self.crontab),
+                *crontab_page.routes(self, self.crontab, self.cron_zone),
+                *schedule_actions.routes(self, self.crontab, self.cron_zone),
                 *pages.routes(self),
                 *actions.routes(self),
                 *bulk_actions.routes(self),
@@ -352,7 +356,9 @@ def create_app(
     no session setting is made. ``crontab`` (its text) or ``crontab_file``: the
     workers' crontab, shown on the Crontab page with each item's schedule, time zone
     and next run (lines without ``?tz=`` in ``cron_timezone``, the workers'
-    ``--cron-timezone``); a bad one raises CrontabError as in the worker. Mount it
+    ``--cron-timezone``); a bad one raises CrontabError as in the worker. The Crontab
+    page lists the schedules in the database too (``add_schedule``), and adds, changes,
+    pauses, resumes and removes them unless ``read_only``. Mount it
     with ``app.mount("/queue", dashboard)``; close its connections with
     ``await dashboard.close()`` when the application stops.
     """

@@ -7,7 +7,7 @@ heartbeats list tasks, not cron items), so the dashboard reads a crontab given
 to it (``--crontab PATH``, ``create_app(crontab_file=...)`` or its text,
 ``crontab=``), parsed at start by the worker's own parser, with the worker's
 default zone (``--cron-timezone``). Its next runs are the worker's own
-instants (:func:`~worker_cli.tasks.cron_zones.fire_instants`, daylight saving
+instants (:func:`~worker_cli.jobs.cron_zones.fire_instants`, daylight saving
 as the scheduler applies it); its last runs are ``_private_known_crontabs``'
 (the scheduler's record, shared with Node). The identifiers the workers know
 that the file has not are listed apart, with their last run.
@@ -18,6 +18,14 @@ minutes: the same ``add_job`` call with its task, payload (and ``_cron``:
 a zone), queue, max attempts, priority, job key and mode. It leaves
 ``_private_known_crontabs`` alone: the last run stays the scheduler's last
 minute, so no scheduled run is skipped and none is backfilled because of it.
+
+The schedules in the database (``_private_py_schedules``: ``add_schedule``,
+``graphile-worker schedule``) are listed apart, each with its pattern, zone
+(none: the workers' ``--cron-timezone``, as the dashboard was told it), its
+state, its last run and lag, and its next runs, computed by the same code from
+the crontab code's item of the schedule
+(:func:`~worker_cli.jobs.schedule.schedule_item`); they are added, changed,
+paused, resumed and removed from here (:mod:`.schedule_actions`).
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ import json
 import logging
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from itertools import islice
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from zoneinfo import ZoneInfo
@@ -36,16 +45,27 @@ from starlette.routing import Route
 
 from ..config.zones import UTC_NAMES, zone_named
 from ..errors import ConfigurationError
+from ..jobs.cron_zones import fire_instants, local_timestamp
+from ..jobs.crontab import CrontabError, ParsedCronItem, parse_crontab
+from ..jobs.schedule import Schedule, schedule_item
 from ..sql import compose
 from ..sql import cron as cron_sql
-from ..tasks.cron_zones import fire_instants, local_timestamp
-from ..tasks.crontab import CrontabError, ParsedCronItem, parse_crontab
 from .actions import READ_ONLY, checked_form, redirect, refused
+from .schedule_actions import fill_phrase
 
 if TYPE_CHECKING:
     from .site import Site
 
-__all__ = ["CronLine", "Crontab", "load_crontab", "routes"]
+__all__ = [
+    "NEXT_RUNS",
+    "CronLine",
+    "Crontab",
+    "NextRun",
+    "cron_zone",
+    "load_crontab",
+    "next_runs",
+    "routes",
+]
 
 logger = logging.getLogger("graphile_worker.dashboard")
 
@@ -53,6 +73,37 @@ UTC_ZONE = ZoneInfo("UTC")
 #: How far ahead a next run is looked for (a 29 February item waits up to
 #: eight years around 2100; an item no date matches, ``0 0 31 2 *``, never runs).
 HORIZON = timedelta(days=366 * 9)
+#: The next runs shown of each item and schedule.
+NEXT_RUNS = 3
+#: The schedules in the database listed at most.
+SCHEDULES_SHOWN = 500
+
+
+@dataclass(frozen=True)
+class NextRun:
+    """An instant a cron item or a schedule fires at: in UTC, and as the wall
+    time of its zone (``2026-03-29 03:00 CEST``; empty in UTC)."""
+
+    at: datetime
+    local: str
+
+
+def next_runs(
+    item: ParsedCronItem, zone: ZoneInfo, now: datetime, count: int = NEXT_RUNS
+) -> list[NextRun]:
+    """The first ``count`` instants at or after ``now`` the scheduler fires
+    ``item`` at in ``zone`` (fewer when it fires fewer within HORIZON)."""
+    instants = fire_instants(item, zone, now, now + HORIZON)
+    return [NextRun(at, _local(at, zone)) for at in islice(instants, count)]
+
+
+def cron_zone(cron_timezone: str) -> ZoneInfo:
+    """The zone of the items and schedules without one (the workers'
+    ``--cron-timezone``); ConfigurationError naming it when there is none such."""
+    try:
+        return UTC_ZONE if cron_timezone in UTC_NAMES else zone_named(cron_timezone)
+    except ValueError as exc:
+        raise ConfigurationError(f"cron_timezone: {exc}") from None
 
 
 @dataclass(frozen=True)
@@ -81,10 +132,9 @@ class Crontab:
     def zone_of(self, item: ParsedCronItem) -> ZoneInfo:
         return item.tz or self.default_zone
 
-    def next_run(self, item: ParsedCronItem, now: datetime) -> datetime | None:
-        """The first instant at or after ``now`` the scheduler fires ``item`` at."""
-        instants = fire_instants(item, self.zone_of(item), now, now + HORIZON)
-        return next(instants, None)
+    def next_runs(self, item: ParsedCronItem, now: datetime) -> list[NextRun]:
+        """The next NEXT_RUNS instants from ``now`` the scheduler fires ``item`` at."""
+        return next_runs(item, self.zone_of(item), now)
 
     def payload(self, item: ParsedCronItem, ts: datetime) -> dict[str, Any]:
         """The payload the scheduler gives a job of ``item`` added at ``ts``."""
@@ -107,10 +157,7 @@ def load_crontab(
     """The crontab of ``crontab`` (its text) or ``crontab_file``, None if
     neither is given; ConfigurationError (CrontabError) saying why it cannot be
     read, as the worker says it."""
-    try:
-        default_zone = UTC_ZONE if cron_timezone in UTC_NAMES else zone_named(cron_timezone)
-    except ValueError as exc:
-        raise ConfigurationError(f"cron_timezone: {exc}") from None
+    default_zone = cron_zone(cron_timezone)
     if crontab is not None and crontab_file is not None:
         raise ConfigurationError("give at most one of crontab and crontab_file")
     source = ""  # text given in code: no file to name
@@ -150,8 +197,9 @@ def _lines(text: str, items: list[ParsedCronItem]) -> list[CronLine]:
     return lines
 
 
-def routes(dashboard: Site, crontab: Crontab | None) -> list[Route]:
-    page = _CrontabPage(dashboard, crontab)
+def routes(dashboard: Site, crontab: Crontab | None, zone: ZoneInfo = UTC_ZONE) -> list[Route]:
+    """The Crontab page and "Run now"; ``zone``: the workers' ``--cron-timezone``."""
+    page = _CrontabPage(dashboard, crontab, zone)
     return [
         Route("/crontab", page.show, methods=["GET"], name="crontab"),
         Route("/crontab/run-now", page.confirm, methods=["GET"]),
@@ -159,14 +207,50 @@ def routes(dashboard: Site, crontab: Crontab | None) -> list[Route]:
     ]
 
 
+def schedule_row(schedule: Schedule, zone: ZoneInfo, now: datetime) -> dict[str, Any]:
+    """What the Crontab page shows of a schedule in the database: its zone
+    (``zone`` when it has none: UTC, as the workers fire it), its next runs (none while it is paused),
+    or why its stored item cannot be read (a zone gone from the zone database)."""
+    options = [
+        f"{name} {value}"
+        for name, value in (
+            ("queue", schedule.queue_name),
+            ("priority", schedule.priority),
+            ("max attempts", schedule.max_attempts),
+            ("job key", schedule.job_key),
+            ("fill", fill_phrase(schedule.fill)),
+        )
+        if value not in (None, "")
+    ]
+    row: dict[str, Any] = {
+        "schedule": schedule,
+        "options": " · ".join(options),
+        "payload": json.dumps(schedule.payload, ensure_ascii=False) if schedule.payload else "",
+        "zone": schedule.tz or zone.key,
+        "zone_given": schedule.tz is not None,
+        "next_runs": [],
+        "error": None,
+    }
+    try:
+        item = schedule_item(schedule)
+    except (CrontabError, ValueError, TypeError) as exc:
+        row["error"] = str(exc)
+        return row
+    if not schedule.paused:
+        row["next_runs"] = next_runs(item, item.tz or zone, now)
+    return row
+
+
 class _CrontabPage:
-    def __init__(self, dashboard: Site, crontab: Crontab | None) -> None:
+    def __init__(self, dashboard: Site, crontab: Crontab | None, zone: ZoneInfo) -> None:
         self.dashboard = dashboard
         self.crontab = crontab
+        self.zone = zone
 
     async def show(self, request: Request) -> Response:
         async with self.dashboard.reading() as reader:
             known = await reader.crontab()
+            schedules = await reader.schedules(SCHEDULES_SHOWN + 1)
             now = await reader.now()
         return self.dashboard.render(
             request,
@@ -177,6 +261,11 @@ class _CrontabPage:
             crontab=self.crontab,
             items=self._rows(known, now),
             others=self._others(known),
+            # A schedule without a zone fires in UTC, whatever the workers'
+            # --cron-timezone (jobs/schedule.py): so are its next runs.
+            schedules=[schedule_row(s, UTC_ZONE, now) for s in schedules[:SCHEDULES_SHOWN]],
+            schedules_truncated=len(schedules) > SCHEDULES_SHOWN,
+            next_count=NEXT_RUNS,
             now=now,
         )
 
@@ -188,7 +277,6 @@ class _CrontabPage:
         rows = []
         for line in self.crontab.lines:
             item, zone = line.item, self.crontab.zone_of(line.item)
-            next_run = self.crontab.next_run(item, now)
             rows.append(
                 {
                     "line": line,
@@ -197,8 +285,7 @@ class _CrontabPage:
                     "zone": zone.key,
                     "zone_given": item.tz is not None,
                     "known": by_id.get(item.identifier),
-                    "next_run": next_run,
-                    "next_local": _local(next_run, zone),
+                    "next_runs": self.crontab.next_runs(item, now),
                 }
             )
         return rows

@@ -149,6 +149,15 @@ def length(period: timedelta | None) -> str:
     return f"{seconds:g}s"
 
 
+def figure(value: float | None) -> str:
+    """A progress's done or total: ``1,250`` for a whole number, else ``12.5``."""
+    if value is None or not math.isfinite(value):
+        return "" if value is None else str(value)
+    if value.is_integer() and abs(value) < 1e15:
+        return f"{int(value):,}"
+    return f"{value:,.6g}"
+
+
 def flags(value: Any) -> str:
     if not value:
         return ""
@@ -172,4 +181,5 @@ FILTERS = {
     "size": size,
     "flags": flags,
     "period": length,
+    "figure": figure,
 }

@@ -66,6 +66,15 @@ DONE = {
         "Workflow {workflow} runs again: {detail} (its failed and cancelled steps, and "
         "the steps after them) start as their parents end."
     ),
+    # A schedule in the database (schedule_actions.py); detail: what it does now.
+    "schedule-add": "Added schedule {name}{detail}.",
+    "schedule-change": "Changed schedule {name}{detail}.",
+    "schedule-pause": "Paused schedule {name}: it adds no job until it is resumed.",
+    "schedule-resume": (
+        "Resumed schedule {name}: it fires again from its next run (the paused time is "
+        "not backfilled)."
+    ),
+    "schedule-remove": "Removed schedule {name}: it adds no more jobs (those it added stay).",
 }
 
 #: Why an action was refused: nothing was changed.
@@ -94,6 +103,7 @@ REFUSED = {
     "workflow-nothing": (
         "Workflow {workflow} has no failed or cancelled step to run again: nothing was changed."
     ),
+    "schedule-gone": "Schedule {name} does not exist (removed already?): nothing was changed.",
 }
 
 #: The values a notice is filled with (each shortened to Flash.MAX_VALUE).
@@ -127,7 +137,8 @@ def notice_of(
 ) -> Notice | None:
     """The notice ``kind`` names, filled in; None for a kind there is none of.
     ``what`` and ``name``: a pause's or a limit's kind (``queue``, ``task``)
-    and name; ``error``: the line saying which field was refused;
+    and name (``name`` alone: a schedule's identifier); ``error``: the line
+    saying which field was refused;
     ``detail``: what a limit allows; ``workflow``: a workflow's id."""
     refused = kind in REFUSED
     template = REFUSED.get(kind) or DONE.get(kind)
@@ -139,6 +150,7 @@ def notice_of(
         job=job,
         pool=pool,
         state=state,
+        name=name,
         target=target,
         error=error,
         detail=detail,

@@ -8,6 +8,7 @@ from one snapshot and one ``now()``.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import cache
@@ -16,10 +17,13 @@ from typing import Any, LiteralString
 import psycopg
 from psycopg.rows import dict_row
 
+from ..jobs.job_state import JobProgress
+from ..jobs.schedule import Schedule
 from ..observe.status_report import STRANDED_CAP
 from ..schema.migrate import MigrationFiles
 from ..sql import compose
 from ..sql import dashboard as dashboard_sql
+from ..sql import job_progress as job_progress_sql
 from ..sql import limits as limits_sql
 from ..sql import status as status_sql
 from . import filters as queries
@@ -64,6 +68,9 @@ RESULT_READ = 1_000_000
 #: cut at ERROR_READ characters.
 ATTEMPT_ERRORS_SHOWN = 50
 ERROR_READ = 20_000
+#: A job's page shows the kept logs of its JOB_LOGS_SHOWN newest attempts
+#: (each at most 64 KiB: the worker's bound).
+JOB_LOGS_SHOWN = 20
 
 
 @dataclass(frozen=True)
@@ -206,6 +213,25 @@ class PoolsPage:
     live: list[LockHolder] = field(default_factory=list)
     #: Pools without a live heartbeat that hold locks (or left a stale row).
     others: list[LockHolder] = field(default_factory=list)
+
+
+#: A kept log line: its time (UTC), its level, its message (attempt_log.py).
+_LOG_LINE = re.compile(r"^\S+Z (DEBUG|INFO|WARNING|ERROR|CRITICAL) ")
+
+
+def log_lines(text: str) -> tuple[list[tuple[str, str]], int]:
+    """An attempt's kept text as (level, line) pairs, level lower case
+    (``info``, ``error``...; a line that continues an entry, its message's
+    further lines or its traceback, has the entry's; the line saying how many
+    were dropped, ``note``), and how many entries it holds."""
+    lines = []
+    level, entries = "note", 0
+    for line in text.split("\n") if text else []:
+        found = _LOG_LINE.match(line)
+        if found:
+            level, entries = found.group(1).lower(), entries + 1
+        lines.append((level, line))
+    return lines, entries
 
 
 @cache
@@ -371,6 +397,21 @@ class Reader:
             dashboard_sql.ATTEMPT_ERRORS, id=job_id, limit=ATTEMPT_ERRORS_SHOWN, cut=ERROR_READ
         )
 
+    async def job_progress(self, job_id: int) -> JobProgress | None:
+        """The job's progress as its task last reported it, or None."""
+        found = await self.row(job_progress_sql.JOB_PROGRESS, job_id=job_id)
+        return None if found is None else JobProgress(**found)
+
+    async def job_logs(self, job_id: int) -> list[Row]:
+        """The job's kept logs, newest attempt first (at most JOB_LOGS_SHOWN;
+        each row says how many there are), each with its ``lines`` as
+        (level, text) pairs and the entries they hold (``line_count``:
+        :func:`log_lines`)."""
+        found = await self.rows(dashboard_sql.JOB_LOGS, id=job_id, limit=JOB_LOGS_SHOWN)
+        for row in found:
+            row["lines"], row["line_count"] = log_lines(row["lines"])
+        return found
+
     async def task_identifiers(self) -> list[str]:
         return [
             row["identifier"]
@@ -407,6 +448,10 @@ class Reader:
 
     async def crontab(self) -> list[Row]:
         return await self.rows(dashboard_sql.CRONTAB, limit=LIST_LIMIT)
+
+    async def schedules(self, limit: int = LIST_LIMIT) -> list[Schedule]:
+        """The schedules in the database, by identifier (at most ``limit``)."""
+        return [Schedule(**row) for row in await self.rows(dashboard_sql.SCHEDULES, limit=limit)]
 
     async def now(self) -> datetime:
         found = await self.row(dashboard_sql.NOW)

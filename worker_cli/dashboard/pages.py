@@ -119,6 +119,8 @@ class _Pages:
             job = await reader.job(job_id)
             finished = None if job is not None else await reader.finished_job(job_id)
             attempts = await reader.attempt_errors(job_id)
+            progress = await reader.job_progress(job_id)
+            logs = await reader.job_logs(job_id)
             now = await reader.now()
         if finished is not None:
             return self.dashboard.render(
@@ -129,6 +131,8 @@ class _Pages:
                 page="finished",
                 job=finished,
                 attempts=attempts,
+                progress=progress,
+                logs=logs,
                 now=now,
             )
         if job is None:
@@ -141,6 +145,8 @@ class _Pages:
             page="jobs",
             job=job,
             attempts=attempts,
+            progress=progress,
+            logs=logs,
             now=now,
         )
 

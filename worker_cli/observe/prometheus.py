@@ -37,7 +37,13 @@ Where each figure comes from, so that nothing is paid when metrics are off
   ``running``) and those that finished in the last day (``succeeded``,
   ``failed``, ``cancelled``), each counted through its index up to
   :data:`~worker_cli.observe.queue_depth.WORKFLOWS_CAP`; in the same cached
-  query.
+  query;
+- ``graphile_worker_schedule_last_run_timestamp_seconds{schedule}`` and
+  ``graphile_worker_schedule_lag_seconds{schedule}``: each schedule in the
+  database that has fired, when its last job was added and how long after its
+  instant (at most :data:`SCHEDULES_READ` schedules, by identifier); read with
+  the depth, as often, in a transaction of its own
+  (:class:`_ScheduledDepth`).
 """
 
 from __future__ import annotations
@@ -45,11 +51,18 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
 
+import psycopg
+from psycopg_pool import AsyncConnectionPool
+
+from ..db.backoff import one_line
 from ..errors import ConfigurationError
 from ..extras import install_hint
+from ..sql import compose
+from ..sql import depth_metrics as depth_metrics_sql
+from ..sql import schedule_metrics as schedule_metrics_sql
 from .job_stats import DURATION_BUCKETS, OUTCOMES, JobStats
 from .queue_depth import (
     EMPTY_GROUP,
@@ -93,6 +106,50 @@ __all__ = [
 ]
 
 logger = logging.getLogger("graphile_worker.metrics")
+
+#: Schedules in the database read at most (two series each, by identifier).
+SCHEDULES_READ = 1000
+
+
+@dataclass(frozen=True)
+class ScheduleRun:
+    """A schedule's last run: the unix time its job was added, and how many
+    seconds after the instant it fired at (both None until it first fires)."""
+
+    identifier: str
+    last_run_at: float | None
+    lag: float | None
+
+
+@dataclass(frozen=True)
+class _DepthAndSchedules(Depth):
+    """The depth's figures, and the schedules' last runs (by identifier;
+    empty when they could not be read)."""
+
+    schedules: tuple[ScheduleRun, ...] = ()
+
+
+class _ScheduledDepth(QueueDepth):
+    """The queue depth's cached read, which reads the schedules' last runs
+    too, after the depth's own statements, in a transaction of its own (a
+    failure there leaves the depth's figures whole, and is logged)."""
+
+    def __init__(self, pool: ObservedPool, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(pool, loop)
+        self._schedules = compose(schedule_metrics_sql.SCHEDULE_RUNS, pool.options.schema)
+
+    async def _query(self, pool: AsyncConnectionPool[Any]) -> Depth:
+        depth = await super()._query(pool)
+        try:
+            async with pool.connection() as conn, conn.transaction():
+                await conn.execute(depth_metrics_sql.STATEMENT_TIMEOUT)
+                cur = await conn.execute(self._schedules, {"limit": SCHEDULES_READ})
+                runs = tuple(ScheduleRun(str(i), at, lag) for i, at, lag in await cur.fetchall())
+        except psycopg.Error as exc:
+            logger.warning("Could not read the schedules for the metrics: %s", one_line(exc))
+            runs = ()
+        figures = {field.name: getattr(depth, field.name) for field in fields(depth)}
+        return _DepthAndSchedules(**figures, schedules=runs)
 
 
 class _Collector:
@@ -176,6 +233,7 @@ class _Collector:
         yield from _limit_families(queue)
         yield _stranded_family(queue)
         yield _workflows_family(queue)
+        yield from _schedule_families(queue)
 
 
 def _depth_families(queue: Depth | None, tasks: Iterable[str]) -> Iterator[Metric]:
@@ -259,6 +317,32 @@ def _workflows_family(queue: Depth | None) -> Metric:
     return workflows
 
 
+def _schedule_families(queue: Depth | None) -> Iterator[Metric]:
+    """The schedules' families, filled from ``queue`` (None, or no schedules
+    read: empty): a series per schedule in the database that has fired."""
+    last_run = GaugeMetricFamily(
+        "graphile_worker_schedule_last_run_timestamp_seconds",
+        "When each schedule in the database last added its job (unix time; every "
+        "Python worker fires them); no series until it first fires; read with the queue "
+        f"depth, the first {SCHEDULES_READ:,} schedules by identifier.",
+        labels=("schedule",),
+    )
+    lag = GaugeMetricFamily(
+        "graphile_worker_schedule_lag_seconds",
+        "Seconds between the instant a schedule in the database last fired at and the "
+        "moment its job was added (a backfilled run's is large); no series until it "
+        "first fires; read with the queue depth.",
+        labels=("schedule",),
+    )
+    runs = queue.schedules if isinstance(queue, _DepthAndSchedules) else ()
+    for run in runs:
+        if run.last_run_at is not None:
+            last_run.add_metric([run.identifier], run.last_run_at)
+        if run.lag is not None:
+            lag.add_metric([run.identifier], run.lag)
+    yield from (last_run, lag)
+
+
 def _limit_families(queue: Depth | None) -> Iterator[Metric]:
     """The limits' families, filled from ``queue`` (None: empty). A limit
     has the running pair if it caps running jobs, the starts pair if it
@@ -306,7 +390,7 @@ class WorkerMetrics:
         self.pool = pool
         self.registry = registry
         self.stats = JobStats(pool.tasks)
-        self.depth = QueueDepth(pool, asyncio.get_running_loop())
+        self.depth = _ScheduledDepth(pool, asyncio.get_running_loop())
         self._collector = _Collector(pool, self.stats, self.depth)
         self._handlers = (
             ("job:success", self.stats.on_success),

@@ -427,6 +427,30 @@ CRONTAB = """
   limit %(limit)s
 """
 
+# The schedules in the database (migrations/py/000027.sql: one small row per
+# schedule an operator or an application added), the first %(limit)s by
+# identifier (their primary key), with the columns of
+# worker_cli.jobs.schedule.SCHEDULE_COLUMNS.
+SCHEDULES = """
+  select s.identifier, s.pattern, s.task_identifier, s.payload, s.tz, s.fill, s.queue_name,
+    s.priority, s.max_attempts, s.job_key, s.paused, s.version, s.created_at, s.updated_at,
+    s.known_since, s.last_execution, s.last_run_at
+  from {schema}._private_py_schedules as s
+  order by s.identifier
+  limit %(limit)s
+"""
+
+# A job's kept logs (migrations/py/000027.sql: the lines its task logged in an
+# attempt, at most 64 KiB each, kept 7 days), newest first, through their
+# job_id index: the %(limit)s newest, and how many there are.
+JOB_LOGS = """
+  select l.id, l.attempt, l.outcome, l.logged_at, l.lines, l.dropped, count(*) over () as total
+  from {schema}._private_py_job_logs as l
+  where l.job_id = %(id)s::bigint
+  order by l.id desc
+  limit %(limit)s
+"""
+
 # The newest CHART_READ history rows and live jobs (each through its primary
 # key, backward), as events: completed, failed, cancelled, added, each at its
 # time, with the wait of a completed job; then counted per bucket from

@@ -47,13 +47,14 @@
     return (active && /^(INPUT|SELECT|TEXTAREA)$/.test(active.tagName)) || drafting();
   }
 
-  // An open <details> (the pause form) stays open in the refreshed content.
+  // A <details> with an id (the pause form, a job's log) stays open or
+  // closed in the refreshed content as it was left.
   function keepOpen(current, next) {
-    var open = current.querySelectorAll("details[id][open]");
-    for (var i = 0; i < open.length; i++) {
-      var same = next.querySelector("#" + open[i].id);
+    var boxes = current.querySelectorAll("details[id]");
+    for (var i = 0; i < boxes.length; i++) {
+      var same = next.querySelector("#" + boxes[i].id);
       if (same) {
-        same.open = true;
+        same.open = boxes[i].open;
       }
     }
   }
