@@ -8,9 +8,9 @@ from __future__ import annotations
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+from ...jobs.crontab import ParsedCronItem, parse_crontab
 from ...sql import compose
 from ...sql import django as django_sql
-from ...jobs.crontab import ParsedCronItem, parse_crontab
 from ...tasks.helpers import Helpers
 
 __all__ = ["PRUNE_TASK", "make_prune_task", "prune_cron_items"]

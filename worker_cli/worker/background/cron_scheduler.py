@@ -36,11 +36,11 @@ from psycopg_pool import AsyncConnectionPool
 
 from ...config.zones import UTC_NAMES, zone_named
 from ...db.backoff import CRON, retry_until_done
+from ...jobs.cron_zones import ZoneTimetable, local_timestamp
+from ...jobs.crontab import ParsedCronItem
 from ...sql import compose
 from ...sql import cron as cron_sql
 from ...sql import schedules as schedules_sql
-from ...jobs.cron_zones import ZoneTimetable, local_timestamp
-from ...jobs.crontab import ParsedCronItem
 from .schedule_source import DatabaseSchedules, Entry
 
 __all__ = ["Clock", "CronScheduler", "SystemClock", "cron_timestamp"]

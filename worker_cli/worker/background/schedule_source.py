@@ -28,11 +28,11 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from ...errors import ConfigurationError
+from ...jobs.cron_zones import ZoneTimetable
+from ...jobs.crontab import CrontabError, ParsedCronItem
 from ...jobs.schedule import Schedule, schedule_item
 from ...sql import compose
 from ...sql import schedules as schedules_sql
-from ...jobs.cron_zones import ZoneTimetable
-from ...jobs.crontab import CrontabError, ParsedCronItem
 
 __all__ = ["POLL", "DatabaseSchedules", "Entry"]
 
