@@ -209,8 +209,9 @@ def routes(dashboard: Site, crontab: Crontab | None, zone: ZoneInfo = UTC_ZONE) 
 
 def schedule_row(schedule: Schedule, zone: ZoneInfo, now: datetime) -> dict[str, Any]:
     """What the Crontab page shows of a schedule in the database: its zone
-    (``zone`` when it has none: UTC, as the workers fire it), its next runs (none while it is paused),
-    or why its stored item cannot be read (a zone gone from the zone database)."""
+    (``zone`` when it has none: UTC, as the workers fire it), its next runs
+    (none while it is paused), or why its stored item cannot be read (a zone
+    gone from the zone database)."""
     options = [
         f"{name} {value}"
         for name, value in (
