@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from dbhelpers import rows, value
 
-from worker_cli import Helpers, WorkerUtils, run_once
+from worker_cli import Helpers, WorkerUtils, run, run_once
 from worker_cli.tasks.attempt_log import BYTES_MAX, LINES_MAX
 from worker_cli.worker.background.pruner import HistoryPruner
 
@@ -146,14 +146,16 @@ async def test_a_cancelled_attempt_keeps_its_lines_as_cancelled(
         await asyncio.sleep(60)
 
     job = await utils.add_job("waits", {})
-
-    async def cancel_when_started() -> None:
-        await started.wait()
-        await utils.cancel_job(job.id, "not needed")
-
-    canceller = asyncio.create_task(cancel_when_started())
-    await drain(db, {"waits": waits})
-    await canceller
+    # A running worker (not --once) hears the cancel at once (its listener).
+    runner = await run(db, task_list={"waits": waits}, no_handle_signals=True)
+    try:
+        async with asyncio.timeout(30):
+            await started.wait()
+            await utils.cancel_job(job.id, "not needed")
+            record = await utils.wait_for_job(job.id)
+    finally:
+        await runner.stop()
+    assert record.state == "cancelled"
     (log,) = await utils.get_job_logs(job.id)
     assert log.outcome == "cancelled"
     assert log.lines[0].endswith("INFO waiting for ever")

@@ -115,6 +115,8 @@ def write_batch(db: str, statement: str, job_ids: list[int]) -> None:
             snoozes=[None] * n,
             max_snoozes=[None] * n,
             tracebacks=[None] * n,
+            logs=[None] * n,
+            logs_dropped=[None] * n,
         )
     source = getattr(completion_sql, statement.upper(), None) or getattr(
         failure_sql, statement.upper()

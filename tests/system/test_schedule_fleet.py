@@ -14,7 +14,7 @@ from worker_fleet import create_runs, make_tasks, start, stop, wait_until_listen
 
 from worker_cli import make_sync_worker_utils
 
-pytestmark = pytest.mark.db
+pytestmark = [pytest.mark.db, pytest.mark.slow]
 
 
 def test_a_schedule_added_while_three_workers_run_fires_once_per_minute(

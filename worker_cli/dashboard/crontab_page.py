@@ -51,7 +51,7 @@ from ..jobs.schedule import Schedule, schedule_item
 from ..sql import compose
 from ..sql import cron as cron_sql
 from .actions import READ_ONLY, checked_form, redirect, refused
-from .schedule_actions import fill_phrase
+from .formatting import fill_phrase
 
 if TYPE_CHECKING:
     from .site import Site

@@ -183,3 +183,14 @@ FILTERS = {
     "period": length,
     "figure": figure,
 }
+
+
+def fill_phrase(period: timedelta) -> str:
+    """A backfill period as the form takes it (``2d``, ``1h30m``; empty for none)."""
+    seconds = int(period.total_seconds())
+    parts = []
+    for unit, size in (("w", 604800), ("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
+        if seconds >= size:
+            parts.append(f"{seconds // size}{unit}")
+            seconds %= size
+    return "".join(parts)

@@ -26,7 +26,6 @@ from __future__ import annotations
 import json
 import logging
 from dataclasses import dataclass, field
-from datetime import timedelta
 from functools import cache
 from typing import TYPE_CHECKING, Any
 from zoneinfo import ZoneInfo, available_timezones
@@ -38,6 +37,7 @@ from starlette.routing import Route
 from ..errors import JobSpecError
 from ..jobs.schedule import PAYLOAD_MAX, Schedule, check_schedule_identifier, schedule_params
 from .actions import READ_ONLY, checked_form, redirect, refused
+from .formatting import fill_phrase
 from .inputs import SMALLINT, BadInput, parse_int, shown
 
 if TYPE_CHECKING:
@@ -146,17 +146,6 @@ class ScheduleForm:
             "job_key": schedule.job_key or "",
         }
         return cls(values, paused=schedule.paused, replace=True)
-
-
-def fill_phrase(period: timedelta) -> str:
-    """A backfill period as the form takes it (``2d``, ``1h30m``; empty for none)."""
-    seconds = int(period.total_seconds())
-    parts = []
-    for unit, size in (("w", 604800), ("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
-        if seconds >= size:
-            parts.append(f"{seconds // size}{unit}")
-            seconds %= size
-    return "".join(parts)
 
 
 def schedule_request(form: dict[str, str], crontab: Crontab | None) -> dict[str, Any]:

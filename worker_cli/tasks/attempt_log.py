@@ -35,7 +35,7 @@ LINE_MAX = 4000
 class AttemptLog:
     """One attempt's kept lines (see the module's docstring)."""
 
-    __slots__ = ("_lines", "_lock", "_size", "dropped")
+    __slots__ = ("_lines", "_lock", "_second", "_size", "_stamp", "dropped")
 
     def __init__(self) -> None:
         self._lines: deque[str] = deque()
@@ -43,6 +43,9 @@ class AttemptLog:
         #: Lines dropped to keep within the bounds (the oldest).
         self.dropped = 0
         self._lock = threading.Lock()
+        #: The last whole second a line was stamped in, and its text.
+        self._second = -1
+        self._stamp = ""
 
     def add(self, level: int, msg: object, args: tuple[Any, ...], exc_info: object) -> None:
         """Keep one line: its time (UTC), level and message (formatted as

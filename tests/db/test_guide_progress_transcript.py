@@ -1,4 +1,4 @@
-"""The README's "Progress, job logs and schedules" section runs as written:
+"""The "Try it" section of the guide "Progress and job logs" runs as written:
 its task file, then its commands as a user types them; the outputs it shows
 are the commands' own (``...`` stands for times and what follows them)."""
 
@@ -17,9 +17,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def section(title: str) -> str:
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    text = (ROOT / "docs" / "guides" / "progress-and-logs.md").read_text(encoding="utf-8")
     start = text.index(f"\n## {title}\n")
-    return text[start : text.index("\n## ", start + 1)]
+    end = text.find("\n## ", start + 1)
+    return text[start : end if end != -1 else len(text)]
 
 
 def matches(shown: str, expected: str) -> bool:
@@ -28,8 +29,8 @@ def matches(shown: str, expected: str) -> bool:
     return re.fullmatch(pattern, shown) is not None
 
 
-def test_the_readme_section_runs_as_written(db: str, tmp_path: Path) -> None:
-    text = section("Progress, job logs and schedules")
+def test_the_guides_transcript_runs_as_written(db: str, tmp_path: Path) -> None:
+    text = section("Try it")
     [task] = re.findall(r"```python\n(.*?)```", text, flags=re.S)
     path = tmp_path / task.splitlines()[0].removeprefix("# ")
     path.parent.mkdir(parents=True)
