@@ -3,9 +3,10 @@
 
 Not part of the test run. One CLI worker (``-j 60``, history on) on a fresh
 database per round: 50 long jobs take 50 slots first (priority -1) and loop
-until the drain is over, each turn sleeping 1 ms; in the *progress* rounds
-each turn also calls ``helpers.progress`` (50 x ~900 calls a second in all),
-in the *baseline* rounds it does not. The other 10 slots drain N no-op jobs.
+until the drain is over, each turn sleeping ``--turn-ms`` (1 ms: about 900
+turns a second each, 45,000 in all); in the *progress* rounds each turn also
+calls ``helpers.progress`` with a message, in the *baseline* rounds it does
+not. The other 10 slots drain N no-op jobs.
 Rounds alternate (baseline, progress, progress, baseline, ...); each reports
 the drain's jobs/s (first no-op start to the last one's end, from the
 history) and the worker's CPU seconds per 1,000 jobs (``/proc``).
@@ -34,12 +35,13 @@ TASKS = {
         "import asyncio\n\n"
         "async def task(payload, helpers):\n"
         "    turn = 0\n"
+        "    every = max(1, int(0.5 / payload['turn']))  # look for the stop every ~0.5 s\n"
         "    while not helpers.abort_signal.is_set():\n"
         "        turn += 1\n"
         "        if payload['progress']:\n"
         "            helpers.progress(turn % 1000, 1000, f'turn {turn}')\n"
-        "        await asyncio.sleep(0.001)\n"
-        "        if turn % 200 == 0:\n"
+        "        await asyncio.sleep(payload['turn'])\n"
+        "        if turn % every == 0:\n"
         '            rows = await helpers.query("select exists (select 1 from public.stop)")\n'
         "            if rows[0]['exists']:\n"
         "                return turn\n"
@@ -56,7 +58,9 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def one_round(admin: str, workdir: Path, jobs: int, progress: bool) -> tuple[float, float]:
+def one_round(
+    admin: str, workdir: Path, jobs: int, progress: bool, turn: float
+) -> tuple[float, float]:
     name = "gw_bench_progress"
     with psycopg.connect(admin, autocommit=True) as conn:
         conn.execute(f"drop database if exists {name}")
@@ -66,9 +70,10 @@ def one_round(admin: str, workdir: Path, jobs: int, progress: bool) -> tuple[flo
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("create table public.stop (at timestamptz)")
         conn.execute(
-            "select graphile_worker.add_job('reporter', json_build_object('progress', %s), "
-            "priority => -1) from generate_series(1, 50)",
-            (progress,),
+            "select graphile_worker.add_job('reporter', "
+            "json_build_object('progress', %s, 'turn', %s), priority => -1) "
+            "from generate_series(1, 50)",
+            (progress, turn),
         )
         conn.execute(
             "select graphile_worker.add_jobs(array_agg(row('noop', '{}'::json, null, null, "
@@ -115,6 +120,9 @@ def main() -> None:
     )
     parser.add_argument("--jobs", type=int, default=200_000)
     parser.add_argument("--rounds", type=int, default=3, help="pairs of rounds")
+    parser.add_argument(
+        "--turn-ms", type=float, default=1.0, help="each long job's sleep between two reports"
+    )
     args = parser.parse_args()
     admin = os.environ.get("TEST_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres")
     with tempfile.TemporaryDirectory() as tmp:
@@ -126,14 +134,16 @@ def main() -> None:
         ratios_cpu: list[float] = []
         for index in range(args.rounds):
             order = [False, True] if index % 2 == 0 else [True, False]
-            results = {p: one_round(admin, workdir, args.jobs, p) for p in order}
+            results = {
+                p: one_round(admin, workdir, args.jobs, p, args.turn_ms / 1000) for p in order
+            }
             ratios_rate.append(results[True][0] / results[False][0])
             ratios_cpu.append(results[True][1] / results[False][1])
     print(
         f"progress / baseline: jobs/s {statistics.median(ratios_rate):.3f}x "
         f"[{min(ratios_rate):.3f}-{max(ratios_rate):.3f}], worker CPU per job "
         f"{statistics.median(ratios_cpu):.3f}x [{min(ratios_cpu):.3f}-{max(ratios_cpu):.3f}] "
-        f"over {args.rounds} pairs of {args.jobs:,} jobs"
+        f"over {args.rounds} pairs of {args.jobs:,} jobs, reports every {args.turn_ms:g} ms"
     )
 
 
