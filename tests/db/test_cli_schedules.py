@@ -14,7 +14,10 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 import pytest
-from dbhelpers import cli_path, rows, run_cli
+from click.testing import CliRunner
+from dbhelpers import rows, run_cli
+
+from worker_cli.cli import command
 
 pytestmark = pytest.mark.db
 
@@ -22,18 +25,17 @@ SCHEDULES = "graphile_worker._private_py_schedules"
 
 
 def cli(db: str, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    """The command ``args`` on ``db`` (``-c`` given last), with ``stdin``."""
-    if stdin is None:
-        return run_cli(*args, "-c", db)
-    env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL" and not k.startswith("PG")}
-    return subprocess.run(
-        [cli_path(), *args, "-c", db],
-        input=stdin,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
+    """The command ``args`` on ``db`` (``-c`` given last), with ``stdin``: in
+    this process (click's runner), as the installed command runs it (a few
+    tests below run that one too). An error the command did not turn into its
+    one line is raised here."""
+    env = {name: None for name in os.environ if name == "DATABASE_URL" or name.startswith("PG")}
+    result = CliRunner().invoke(
+        command, [*args, "-c", db], input=stdin, env={**env, "GRAPHILE_WORKER_CONFIG": None}
     )
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    return subprocess.CompletedProcess(list(args), result.exit_code, result.stdout, result.stderr)
 
 
 def ok(result: subprocess.CompletedProcess[str]) -> str:
