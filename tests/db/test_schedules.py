@@ -255,3 +255,30 @@ def test_a_crontab_item_with_a_schedules_identifier_stops_start_up(db: str, tmp_
         "rename the crontab item, or remove the schedule (graphile-worker schedule remove ID)"
     ), result.stderr
     assert "Traceback" not in result.stderr
+
+
+async def test_a_schedule_whose_payload_python_cannot_read_is_skipped_alone(
+    db: str, utils: WorkerUtils, pool: AsyncConnectionPool[Any]
+) -> None:
+    # Written by SQL, past add_schedule's checks: JSON nested 5,000 deep, and
+    # an integer of 5,000 digits (Python reads neither).
+    await utils.add_schedule("good", "* * * * *", "tick")
+    rows(
+        db,
+        f"insert into {SCHEDULES} (identifier, pattern, task_identifier, payload) values "
+        "('deep', '* * * * *', 'tick', (repeat('[', 5000) || repeat(']', 5000))::json), "
+        "('digits', '* * * * *', 'tick', ('{\"n\": ' || repeat('9', 5000) || '}')::json)",
+    )
+    clock = FakeClock(START)
+    task = start(scheduler(pool, clock))
+    try:
+        await settle(clock, task)
+        await clock.advance(timedelta(minutes=1))
+        await wait_for_jobs(db, 1)
+        await settle(clock, task)
+    finally:
+        await stop(task)
+    assert [j["task"] for j in cron_jobs(db)] == ["tick"]
+    assert value(
+        db, f"select array_agg(identifier order by 1) from {SCHEDULES} where last_execution is null"
+    ) == ["deep", "digits"]

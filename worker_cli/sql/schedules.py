@@ -98,6 +98,19 @@ LIST_SCHEDULES = (
 """
 )
 
+# Every schedule, as the worker reads them: the payload as its text, parsed
+# schedule by schedule (one whose payload Python cannot read is skipped
+# alone, never the others).
+WORKER_SCHEDULES = (
+    """
+  select """
+    + _COLUMNS.replace("s.payload,", "s.payload::text,")
+    + """
+  from {schema}._private_py_schedules as s
+  order by s.identifier
+"""
+)
+
 # One schedule by identifier.
 SCHEDULE = (
     """

@@ -17,6 +17,7 @@ cannot fire the old pattern, a paused schedule or a removed one.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -59,7 +60,7 @@ class DatabaseSchedules:
         self, db: AsyncConnectionPool[Any], schema: str, *, default_zone: ZoneInfo | None
     ) -> None:
         self._db = db
-        self._list = compose(schedules_sql.LIST_SCHEDULES, schema)
+        self._list = compose(schedules_sql.WORKER_SCHEDULES, schema)
         self._default_zone = default_zone
         #: The schedules that may fire (not paused), by identifier.
         self.entries: dict[str, Entry] = {}
@@ -78,7 +79,12 @@ class DatabaseSchedules:
             rows = await cur.fetchall()
         entries: dict[str, Entry] = {}
         for row in rows:
-            schedule = Schedule.from_row(row)
+            try:
+                payload = None if row[3] is None else json.loads(row[3])
+            except (ValueError, RecursionError) as exc:  # 5,000 deep, 5,000 digits
+                self._warn(row[0], row[11], f"its payload cannot be read: {type(exc).__name__}")
+                continue
+            schedule = Schedule.from_row((*row[:3], payload, *row[4:]))
             if schedule.paused:
                 continue
             entry = self._entry(schedule)
@@ -90,18 +96,19 @@ class DatabaseSchedules:
         try:
             item = schedule_item(schedule)
         except (CrontabError, ValueError, TypeError) as exc:
-            key = (schedule.identifier, schedule.version)
-            if key not in self._unreadable:
-                self._unreadable.add(key)
-                logger.warning(
-                    "Schedule %r cannot be fired (%s); fix it with add_schedule",
-                    schedule.identifier,
-                    exc,
-                )
+            self._warn(schedule.identifier, schedule.version, str(exc))
             return None
         zone = item.tz or self._default_zone
         fires = item.matches if zone is None else ZoneTimetable(item, zone).fires_at
         return Entry(schedule, item, fires, zone)
+
+    def _warn(self, identifier: str, version: int, why: str) -> None:
+        """Say once per version that a schedule is skipped, and why."""
+        if (identifier, version) not in self._unreadable:
+            self._unreadable.add((identifier, version))
+            logger.warning(
+                "Schedule %r cannot be fired (%s); fix it with add_schedule", identifier, why
+            )
 
     async def watch(self) -> None:
         """Read the schedules again when told, and every :data:`POLL` seconds,
