@@ -218,7 +218,8 @@ class KillReport:
     rerun_jobs: int = 0
     cut_short_runs: int = 0
     concurrent_duplicates: int = 0
-    #: The pool ids of the killed workers, and the logs of the others.
+    #: The pool ids of the killed workers, and every worker's log (a killed one's
+    #: up to its kill).
     killed_pools: list[str] = field(default_factory=list)
     logs: list[str] = field(default_factory=list)
 
@@ -372,7 +373,9 @@ def sigkill_drain(
         watch.done.set()
         codes = sigterm_all([p for p in procs if p not in killed])
     assert codes == [0] * len(codes), "\n".join(p.log() for p in procs)
-    report.logs = [p.log() for p in procs if p not in killed]
+    # The killed workers' logs too: a survivor that declared a pool dead may
+    # itself have been killed afterwards.
+    report.logs = [p.log() for p in procs]
     assert [p.proc.returncode for p in killed] == [-signal.SIGKILL] * len(killed)
 
     finished = "select count(distinct job_id) from public.runs where finished is not null"
