@@ -1,4 +1,5 @@
-"""The admin subcommands, run as a user runs them: ``jobs`` (the list),
+"""The admin subcommands (in this process, through click's runner; once as
+the installed command): ``jobs`` (the list),
 ``retry``, ``reschedule``, ``fail``, ``remove``, ``cancel`` and ``migrate``;
 their filters, ``--json``, the confirmation, refused input, locked jobs,
 nothing matched, and batches."""
@@ -11,7 +12,10 @@ import subprocess
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
 from dbhelpers import cli_path, rows, run_cli, value
+
+from worker_cli.cli import command
 
 pytestmark = pytest.mark.db
 
@@ -19,12 +23,17 @@ JOBS = "graphile_worker._private_jobs"
 
 
 def cli(*args: str, answer: str = "") -> subprocess.CompletedProcess[str]:
-    """The CLI with ``answer`` on its stdin (closed after it: a missing
-    --yes can never hang a test)."""
-    env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL" and not k.startswith("PG")}
-    return subprocess.run(
-        [cli_path(), *args], input=answer, env=env, capture_output=True, text=True, timeout=60
+    """The command ``args`` with ``answer`` on its stdin (a missing --yes can
+    never hang a test): in this process (click's runner), as the installed
+    command runs it (a test below runs that one too). An error the command
+    did not turn into its one line is raised here."""
+    env = {name: None for name in os.environ if name == "DATABASE_URL" or name.startswith("PG")}
+    result = CliRunner().invoke(
+        command, list(args), input=answer, env={**env, "GRAPHILE_WORKER_CONFIG": None}
     )
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    return subprocess.CompletedProcess(list(args), result.exit_code, result.stdout, result.stderr)
 
 
 def ok(result: subprocess.CompletedProcess[str]) -> str:

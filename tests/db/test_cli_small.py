@@ -9,7 +9,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-from dbhelpers import rows, run_cli, value
+from dbhelpers import admin_cli, rows, run_cli, value
 
 from worker_cli.client.job_waiting import VISIBILITY_GRACE, Waiting
 from worker_cli.jobs.job_state import JobResult
@@ -64,21 +64,21 @@ def test_the_job_command_says_the_same_of_an_unknown_id_whatever_the_wait(db: st
 
 @pytest.mark.db
 def test_pause_until_a_time_already_past_is_refused_and_changes_nothing(db: str) -> None:
-    done = run_cli("pause", "-c", db, "--queue", "mail", "--for", "10m")
+    done = admin_cli("pause", "-c", db, "--queue", "mail", "--for", "10m")
     assert done.returncode == 0, done.stderr
     [before] = rows(db, f"select * from {PAUSES}")
     for until in ("2020-01-01T00:00:00+00:00", "0001-01-02T00:00:00Z"):
         for target in (("--queue", "mail"), ("--queue", "sms"), ("--task", "*")):
-            refused = run_cli("pause", "-c", db, *target, "--until", until)
+            refused = admin_cli("pause", "-c", db, *target, "--until", until)
             one_line_error(refused, 2, "--until", "has passed already")
             assert refused.stdout == ""
     assert rows(db, f"select * from {PAUSES}") == [before]  # mail's pause still in force
     a_minute_ago = value(
         db, "select to_char(now() - interval '1 minute', 'YYYY-MM-DD\"T\"HH24:MI:SSOF')"
     )
-    refused = run_cli("pause", "-c", db, "--queue", "mail", "--until", str(a_minute_ago))
+    refused = admin_cli("pause", "-c", db, "--queue", "mail", "--until", str(a_minute_ago))
     one_line_error(refused, 2, "--until", "has passed already")
-    ahead = run_cli("pause", "-c", db, "--queue", "sms", "--until", "2999-01-01T00:00:00Z")
+    ahead = admin_cli("pause", "-c", db, "--queue", "sms", "--until", "2999-01-01T00:00:00Z")
     assert ahead.returncode == 0, ahead.stderr
     assert ahead.stdout.startswith("Paused queue sms: ")
 
@@ -86,7 +86,7 @@ def test_pause_until_a_time_already_past_is_refused_and_changes_nothing(db: str)
 @pytest.mark.db
 def test_resume_refuses_a_name_no_pause_can_have_in_one_line(db: str) -> None:
     for target in (("--queue", "q" * 129), ("--task", "bad \udcff byte")):
-        refused = run_cli("resume", "-c", db, *target)
+        refused = admin_cli("resume", "-c", db, *target)
         one_line_error(refused, 2, target[0].lstrip("-") + ": ")
 
 
@@ -97,12 +97,12 @@ def test_resume_refuses_a_name_no_pause_can_have_in_one_line(db: str) -> None:
 def test_limit_per_names_itself_and_its_own_bounds(db: str) -> None:
     for per in ("0s", "0", "2d", "86401s", "soon"):
         args = ("limit", "-c", db, "--task", "a", "--max-starts", "5", "--per", per)
-        line = one_line_error(run_cli(*args), 2, "--per")
+        line = one_line_error(admin_cli(*args), 2, "--per")
         assert "pause" not in line and "366" not in line, line
         if per != "soon":
             assert "a window lasts above 0 and at most a day" in line, line
     assert value(db, "select count(*) from graphile_worker._private_py_limits") == 0
-    done = run_cli("limit", "-c", db, "--task", "a", "--max-starts", "5", "--per", "1d")
+    done = admin_cli("limit", "-c", db, "--task", "a", "--max-starts", "5", "--per", "1d")
     assert done.returncode == 0, done.stderr
     period = value(db, "select period from graphile_worker._private_py_limits")
     assert period == timedelta(days=1)
@@ -115,7 +115,7 @@ def test_limit_per_names_itself_and_its_own_bounds(db: str) -> None:
 def test_a_cancel_reason_the_database_cannot_store_is_one_line(db: str) -> None:
     job_id = value(db, "select id from graphile_worker.add_job('t')")
     # Bytes that are not UTF-8 on the command line arrive as lone surrogates.
-    refused = run_cli("cancel", "-c", db, str(job_id), "--reason", "bad \udcff byte")
+    refused = admin_cli("cancel", "-c", db, str(job_id), "--reason", "bad \udcff byte")
     one_line_error(refused, 2, "reason", "surrogate")
     assert value(db, "select count(*) from graphile_worker._private_jobs") == 1
     assert value(db, "select count(*) from graphile_worker._private_py_job_history") == 0

@@ -16,7 +16,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from dbhelpers import cli_path, rows, run_cli, value
+from dbhelpers import admin_cli, cli_path, rows, run_cli, value
 from worker_fleet import start, stop, wait_for
 from workers import until, worker
 
@@ -208,8 +208,8 @@ def test_the_cli_sets_lists_and_removes_limits_with_one_line_for_bad_input(db: s
         "Limited task charge: at most 3 running (0 now), at most 50 starts per 1s "
         "(0 in the last 1s), per value of payload field 'account_id' (0 seen)\n"
     )
-    assert run_cli("limits", "-c", db).stdout.startswith("task charge: at most 3 running")
-    [as_json] = json.loads(run_cli("limits", "-c", db, "--json").stdout)
+    assert admin_cli("limits", "-c", db).stdout.startswith("task charge: at most 3 running")
+    [as_json] = json.loads(admin_cli("limits", "-c", db, "--json").stdout)
     assert {k: v for k, v in as_json.items() if k != "updated_at"} == {
         "kind": "task", "name": "charge", "max_running": 3, "max_starts": 50,
         "per_seconds": 1.0, "partition_by": "account_id", "running": 0,
@@ -229,16 +229,16 @@ def test_the_cli_sets_lists_and_removes_limits_with_one_line_for_bad_input(db: s
             "a limit names one task, queue or operation, not '*'",
         ),
     ]:
-        failed = run_cli("limit", "-c", db, *args)
+        failed = admin_cli("limit", "-c", db, *args)
         assert failed.returncode == 2, (args, failed.stdout)
         assert message in failed.stderr, (args, failed.stderr)
         assert "Traceback" not in failed.stderr
-    removed = run_cli("limit", "-c", db, "--task", "charge", "--remove")
+    removed = admin_cli("limit", "-c", db, "--task", "charge", "--remove")
     assert removed.stdout == "Removed the limit of task charge\n"
     # No worker declared one for it: nothing more to say (test_declared_limits.py).
     assert removed.stderr == ""
-    assert run_cli("limits", "-c", db).stdout == "Nothing is limited\n"
-    assert json.loads(run_cli("limits", "-c", db, "--json").stdout) == []
+    assert admin_cli("limits", "-c", db).stdout == "Nothing is limited\n"
+    assert json.loads(admin_cli("limits", "-c", db, "--json").stdout) == []
 
 
 @pytest.mark.db

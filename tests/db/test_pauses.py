@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from dbhelpers import cli_path, rows, run_cli, value
+from dbhelpers import admin_cli, cli_path, rows, value
 from worker_fleet import create_runs, make_tasks, start, stop, wait_for
 from workers import until, worker
 
@@ -186,29 +186,31 @@ async def test_the_fetch_leaves_paused_queues_and_tasks_alone(utils: WorkerUtils
 
 @pytest.mark.db
 def test_the_cli_pauses_lists_and_resumes_with_one_line_for_bad_input(db: str) -> None:
-    done = run_cli("pause", "-c", db, "--queue", "mail", "--for", "10m", "--reason", "deploy")
+    done = admin_cli("pause", "-c", db, "--queue", "mail", "--for", "10m", "--reason", "deploy")
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("Paused queue mail: paused since ")
     assert "(deploy)" in done.stdout
-    assert run_cli("pause", "-c", db, "--task", "*").returncode == 0
-    listed = run_cli("pauses", "-c", db).stdout.splitlines()
+    assert admin_cli("pause", "-c", db, "--task", "*").returncode == 0
+    listed = admin_cli("pauses", "-c", db).stdout.splitlines()
     assert [line.split(":")[0] for line in listed] == ["queue mail", "every task"]
-    as_json = json.loads(run_cli("pauses", "-c", db, "--json").stdout)
+    as_json = json.loads(admin_cli("pauses", "-c", db, "--json").stdout)
     assert [(p["kind"], p["name"], p["reason"], p["hold_queue_lock"]) for p in as_json] == [
         ("queue", "mail", "deploy", False),
         ("task", "*", None, False),
     ]
     assert as_json[0]["resume_at"] > as_json[0]["paused_at"] and as_json[1]["resume_at"] is None
     # resume answers as pause said it: "every task", "every named queue".
-    assert run_cli("resume", "-c", db, "--task", "*").stdout == "Resumed every task\n"
-    assert run_cli("resume", "-c", db, "--task", "*").stdout == (
+    assert admin_cli("resume", "-c", db, "--task", "*").stdout == "Resumed every task\n"
+    assert admin_cli("resume", "-c", db, "--task", "*").stdout == (
         "No pause of every task was in force\n"
     )
-    assert run_cli("pause", "-c", db, "--queue", "*").stdout.startswith("Paused every named queue")
-    assert run_cli("resume", "-c", db, "--queue", "*").stdout == (
+    assert admin_cli("pause", "-c", db, "--queue", "*").stdout.startswith(
+        "Paused every named queue"
+    )
+    assert admin_cli("resume", "-c", db, "--queue", "*").stdout == (
         "Resumed every named queue (queues still paused on their own: mail)\n"
     )
-    assert run_cli("pause", "-c", db, "--queue", "mail").returncode == 0
+    assert admin_cli("pause", "-c", db, "--queue", "mail").returncode == 0
     for args, message in [
         ((), "give either --queue NAME or --task IDENTIFIER"),
         (("--queue", "a", "--for", "0s"), "a pause lasts above 0 and at most 366 days"),
@@ -217,7 +219,7 @@ def test_the_cli_pauses_lists_and_resumes_with_one_line_for_bad_input(db: str) -
         (("--queue", "a", "--for", "1m", "--until", "2030-01-01T00:00Z"), "not both"),
         (("--task", "a", "--hold-queue-lock"), "hold_queue_lock: holds one named queue's lock"),
     ]:
-        failed = run_cli("pause", "-c", db, *args)
+        failed = admin_cli("pause", "-c", db, *args)
         assert failed.returncode == 2, (args, failed.stdout)
         assert message in failed.stderr, (args, failed.stderr)
         assert "Traceback" not in failed.stderr

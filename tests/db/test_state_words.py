@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from dashboard_helpers import COOKIE, dashboard, http
-from dbhelpers import rows, run_cli, value
+from dbhelpers import admin_cli, rows, run_cli, value
 
 from worker_cli.client.worker_utils import make_worker_utils
 
@@ -41,16 +41,16 @@ def set_job(db: str, job_id: int, assignments: str) -> None:
 
 def job_line(db: str, job_id: int) -> str:
     """The first line of ``graphile-worker job ID``: ``Job 7: <state>...``."""
-    return ok(run_cli("job", str(job_id), "-c", db)).splitlines()[0]
+    return ok(admin_cli("job", str(job_id), "-c", db)).splitlines()[0]
 
 
 def job_json(db: str, job_id: int) -> dict[str, Any]:
-    document: dict[str, Any] = json.loads(ok(run_cli("job", str(job_id), "-c", db, "--json")))
+    document: dict[str, Any] = json.loads(ok(admin_cli("job", str(job_id), "-c", db, "--json")))
     return document
 
 
 def listed(db: str, *args: str) -> list[dict[str, Any]]:
-    found: list[dict[str, Any]] = json.loads(ok(run_cli("jobs", "-c", db, "--json", *args)))
+    found: list[dict[str, Any]] = json.loads(ok(admin_cli("jobs", "-c", db, "--json", *args)))
     return found
 
 
@@ -70,8 +70,8 @@ def every_state(db: str) -> dict[str, int]:
     set_job(db, ids["retrying"], "attempts = 1, last_error = 'boom'")
     set_job(db, ids["failed"], "attempts = 2, last_error = 'declined'")
     set_job(db, ids["running"], "locked_at = now(), locked_by = 'pool-a', attempts = 1")
-    ok(run_cli("pause", "-c", db, "--queue", "mail"))
-    ok(run_cli("cancel", "-c", db, str(ids["cancelled"])))
+    ok(admin_cli("pause", "-c", db, "--queue", "mail"))
+    ok(admin_cli("cancel", "-c", db, str(ids["cancelled"])))
     return ids
 
 
@@ -79,7 +79,7 @@ def test_job_prints_the_word_jobs_state_takes(db: str, every_state: dict[str, in
     for state, job_id in every_state.items():
         assert job_json(db, job_id)["state"] == state, state
         assert job_line(db, job_id).split()[2] == state, state
-        chosen = run_cli("jobs", "-c", db, "--json", "--state", state)
+        chosen = admin_cli("jobs", "-c", db, "--json", "--state", state)
         # a finished job's word is taken too, and selects no job of the jobs table
         expected = [] if state == "cancelled" else [job_id]
         assert [entry["id"] for entry in json.loads(ok(chosen))] == expected, state
@@ -90,20 +90,20 @@ def test_every_word_a_command_prints_is_taken_by_jobs_state(
 ) -> None:
     printed = {job_json(db, job_id)["state"] for job_id in every_state.values()}
     printed |= {entry["state"] for entry in listed(db)}
-    figures = json.loads(ok(run_cli("status", "-c", db, "--json")))
+    figures = json.loads(ok(admin_cli("status", "-c", db, "--json")))
     printed |= set(figures["jobs"]) - {"total"}
-    text = ok(run_cli("status", "-c", db))
+    text = ok(admin_cli("status", "-c", db))
     printed |= set(re.findall(r"^  (\w+): \d+ ", text, re.M))
     printed |= {"unknown", "succeeded", "removed"}  # job ID of a job gone, finished or removed
     assert {"waiting", "scheduled", "retrying", "paused", "running", "failed"} <= printed
     for word in sorted(printed):
-        assert run_cli("jobs", "-c", db, "--state", word).returncode == 0, word
+        assert admin_cli("jobs", "-c", db, "--state", word).returncode == 0, word
     # and the old words print nowhere
     everything = " ".join(
         [
-            ok(run_cli("jobs", "-c", db)),
+            ok(admin_cli("jobs", "-c", db)),
             text,
-            *(ok(run_cli("job", str(job_id), "-c", db)) for job_id in every_state.values()),
+            *(ok(admin_cli("job", str(job_id), "-c", db)) for job_id in every_state.values()),
         ]
     )
     for old in ("available", r"\blocked\b(?! by)", "permanently.failed"):
@@ -113,7 +113,7 @@ def test_every_word_a_command_prints_is_taken_by_jobs_state(
 def test_a_paused_job_reads_paused_with_its_pause(db: str) -> None:
     held = add(db, "email", queue_name="mail")
     free = add(db, "email")
-    ok(run_cli("pause", "-c", db, "--queue", "mail"))
+    ok(admin_cli("pause", "-c", db, "--queue", "mail"))
 
     assert job_line(db, held) == f"Job {held}: paused (queue mail)"
     assert job_line(db, free) == f"Job {free}: waiting"
@@ -123,23 +123,23 @@ def test_a_paused_job_reads_paused_with_its_pause(db: str) -> None:
         held: ("paused", "queue mail"),
         free: ("waiting", None),
     }
-    table = ok(run_cli("jobs", "-c", db)).splitlines()
+    table = ok(admin_cli("jobs", "-c", db)).splitlines()
     row = next(line for line in table if line.split()[0] == str(held))
     assert "paused (queue mail)" in row
     assert [e["id"] for e in listed(db, "--state", "paused")] == [held]
 
-    figures = json.loads(ok(run_cli("status", "-c", db, "--json")))
+    figures = json.loads(ok(admin_cli("status", "-c", db, "--json")))
     assert (figures["jobs"]["paused"], figures["jobs"]["waiting"]) == (1, 1)
     assert figures["paused_by"] == {"queue mail": 1}
     assert figures["queues"]["mail"]["paused"] == 1
-    assert "  paused: 1  (held by a pause: queue mail 1)" in ok(run_cli("status", "-c", db))
+    assert "  paused: 1  (held by a pause: queue mail 1)" in ok(admin_cli("status", "-c", db))
 
     # A pause of every task holds both; it names itself so.
-    ok(run_cli("pause", "-c", db, "--task", "*"))
+    ok(admin_cli("pause", "-c", db, "--task", "*"))
     assert job_line(db, free) == f"Job {free}: paused (every task)"
     assert job_line(db, held) == f"Job {held}: paused (queue mail)"  # the queue's first
-    ok(run_cli("resume", "-c", db, "--queue", "mail"))
-    ok(run_cli("resume", "-c", db, "--task", "*"))
+    ok(admin_cli("resume", "-c", db, "--queue", "mail"))
+    ok(admin_cli("resume", "-c", db, "--task", "*"))
     assert job_line(db, held) == f"Job {held}: waiting"
 
 
@@ -207,7 +207,7 @@ def test_once_on_a_paused_queue_says_jobs_are_held(db: str, tmp_path: Path) -> N
     for _ in range(3):
         add(db, "email", queue_name="mail")
     add(db, "email")
-    ok(run_cli("pause", "-c", db, "--queue", "mail"))
+    ok(admin_cli("pause", "-c", db, "--queue", "mail"))
 
     result = run_cli("-c", db, "--once", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
@@ -216,7 +216,7 @@ def test_once_on_a_paused_queue_says_jobs_are_held(db: str, tmp_path: Path) -> N
     assert "Left 3 due jobs held by pauses: queue mail (3)" in held[0]
     assert value(db, f"select count(*) from {JOBS}") == 3
 
-    ok(run_cli("resume", "-c", db, "--queue", "mail"))
+    ok(admin_cli("resume", "-c", db, "--queue", "mail"))
     result = run_cli("-c", db, "--once", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert "held by pauses" not in result.stderr

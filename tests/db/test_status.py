@@ -8,7 +8,7 @@ import re
 from typing import Any
 
 import pytest
-from dbhelpers import rows, run_cli, value
+from dbhelpers import admin_cli, rows, run_cli, value
 from workers import Recorder, worker
 
 from worker_cli import Helpers, WorkerUtils
@@ -169,7 +169,7 @@ def _age_cell(lines: list[str], queue: str) -> str:
 
 
 def test_status_of_an_empty_queue(db: str) -> None:
-    result = run_cli("status", "-c", db)
+    result = admin_cli("status", "-c", db)
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines()[1:] == [
         "Jobs: 0",
@@ -183,14 +183,14 @@ def test_status_of_an_empty_queue(db: str) -> None:
         "Stranded tasks: not checked: no Python worker heartbeat to compare with "
         "(no Python worker is running, or heartbeats are off)",
     ]
-    document = json.loads(run_cli("status", "--json", env={"DATABASE_URL": db}).stdout)
+    document = json.loads(admin_cli("status", "--json", env={"DATABASE_URL": db}).stdout)
     assert document["jobs"]["total"] == 0 and document["oldest_waiting"] is None
     assert document["stranded"] is None
     assert document["tasks"] == {} and document["queues"] == {}
 
 
 def test_status_without_the_schema_is_one_line_and_installs_nothing(empty_db: str) -> None:
-    result = run_cli("status", "-c", empty_db)
+    result = admin_cli("status", "-c", empty_db)
     assert result.returncode == 1
     assert result.stderr.strip().splitlines() == [
         "Error: the graphile-worker schema 'graphile_worker' is not installed in this database; "
@@ -211,7 +211,7 @@ def test_status_uses_the_schema_option_and_is_read_only(db: str, empty_db: str) 
     # The database refuses writes: status must not need any.
     database = value(empty_db, "select current_database()")
     rows(empty_db, f'alter database "{database}" set default_transaction_read_only = on')
-    result = run_cli("status", "-c", empty_db, env={"GRAPHILE_WORKER_SCHEMA": "other"})
+    result = admin_cli("status", "-c", empty_db, env={"GRAPHILE_WORKER_SCHEMA": "other"})
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("Schema 'other' (revision 20)")
     assert "Jobs: 1" in result.stdout.splitlines()
@@ -221,7 +221,7 @@ def test_status_uses_the_schema_option_and_is_read_only(db: str, empty_db: str) 
     # The same status, but for the oldest job's age, which may have grown a second.
     assert _without_ages(before.stdout)[1:] == _without_ages(result.stdout)[1:]
     # The default schema is not installed there.
-    assert run_cli("status", "-c", empty_db).returncode == 1
+    assert admin_cli("status", "-c", empty_db).returncode == 1
 
 
 def test_status_shows_run_at_times_python_cannot_hold(db: str) -> None:
@@ -229,7 +229,7 @@ def test_status_shows_run_at_times_python_cannot_hold(db: str) -> None:
     scheduled for infinity (SQL's add_job takes them all), made status fail."""
     bc = value(db, "select (graphile_worker.add_job('bc', run_at => '0044-03-15 BC')).id")
     rows(db, "select graphile_worker.add_job('never', run_at => 'infinity')")
-    result = run_cli("status", "-c", db)
+    result = admin_cli("status", "-c", db)
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert lines[1:4] == [
@@ -244,13 +244,13 @@ def test_status_shows_run_at_times_python_cannot_hold(db: str) -> None:
     ), lines[8]
 
     always = value(db, "select (graphile_worker.add_job('always', run_at => '-infinity')).id")
-    result = run_cli("status", "-c", db)
+    result = admin_cli("status", "-c", db)
     assert result.returncode == 0, result.stderr
     assert (
         result.stdout.splitlines()[8]
         == f"Oldest waiting job: {always} (always), due since -infinity"
     )
-    as_json = run_cli("status", "-c", db, "--json")
+    as_json = admin_cli("status", "-c", db, "--json")
     assert as_json.returncode == 0, as_json.stderr
     assert json.loads(as_json.stdout)["oldest_waiting"] == {
         "job_id": always,
@@ -269,10 +269,10 @@ def test_status_shows_a_queue_locked_since_minus_infinity(db: str) -> None:
         "update graphile_worker._private_job_queues set locked_at = '-infinity', "
         "locked_by = 'pool-gone' where queue_name = 'stuck'",
     )
-    result = run_cli("status", "-c", db)
+    result = admin_cli("status", "-c", db)
     assert result.returncode == 0, result.stderr
     assert _split(result.stdout)[-1] == ["stuck", "1", "1", "0", "0", "0", "0", "0", "pool-gone"]
-    as_json = run_cli("status", "-c", db, "--json")
+    as_json = admin_cli("status", "-c", db, "--json")
     stuck = json.loads(as_json.stdout)["queues"]["stuck"]
     assert (stuck["locked_by"], stuck["locked_for_seconds"]) == ("pool-gone", None)
 
@@ -365,27 +365,27 @@ async def test_stranded_counts_are_capped(db: str, monkeypatch: pytest.MonkeyPat
 
 def test_status_shows_stranded_tasks_text_and_json(db: str) -> None:
     _stranded_jobs(db)
-    unchecked = run_cli("status", "-c", db)
+    unchecked = admin_cli("status", "-c", db)
     assert unchecked.returncode == 0, unchecked.stderr
     assert unchecked.stdout.splitlines()[9] == (
         "Stranded tasks: not checked: no Python worker heartbeat to compare with "
         "(no Python worker is running, or heartbeats are off)"
     )
-    assert json.loads(run_cli("status", "-c", db, "--json").stdout)["stranded"] is None
+    assert json.loads(admin_cli("status", "-c", db, "--json").stdout)["stranded"] is None
 
     _beat(db, "pool-a", ["a"])
-    text = run_cli("status", "-c", db)
+    text = admin_cli("status", "-c", db)
     assert text.returncode == 0, text.stderr
     assert text.stdout.splitlines()[9:11] == [
         "Stranded tasks: 1  (runnable jobs, but no live Python worker handles it; "
         "Node workers are not seen)",
         "  b: 3 runnable, oldest due for 1h 00m",
     ]
-    document = json.loads(run_cli("status", "-c", db, "--json").stdout)
+    document = json.loads(admin_cli("status", "-c", db, "--json").stdout)
     [b] = document["stranded"]
     assert (b["task_identifier"], b["runnable"], b["capped"]) == ("b", 3, False)
     assert 3600 <= b["oldest_age_seconds"] < 3660 and b["oldest_run_at"].startswith("20")
 
     rows(db, f"update {BEATS} set task_identifiers = array['a', 'b']")
-    assert run_cli("status", "-c", db).stdout.splitlines()[9] == "Stranded tasks: none"
-    assert json.loads(run_cli("status", "-c", db, "--json").stdout)["stranded"] == []
+    assert admin_cli("status", "-c", db).stdout.splitlines()[9] == "Stranded tasks: none"
+    assert json.loads(admin_cli("status", "-c", db, "--json").stdout)["stranded"] == []

@@ -53,6 +53,33 @@ def run_cli(
     )
 
 
+def admin_cli(
+    *args: str, env: dict[str, str] | None = None, input: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    """A command that is not the worker (``jobs``, ``status``, ``pause``...)
+    as :func:`run_cli` runs it, but in this process (click's runner: no
+    interpreter to start). An error the command did not turn into its one
+    line is raised here."""
+    from click.testing import CliRunner
+
+    from worker_cli.cli import command
+
+    unset: dict[str, str | None] = {
+        name: None
+        for name in os.environ
+        if name == "DATABASE_URL" or name.startswith("PG") or name == "GRAPHILE_WORKER_SCHEMA"
+    }
+    result = CliRunner().invoke(
+        command,
+        list(args),
+        input=input,
+        env={**unset, "GRAPHILE_WORKER_CONFIG": None, **(env or {})},
+    )
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    return subprocess.CompletedProcess(list(args), result.exit_code, result.stdout, result.stderr)
+
+
 #: History rows that no row of the expiry ledger lists (migrations/py/000011.sql):
 #: rows the pruning would never find. Every statement that records a job in
 #: the history lists it there; the ``db`` fixture checks this after each test.
