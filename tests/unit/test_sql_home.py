@@ -163,6 +163,7 @@ RETURNING_JOBS: dict[tuple[str, str], tuple[str, ...]] = {
     ("jobs", "ADD_UNIQUE_JOB"): UNIQUE_RESULT_COLUMNS,
     ("jobs", "ADD_UNIQUE_JOBS"): UNIQUE_RESULT_COLUMNS,
     ("fetch", "LOST_FETCH_JOBS"): (),
+    ("testing", "ADDED_JOBS"): (),
 }
 
 

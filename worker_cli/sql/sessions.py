@@ -12,6 +12,16 @@ from typing import LiteralString
 SAVEPOINT: LiteralString = "savepoint graphile_worker"
 RELEASE_SAVEPOINT: LiteralString = "release savepoint graphile_worker"
 ROLLBACK_TO_SAVEPOINT: LiteralString = "rollback to savepoint graphile_worker"
+# Around each attempt worker_cli.testing runs in a caller's transaction: a
+# task whose own statement fails (the transaction in error) has that
+# attempt's work undone, and fails alone.
+ATTEMPT_SAVEPOINT: LiteralString = "savepoint graphile_worker_attempt"
+RELEASE_ATTEMPT_SAVEPOINT: LiteralString = "release savepoint graphile_worker_attempt"
+ROLLBACK_TO_ATTEMPT_SAVEPOINT: LiteralString = "rollback to savepoint graphile_worker_attempt"
+# Any statement: on a caller's connection that is not in autocommit and has no
+# transaction open, psycopg opens it first (worker_cli.testing joins it, and
+# never commits it).
+OPEN_TRANSACTION: LiteralString = "select 1"
 
 #: What a borrower may have left on the server's session, undone in one
 #: round trip (what ``DISCARD ALL`` does, but for the prepared statements and

@@ -3,8 +3,10 @@ result row names, with Django's signals and connection handling around it.
 
 It is a plain ``def`` task, so each job runs in its slot's thread: a sync
 Django task is called there (``close_old_connections()`` before and after,
-as Django does around a request), an async one is awaited on the worker's
-event loop. The row is written through the worker's own pool: RUNNING when
+as Django does around a request, unless a connection is inside an atomic
+block: a test's, when :func:`worker_cli.testing.run_jobs` runs the job in a
+``TestCase``'s transaction), an async one is awaited on the worker's event
+loop. The row is written through the worker's own pool: RUNNING when
 the attempt starts, then SUCCESSFUL, READY (it will run again) or FAILED.
 Only a Django ``Task`` object is ever called: a job naming anything else
 (``subprocess.check_output``) fails for good and runs nothing.
@@ -18,7 +20,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Any, LiteralString
 
-from django.db import close_old_connections
+from django.db import close_old_connections, connections
 from django.tasks.base import TaskContext, TaskResult
 from django.tasks.signals import task_finished, task_started
 
@@ -69,7 +71,7 @@ def make_task_runner(schema: str, sender: type) -> Callable[[Any, Helpers], None
                 f"cannot run Django task result {result_id}: {_last_line(error)}"
             ) from exc
         running = stored.task_result(task)
-        close_old_connections()
+        _close_old_connections()
         try:
             task_started.send(sender=sender, task_result=running)
             value, value_json = json_text(_call(task, stored, running, helpers), "return")
@@ -102,9 +104,17 @@ def make_task_runner(schema: str, sender: type) -> Callable[[Any, Helpers], None
             done = _after(stored, running, "SUCCESSFUL", finished_at, value=value)
             _send_finished(sender, done.task_result(task), helpers)
         finally:
-            close_old_connections()
+            _close_old_connections()
 
     return run_django_task
+
+
+def _close_old_connections() -> None:
+    """Django's ``close_old_connections()``, unless a connection of this thread
+    is inside an atomic block: a test's transaction (``TestCase``, with the job
+    run by :func:`worker_cli.testing.run_jobs`), which closing would break."""
+    if not any(conn.in_atomic_block for conn in connections.all(initialized_only=True)):
+        close_old_connections()
 
 
 def _send_finished(sender: Any, task_result: TaskResult, helpers: Helpers) -> None:

@@ -31,12 +31,12 @@ batch without steps is written as before, with no statement more.
 from __future__ import annotations
 
 import logging
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, Protocol
 
 import psycopg
-from psycopg_pool import AsyncConnectionPool
 
 from ...jobs.job import Job
 from ...jobs.last_error import describe, storable
@@ -50,7 +50,7 @@ from ...sql import job_logs as job_logs_sql
 from ...sql import workflows as workflows_sql
 from .outcome import Failure
 
-__all__ = ["HistorySettings", "ResultWriter", "refused"]
+__all__ = ["Connections", "HistorySettings", "ResultWriter", "refused"]
 
 logger = logging.getLogger("graphile_worker")
 
@@ -84,6 +84,14 @@ def refused(error: BaseException) -> bool:
     return isinstance(error, _UNSENDABLE)
 
 
+class Connections(Protocol):
+    """Where the writer gets a connection for each write: the pool's
+    (``psycopg_pool.AsyncConnectionPool``), or one connection
+    (:mod:`worker_cli.testing`'s, each write in a savepoint of its own)."""
+
+    def connection(self) -> AbstractAsyncContextManager[psycopg.AsyncConnection[Any]]: ...
+
+
 @dataclass(frozen=True)
 class HistorySettings:
     """History on: how long a success is kept."""
@@ -96,7 +104,7 @@ class ResultWriter:
 
     def __init__(
         self,
-        db: AsyncConnectionPool[Any],
+        db: Connections,
         *,
         schema: str,
         pool_id: str,
