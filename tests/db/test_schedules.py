@@ -282,3 +282,14 @@ async def test_a_schedule_whose_payload_python_cannot_read_is_skipped_alone(
     assert value(
         db, f"select array_agg(identifier order by 1) from {SCHEDULES} where last_execution is null"
     ) == ["deep", "digits"]
+    # Listed and read alone too, each saying what is wrong (the command line
+    # and the dashboard's Crontab page list them through list_schedules).
+    listed = {s.identifier: (s.payload, s.payload_error) for s in await utils.list_schedules()}
+    assert listed == {
+        "deep": (None, "its payload cannot be read: RecursionError"),
+        "digits": (None, "its payload cannot be read: ValueError"),
+        "good": (None, None),
+    }
+    deep = await utils.get_schedule("deep")
+    assert deep is not None and deep.as_dict()["payload_error"].endswith("RecursionError")
+    assert "payload_error" not in (await utils.get_schedule("good")).as_dict()  # type: ignore[union-attr]

@@ -226,7 +226,11 @@ def schedule_row(schedule: Schedule, zone: ZoneInfo, now: datetime) -> dict[str,
     row: dict[str, Any] = {
         "schedule": schedule,
         "options": " · ".join(options),
-        "payload": json.dumps(schedule.payload, ensure_ascii=False) if schedule.payload else "",
+        "payload": (
+            json.dumps(schedule.payload, ensure_ascii=False)
+            if schedule.payload
+            else (f"({schedule.payload_error})" if schedule.payload_error else "")
+        ),
         "zone": schedule.tz or zone.key,
         "zone_given": schedule.tz is not None,
         "next_runs": [],

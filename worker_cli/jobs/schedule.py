@@ -90,11 +90,27 @@ class Schedule:
     #: The last instant it fired at (UTC), and when that job was added.
     last_execution: datetime | None = None
     last_run_at: datetime | None = None
+    #: Why its stored payload cannot be read here (None: it can): JSON that
+    #: PostgreSQL takes but Python cannot (nested 5,000 deep, a 5,000-digit
+    #: number), written past ``add_schedule``'s checks. ``payload`` is None
+    #: then, and workers skip the schedule (with a warning) until it is
+    #: replaced.
+    payload_error: str | None = None
 
     @classmethod
     def from_row(cls, row: Sequence[Any]) -> Schedule:
-        """From a row of :data:`SCHEDULE_COLUMNS`."""
-        return cls(*row[: len(SCHEDULE_COLUMNS)])
+        """From a row of :data:`SCHEDULE_COLUMNS`, its payload as JSON text
+        (parsed here: one that cannot be is this schedule's ``payload_error``)."""
+        text = row[3]
+        payload, error = None, None
+        if text is not None:
+            try:
+                payload = json.loads(text)
+            except (ValueError, RecursionError) as exc:
+                error = f"its payload cannot be read: {type(exc).__name__}"
+        values: dict[str, Any] = dict(zip(SCHEDULE_COLUMNS, row, strict=False))
+        values["payload"] = payload
+        return cls(**values, payload_error=error)
 
     @property
     def lag(self) -> float | None:
@@ -113,6 +129,8 @@ class Schedule:
             elif isinstance(value, timedelta):
                 value = value.total_seconds()
             out[name] = value
+        if self.payload_error is not None:
+            out["payload_error"] = self.payload_error
         return out
 
 

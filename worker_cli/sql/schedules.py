@@ -7,7 +7,7 @@ workers read the schedules again when it commits."""
 from __future__ import annotations
 
 _COLUMNS = """
-  s.identifier, s.pattern, s.task_identifier, s.payload, s.tz, s.fill, s.queue_name,
+  s.identifier, s.pattern, s.task_identifier, s.payload::text, s.tz, s.fill, s.queue_name,
   s.priority, s.max_attempts, s.job_key, s.paused, s.version, s.created_at, s.updated_at,
   s.known_since, s.last_execution, s.last_run_at
 """
@@ -87,24 +87,14 @@ SET_PAUSED = (
 )
 
 # Every schedule, by identifier (the utilities' list, the worker's read, the
-# dashboard and the metrics).
+# dashboard and the metrics). Each statement returning schedules gives the
+# payload as its text, parsed schedule by schedule (Schedule.from_row): one
+# whose payload Python cannot read (5,000 deep, 5,000 digits) is shown so,
+# and skipped by the worker, alone.
 LIST_SCHEDULES = (
     """
   select """
     + _COLUMNS
-    + """
-  from {schema}._private_py_schedules as s
-  order by s.identifier
-"""
-)
-
-# Every schedule, as the worker reads them: the payload as its text, parsed
-# schedule by schedule (one whose payload Python cannot read is skipped
-# alone, never the others).
-WORKER_SCHEDULES = (
-    """
-  select """
-    + _COLUMNS.replace("s.payload,", "s.payload::text,")
     + """
   from {schema}._private_py_schedules as s
   order by s.identifier

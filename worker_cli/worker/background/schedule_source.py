@@ -17,7 +17,6 @@ cannot fire the old pattern, a paused schedule or a removed one.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -60,7 +59,7 @@ class DatabaseSchedules:
         self, db: AsyncConnectionPool[Any], schema: str, *, default_zone: ZoneInfo | None
     ) -> None:
         self._db = db
-        self._list = compose(schedules_sql.WORKER_SCHEDULES, schema)
+        self._list = compose(schedules_sql.LIST_SCHEDULES, schema)
         self._default_zone = default_zone
         #: The schedules that may fire (not paused), by identifier.
         self.entries: dict[str, Entry] = {}
@@ -79,12 +78,10 @@ class DatabaseSchedules:
             rows = await cur.fetchall()
         entries: dict[str, Entry] = {}
         for row in rows:
-            try:
-                payload = None if row[3] is None else json.loads(row[3])
-            except (ValueError, RecursionError) as exc:  # 5,000 deep, 5,000 digits
-                self._warn(row[0], row[11], f"its payload cannot be read: {type(exc).__name__}")
+            schedule = Schedule.from_row(row)
+            if schedule.payload_error is not None:  # 5,000 deep, 5,000 digits: alone
+                self._warn(schedule.identifier, schedule.version, schedule.payload_error)
                 continue
-            schedule = Schedule.from_row((*row[:3], payload, *row[4:]))
             if schedule.paused:
                 continue
             entry = self._entry(schedule)
