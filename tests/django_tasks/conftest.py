@@ -13,8 +13,10 @@ import os
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -103,3 +105,51 @@ def stop(worker: subprocess.Popen[str]) -> str:
     out, _ = worker.communicate(timeout=30)
     assert worker.returncode == 0, out
     return out
+
+
+@pytest.fixture(scope="session")
+def admin_tables(django_site: str) -> str:
+    """The site with Django's own tables (auth, sessions, admin: ``migrate``)."""
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0, interactive=False)
+    return django_site
+
+
+@pytest.fixture
+def queue(site: str, admin_tables: str) -> Iterator[str]:
+    """The site's database URL with an empty queue (jobs, their history and
+    errors, schedules, pauses) and Django's tables; the users a test made
+    are deleted after it."""
+    with psycopg.connect(site, autocommit=True) as conn:
+        conn.execute(
+            "delete from graphile_worker._private_py_job_history;"
+            "delete from graphile_worker._private_py_job_errors;"
+            "delete from graphile_worker._private_py_schedules;"
+            "delete from graphile_worker._private_py_pauses;"
+        )
+    yield site
+    from django.contrib.auth.models import User
+
+    User.objects.all().delete()
+
+
+def staff_client(*codenames: str, superuser: bool = False) -> Any:
+    """Django's test client, logged in as a new staff user with these
+    permissions of the app (``retry_job``, ``view_job``...)."""
+    from django.contrib.auth.models import Permission, User
+    from django.test import Client
+
+    name = f"staff-{uuid.uuid4().hex[:8]}"
+    if superuser:
+        user = User.objects.create_superuser(name, f"{name}@example.com", "pw")
+    else:
+        user = User.objects.create_user(name, f"{name}@example.com", "pw", is_staff=True)
+        found = Permission.objects.filter(
+            content_type__app_label="graphile_worker", codename__in=codenames
+        )
+        assert sorted(found.values_list("codename", flat=True)) == sorted(codenames)
+        user.user_permissions.set(found)
+    client = Client()
+    client.force_login(user)
+    return client

@@ -52,6 +52,13 @@ def test_wheel_ships_migrations_and_installed_copy_migrates(tmp_path: Path, empt
         if p.suffix in {".html", ".css", ".js", ".svg"}
     }
     assert len(assets) >= 10 and assets <= set(names), assets - set(names)
+    # So do the Django admin's templates.
+    app = ROOT / "worker_cli" / "contrib" / "django"
+    templates = {
+        f"worker_cli/contrib/django/{p.relative_to(app)}"
+        for p in (app / "templates").rglob("*.html")
+    }
+    assert len(templates) >= 5 and templates <= set(names), templates - set(names)
 
     target = tmp_path / "site"
     install = subprocess.run(

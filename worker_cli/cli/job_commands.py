@@ -235,6 +235,7 @@ PAYLOAD_SHOWN = 500
 REMOVED_HOW = {
     "cli": "by an operator, from the command line",
     "dashboard": "by an operator, from the dashboard",
+    "django-admin": "by an operator, from Django's admin",
     "api": "through the Python API (remove_job)",
 }
 

@@ -10,6 +10,11 @@ transaction) of its own: a filter matching 100,000 jobs never holds one long
 transaction. The statements are :mod:`worker_cli.sql.admin`;
 the actions go through graphile-worker's admin functions, so a job a worker
 holds is left alone (and reported), as those functions leave it.
+
+The work is written once, as plans (:mod:`worker_cli.db.plan`):
+:class:`Session` runs them on an asyncio connection of its own (the command
+line, the dashboard), :class:`SyncSession` on a caller's blocking connection,
+joining its transaction (Django's admin).
 """
 
 from __future__ import annotations
@@ -17,16 +22,20 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, LiteralString
+from typing import Any, LiteralString, TypeVar
 
 import psycopg
 
+from ..db.drivers import run_plan, run_plan_async
+from ..db.plan import Plan, Row, query
 from ..jobs.job_state import STATE_ALIASES
 from ..sql import admin as admin_sql
 from ..sql import compose
 from ..sql import jobs as jobs_sql
 
-__all__ = ["BATCH", "Filters", "Matches", "Outcome", "Session"]
+__all__ = ["BATCH", "Filters", "Matches", "Outcome", "Session", "SyncSession"]
+
+T = TypeVar("T")
 
 #: Job ids per action statement (and per transaction).
 BATCH = 1000
@@ -107,6 +116,84 @@ class Outcome:
         return json.dumps({"action": self.action, "counts": counts, **fields})
 
 
+def _rows(schema: str, statement: LiteralString, params: dict[str, Any]) -> Plan[list[Row]]:
+    return (yield from query(compose(statement, schema), params))
+
+
+def _matches(schema: str, filters: Filters) -> Plan[Matches]:
+    [(count, held, upto)] = yield from _rows(schema, admin_sql.COUNT_JOBS, filters.params())
+    return Matches(int(count), int(held), int(upto))
+
+
+def _job_id_by_key(schema: str, key: str) -> Plan[int | None]:
+    found = yield from _rows(schema, admin_sql.JOB_ID_BY_KEY, {"key": key})
+    return int(found[0][0]) if found else None
+
+
+def _installed(schema: str, statement: LiteralString) -> Plan[bool]:
+    found = yield from _rows(schema, statement, {"schema": schema})
+    return bool(found and found[0][0])
+
+
+def _action(schema: str, action: str) -> Plan[LiteralString]:
+    if action in ("remove", "retry") and (
+        yield from _installed(schema, jobs_sql.ON_CALL_INSTALLED)
+    ):
+        return admin_sql.ACTIONS["remove+recorded" if action == "remove" else "retry+marked"]
+    if action == "remove" and (yield from _installed(schema, jobs_sql.UNIQUE_TABLES_INSTALLED)):
+        return admin_sql.ACTIONS["remove+unique"]
+    return admin_sql.ACTIONS[action]
+
+
+def _remove_by_key(schema: str, by: str, outcome: Outcome, key: str) -> Plan[bool]:
+    if (yield from _installed(schema, jobs_sql.ON_CALL_INSTALLED)):
+        statement = admin_sql.REMOVE_BY_KEY_RECORDED
+    elif (yield from _installed(schema, jobs_sql.UNIQUE_TABLES_INSTALLED)):
+        statement = admin_sql.REMOVE_BY_KEY_RELEASING
+    else:
+        statement = admin_sql.REMOVE_BY_KEY
+    found = yield from _rows(schema, statement, {"key": key, "by": by})
+    for job_id, held in found:
+        (outcome.stopped if held else outcome.changed).append(int(job_id))
+    return bool(found)
+
+
+def _act(
+    schema: str,
+    by: str,
+    outcome: Outcome,
+    statement: LiteralString,
+    ids: Sequence[int],
+    params: dict[str, Any],
+) -> Plan[None]:
+    for start in range(0, len(ids), BATCH):
+        batch = list(ids[start : start + BATCH])
+        outcome.add((yield from _rows(schema, statement, {**params, "ids": batch, "by": by})))
+
+
+def _act_on_matches(
+    schema: str,
+    by: str,
+    outcome: Outcome,
+    statement: LiteralString,
+    filters: Filters,
+    upto: int,
+    params: dict[str, Any],
+) -> Plan[None]:
+    after = 0
+    while True:
+        found = yield from _rows(
+            schema,
+            admin_sql.NEXT_BATCH,
+            {**filters.params(), "after": after, "upto": upto, "batch": BATCH},
+        )
+        if not found:
+            return
+        ids = [int(row[0]) for row in found]
+        outcome.add((yield from _rows(schema, statement, {**params, "ids": ids, "by": by})))
+        after = ids[-1]
+
+
 class Session:
     """One autocommit connection to the queue's schema (each statement, so
     each batch, commits on its own). ``by`` is who acts (``cli``,
@@ -119,8 +206,7 @@ class Session:
         self.by = by
 
     async def rows(self, statement: LiteralString, params: dict[str, Any]) -> list[tuple[Any, ...]]:
-        cursor = await self.conn.execute(compose(statement, self.schema), params)
-        return await cursor.fetchall()
+        return await run_plan_async(self.conn, _rows(self.schema, statement, params))
 
     async def list_jobs(self, filters: Filters, limit: int) -> list[dict[str, Any]]:
         """Up to ``limit`` matching jobs, newest first, as dicts."""
@@ -132,53 +218,36 @@ class Session:
         return [dict(zip(names, row, strict=True)) for row in await cursor.fetchall()]
 
     async def matches(self, filters: Filters) -> Matches:
-        [(count, held, upto)] = await self.rows(admin_sql.COUNT_JOBS, filters.params())
-        return Matches(int(count), int(held), int(upto))
+        return await run_plan_async(self.conn, _matches(self.schema, filters))
 
     async def job_id_by_key(self, key: str) -> int | None:
-        found = await self.rows(admin_sql.JOB_ID_BY_KEY, {"key": key})
-        return int(found[0][0]) if found else None
+        return await run_plan_async(self.conn, _job_id_by_key(self.schema, key))
 
     async def unique_installed(self) -> bool:
-        found = await self.rows(jobs_sql.UNIQUE_TABLES_INSTALLED, {"schema": self.schema})
-        return bool(found and found[0][0])
+        return await run_plan_async(
+            self.conn, _installed(self.schema, jobs_sql.UNIQUE_TABLES_INSTALLED)
+        )
 
     async def on_call_installed(self) -> bool:
         """Whether the schema records removals and retries (Python migration 23)."""
-        found = await self.rows(jobs_sql.ON_CALL_INSTALLED, {"schema": self.schema})
-        return bool(found and found[0][0])
+        return await run_plan_async(self.conn, _installed(self.schema, jobs_sql.ON_CALL_INSTALLED))
 
     async def action(self, action: str) -> LiteralString:
         """The statement of ``action``: where the schema has the objects for
         it, ``remove`` also releases the removed jobs' uniqueness locks and
         records them as removed, and ``retry`` marks where a job's attempt
         numbers start again."""
-        if action in ("remove", "retry") and await self.on_call_installed():
-            return admin_sql.ACTIONS["remove+recorded" if action == "remove" else "retry+marked"]
-        if action == "remove" and await self.unique_installed():
-            return admin_sql.ACTIONS["remove+unique"]
-        return admin_sql.ACTIONS[action]
+        return await run_plan_async(self.conn, _action(self.schema, action))
 
     async def remove_by_key(self, outcome: Outcome, key: str) -> bool:
         """``remove --key``: graphile-worker's remove_job; whether there was a job."""
-        if await self.on_call_installed():
-            statement = admin_sql.REMOVE_BY_KEY_RECORDED
-        elif await self.unique_installed():
-            statement = admin_sql.REMOVE_BY_KEY_RELEASING
-        else:
-            statement = admin_sql.REMOVE_BY_KEY
-        found = await self.rows(statement, {"key": key, "by": self.by})
-        for job_id, held in found:
-            (outcome.stopped if held else outcome.changed).append(int(job_id))
-        return bool(found)
+        return await run_plan_async(self.conn, _remove_by_key(self.schema, self.by, outcome, key))
 
     async def act(
         self, outcome: Outcome, statement: LiteralString, ids: Sequence[int], **params: Any
     ) -> None:
         """The action on ``ids``, :data:`BATCH` at a time, into ``outcome``."""
-        for start in range(0, len(ids), BATCH):
-            batch = list(ids[start : start + BATCH])
-            outcome.add(await self.rows(statement, {**params, "ids": batch, "by": self.by}))
+        await run_plan_async(self.conn, _act(self.schema, self.by, outcome, statement, ids, params))
 
     async def act_on_matches(
         self, outcome: Outcome, statement: LiteralString, filters: Filters, upto: int, **params: Any
@@ -186,14 +255,37 @@ class Session:
         """The action on the jobs ``filters`` match, up to id ``upto``, by id
         order: the next :data:`BATCH` matching ids, then the action on them,
         until none is left (a job changed leaves the filter or lies behind)."""
-        after = 0
-        choose = admin_sql.NEXT_BATCH
-        while True:
-            found = await self.rows(
-                choose, {**filters.params(), "after": after, "upto": upto, "batch": BATCH}
-            )
-            if not found:
-                return
-            ids = [int(row[0]) for row in found]
-            outcome.add(await self.rows(statement, {**params, "ids": ids, "by": self.by}))
-            after = ids[-1]
+        await run_plan_async(
+            self.conn,
+            _act_on_matches(self.schema, self.by, outcome, statement, filters, upto, params),
+        )
+
+
+class SyncSession:
+    """:class:`Session`'s actions, blocking, on a caller's connection (the
+    Django admin's: ``django.db.connection.connection``), which is used as it
+    is: its transaction is joined (each batch a statement of it; in
+    autocommit mode each commits on its own), never committed or rolled back
+    here. The same statements, in the same batches."""
+
+    def __init__(self, conn: psycopg.Connection[Any], schema: str, *, by: str) -> None:
+        self.conn = conn
+        self.schema = schema
+        self.by = by
+
+    def _run(self, plan: Plan[T]) -> T:
+        return run_plan(self.conn, plan, joined=True)
+
+    def matches(self, filters: Filters) -> Matches:
+        """How many jobs ``filters`` match (see :class:`Matches`)."""
+        return self._run(_matches(self.schema, filters))
+
+    def action(self, action: str) -> LiteralString:
+        """The statement of ``action`` (see :meth:`Session.action`)."""
+        return self._run(_action(self.schema, action))
+
+    def act(
+        self, outcome: Outcome, statement: LiteralString, ids: Sequence[int], **params: Any
+    ) -> None:
+        """The action on ``ids``, :data:`BATCH` at a time, into ``outcome``."""
+        self._run(_act(self.schema, self.by, outcome, statement, ids, params))

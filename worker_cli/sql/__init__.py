@@ -6,7 +6,8 @@ adds; a job's state), ``carried`` (what an add writes beside its jobs: trace
 contexts, job options), ``fetch``, ``completion``, ``failure``, ``history``,
 ``cancel``, ``waiting``, ``cleanup``, ``cron``, ``heartbeats``, ``limits``,
 ``pauses``, ``admin``, ``status``, ``metrics``, ``clock``, ``listen``,
-``dashboard``, ``django``, ``migrations``.
+``dashboard``, ``django``, ``django_admin`` (the tables and functions the
+Django admin's models name), ``migrations``.
 
 Each statement is a template over the schema name, written whole; :func:`compose`
 turns it into a ``psycopg.sql.Composed`` with the name quoted by

@@ -1,3 +1,4 @@
+from django.apps import apps
 from django.http import HttpRequest, HttpResponse
 from django.urls import path
 
@@ -7,3 +8,7 @@ def hello(request: HttpRequest) -> HttpResponse:
 
 
 urlpatterns = [path("hello/", hello)]
+if apps.is_installed("django.contrib.admin"):
+    from django.contrib import admin
+
+    urlpatterns.append(path("admin/", admin.site.urls))

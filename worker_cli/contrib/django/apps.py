@@ -1,7 +1,9 @@
 """The Django app ``worker_cli.contrib.django`` (in ``INSTALLED_APPS``): it
-brings the ``graphile_worker`` management command and the schema's check. It
-has no models: the queue's tables are graphile-worker's (``manage.py
-graphile_worker --schema-only`` installs them)."""
+brings the ``graphile_worker`` management command, the schema's check, and
+the queue's pages in Django's admin (:mod:`.admin`, when
+``django.contrib.admin`` is installed). Its models (:mod:`.models`) are
+unmanaged and it has no migrations: the queue's tables are graphile-worker's
+(``manage.py graphile_worker --schema-only`` installs them)."""
 
 from __future__ import annotations
 

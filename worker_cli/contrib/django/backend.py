@@ -210,13 +210,23 @@ class _Cursor:
 
     def __exit__(self, kind: Any, error: BaseException | None, tb: Any) -> None:
         self._cursor.close()
-        if isinstance(error, DatabaseError) and _sqlstate(error) in _NOT_INSTALLED:
+        if error is not None and schema_missing(error):
             backend = self._backend
-            raise ImproperlyConfigured(
-                f"graphile-worker's schema {backend.schema!r} is not installed (or not "
-                f"migrated) in database {backend.database!r}: run "
-                "`python manage.py graphile_worker --schema-only`"
-            ) from error
+            raise ImproperlyConfigured(not_installed(backend.schema, backend.database)) from error
+
+
+def schema_missing(error: BaseException) -> bool:
+    """Whether ``error`` (a Django DatabaseError) says graphile-worker's
+    schema, one of its tables or one of its functions is missing."""
+    return isinstance(error, DatabaseError) and _sqlstate(error) in _NOT_INSTALLED
+
+
+def not_installed(schema: str, database: str) -> str:
+    """The line saying the schema is missing, and what to run."""
+    return (
+        f"graphile-worker's schema {schema!r} is not installed (or not migrated) in "
+        f"database {database!r}: run `python manage.py graphile_worker --schema-only`"
+    )
 
 
 def _check_runnable(task: Task) -> None:
