@@ -284,12 +284,12 @@ async def test_a_schedule_whose_payload_python_cannot_read_is_skipped_alone(
     ) == ["deep", "digits"]
     # Listed and read alone too, each saying what is wrong (the command line
     # and the dashboard's Crontab page list them through list_schedules).
+    # (Python 3.13's JSON parser reads the 5,000-deep one; no Python reads
+    # the 5,000 digits.)
     listed = {s.identifier: (s.payload, s.payload_error) for s in await utils.list_schedules()}
-    assert listed == {
-        "deep": (None, "its payload cannot be read: RecursionError"),
-        "digits": (None, "its payload cannot be read: ValueError"),
-        "good": (None, None),
-    }
-    deep = await utils.get_schedule("deep")
-    assert deep is not None and deep.as_dict()["payload_error"].endswith("RecursionError")
+    assert set(listed) == {"deep", "digits", "good"}
+    assert listed["digits"] == (None, "its payload cannot be read: ValueError")
+    assert listed["good"] == (None, None)
+    digits = await utils.get_schedule("digits")
+    assert digits is not None and digits.as_dict()["payload_error"].endswith("ValueError")
     assert "payload_error" not in (await utils.get_schedule("good")).as_dict()  # type: ignore[union-attr]
