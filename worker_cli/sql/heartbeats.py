@@ -85,6 +85,14 @@ HEARTBEAT_BEAT = """
 # this very session (false through a pooler in transaction mode, whose
 # statements run on whichever server connection it lends), and the dead
 # pools as a JSON array.
+# Sent first, in the reap's transaction: the reap's plan is estimated to
+# cost more than jit_above_cost once the jobs table holds some 150,000 rows
+# (its release of a dead pool's jobs, which a one-time filter skips when no
+# pool is dead), and JIT-compiling it costs about a second of the server's
+# CPU, every second, for every pool: 16 long-running pools draining 200,000
+# jobs did 3,300 jobs/s with it, 44,000 without (docs/performance.md, "A fleet").
+REAP_SETTINGS = "set local jit = off"
+
 HEARTBEAT_REAP = """
   with held as materialized (
     select l.objid, l.pid

@@ -326,15 +326,17 @@ class Heartbeat:
         check that this pool's own sign is held by its own session."""
         conn = self._connection()
         sign = self._sign
-        row = conn.execute(
-            compose(heartbeats_sql.HEARTBEAT_REAP, self._schema),
-            {
-                "pool_id": self.pool_id,
-                "watching_since": self._watching_since,
-                "sign_class": SIGN_CLASS,
-                "sign_key": sign.key if sign is not None else None,
-            },
-        ).fetchone()
+        with conn.transaction():  # (the setting is the transaction's)
+            conn.execute(heartbeats_sql.REAP_SETTINGS)
+            row = conn.execute(
+                compose(heartbeats_sql.HEARTBEAT_REAP, self._schema),
+                {
+                    "pool_id": self.pool_id,
+                    "watching_since": self._watching_since,
+                    "sign_class": SIGN_CLASS,
+                    "sign_key": sign.key if sign is not None else None,
+                },
+            ).fetchone()
         assert row is not None
         own_sign, _notified, dead = row
         released = 0
