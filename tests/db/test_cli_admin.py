@@ -7,15 +7,11 @@ nothing matched, and batches."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from typing import Any
 
 import pytest
-from click.testing import CliRunner
-from dbhelpers import cli_path, rows, run_cli, value
-
-from worker_cli.cli import command
+from dbhelpers import admin_cli, cli_path, rows, run_cli, value
 
 pytestmark = pytest.mark.db
 
@@ -23,17 +19,10 @@ JOBS = "graphile_worker._private_jobs"
 
 
 def cli(*args: str, answer: str = "") -> subprocess.CompletedProcess[str]:
-    """The command ``args`` with ``answer`` on its stdin (a missing --yes can
-    never hang a test): in this process (click's runner), as the installed
-    command runs it (a test below runs that one too). An error the command
-    did not turn into its one line is raised here."""
-    env = {name: None for name in os.environ if name == "DATABASE_URL" or name.startswith("PG")}
-    result = CliRunner().invoke(
-        command, list(args), input=answer, env={**env, "GRAPHILE_WORKER_CONFIG": None}
-    )
-    if result.exception is not None and not isinstance(result.exception, SystemExit):
-        raise result.exception
-    return subprocess.CompletedProcess(list(args), result.exit_code, result.stdout, result.stderr)
+    """The command ``args`` in this process (:func:`dbhelpers.admin_cli`), with
+    ``answer`` on its stdin (a missing --yes can never hang a test); a test
+    below runs the installed command too."""
+    return admin_cli(*args, input=answer)
 
 
 def ok(result: subprocess.CompletedProcess[str]) -> str:

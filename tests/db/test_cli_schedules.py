@@ -6,7 +6,6 @@ one line naming the field (exit code 1), nothing written."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from datetime import UTC, date, datetime, time, timedelta
 from pathlib import Path
@@ -14,10 +13,7 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 import pytest
-from click.testing import CliRunner
-from dbhelpers import rows, run_cli
-
-from worker_cli.cli import command
+from dbhelpers import admin_cli, rows, run_cli
 
 pytestmark = pytest.mark.db
 
@@ -25,17 +21,10 @@ SCHEDULES = "graphile_worker._private_py_schedules"
 
 
 def cli(db: str, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    """The command ``args`` on ``db`` (``-c`` given last), with ``stdin``: in
-    this process (click's runner), as the installed command runs it (a few
-    tests below run that one too). An error the command did not turn into its
-    one line is raised here."""
-    env = {name: None for name in os.environ if name == "DATABASE_URL" or name.startswith("PG")}
-    result = CliRunner().invoke(
-        command, [*args, "-c", db], input=stdin, env={**env, "GRAPHILE_WORKER_CONFIG": None}
-    )
-    if result.exception is not None and not isinstance(result.exception, SystemExit):
-        raise result.exception
-    return subprocess.CompletedProcess(list(args), result.exit_code, result.stdout, result.stderr)
+    """The command ``args`` on ``db`` (``-c`` given last), with ``stdin``, in
+    this process (:func:`dbhelpers.admin_cli`); a few tests below run the
+    installed command too."""
+    return admin_cli(*args, "-c", db, input=stdin)
 
 
 def ok(result: subprocess.CompletedProcess[str]) -> str:
