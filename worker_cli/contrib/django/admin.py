@@ -187,7 +187,19 @@ def _attempt_title(error: AttemptError) -> str:
 # --- jobs -------------------------------------------------------------------------
 
 
-class JobAdmin(QueueAdmin):
+class _AttemptFields:
+    """What the jobs' and the finished jobs' pages show alike."""
+
+    @_display(description="attempts")
+    def attempts_shown(self, job: Job | FinishedJob) -> str:
+        return f"{job.attempts}/{job.max_attempts}"
+
+    @_display(description="last error")
+    def last_error_shown(self, job: Job | FinishedJob) -> str:
+        return _pre(job.last_error, "error")
+
+
+class JobAdmin(_AttemptFields, QueueAdmin):
     """The jobs in the queue (waiting, scheduled, retrying, paused, running,
     failed), newest first, with the actions of ``graphile-worker retry``,
     ``cancel``, ``reschedule``, ``fail`` and ``remove``."""
@@ -260,10 +272,6 @@ class JobAdmin(QueueAdmin):
         paused_by = getattr(job, "paused_by", None)
         return f"{state} ({paused_by})" if state == "paused" and paused_by else str(state)
 
-    @_display(description="attempts")
-    def attempts_shown(self, job: Job) -> str:
-        return f"{job.attempts}/{job.max_attempts}"
-
     @_display(description="last error")
     def error_shown(self, job: Job) -> str:
         return _first_line(getattr(job, "error_head", None))
@@ -271,10 +279,6 @@ class JobAdmin(QueueAdmin):
     @_display(description="payload")
     def payload_shown(self, job: Job) -> str:
         return _json(getattr(job, "payload_text", None))
-
-    @_display(description="last error")
-    def last_error_shown(self, job: Job) -> str:
-        return _pre(job.last_error, "error")
 
     @_display(description="attempts' errors")
     def attempt_errors_shown(self, job: Job) -> str:
@@ -434,7 +438,7 @@ def _query(request: HttpRequest) -> str:
 # --- finished jobs ----------------------------------------------------------------
 
 
-class FinishedJobAdmin(QueueAdmin):
+class FinishedJobAdmin(_AttemptFields, QueueAdmin):
     """The finished jobs Python workers recorded (succeeded, failed,
     cancelled, removed), newest first, until they expire. Read only."""
 
@@ -497,10 +501,6 @@ class FinishedJobAdmin(QueueAdmin):
             return queryset.filter(pk=int(term)), False
         return queryset.filter(key=term), False
 
-    @_display(description="attempts")
-    def attempts_shown(self, job: FinishedJob) -> str:
-        return f"{job.attempts}/{job.max_attempts}"
-
     @_display(description="error or reason")
     def outcome_shown(self, job: FinishedJob) -> str:
         """A cancel's reason, or the last error (none for a success: an
@@ -512,10 +512,6 @@ class FinishedJobAdmin(QueueAdmin):
     @_display(description="result")
     def result_shown(self, job: FinishedJob) -> str:
         return _json(getattr(job, "result_text", None))
-
-    @_display(description="last error")
-    def last_error_shown(self, job: FinishedJob) -> str:
-        return _pre(job.last_error, "error")
 
     @_display(description="attempts' errors")
     def attempt_errors_shown(self, job: FinishedJob) -> str:
