@@ -94,3 +94,18 @@ async def test_the_async_forms(db: str) -> None:
         with pytest.raises(AssertionError, match="the queue holds 1 job"):
             await assert_job_added_async("report", connection=conn)
         await conn.rollback()
+
+
+def test_a_row_python_cannot_read_holds_up_no_other(db: str) -> None:
+    # Written by SQL: a payload of 5,000 digits, and a run_at of -infinity.
+    with psycopg.connect(db, autocommit=True) as conn:
+        conn.execute(
+            "select graphile_worker.add_job('poison', ('{\"n\": ' || repeat('9', 5000) || '}')"
+            "::json, run_at => '-infinity')"
+        )
+        conn.execute("select graphile_worker.add_job('fine', '{\"n\": 1}')")
+    assert assert_job_added("fine", {"n": 1}, connection_string=db).payload == {"n": 1}
+    poison = assert_job_added("poison", connection_string=db)
+    assert poison.payload == '{"n": ' + "9" * 5000 + "}"  # its text
+    with pytest.raises(AssertionError, match=r"poison '\{\"n\": 9999"):
+        assert_job_added("other", connection_string=db)

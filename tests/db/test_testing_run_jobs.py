@@ -340,3 +340,26 @@ def test_a_workflow_runs_step_after_step(db: str) -> None:
         ("notify", "parent said {'checked': 10}"),
     ]
     assert info is not None and info.state == "succeeded"
+
+
+def test_a_job_python_cannot_read_fails_alone(db: str) -> None:
+    def fine(payload: Any, helpers: Helpers) -> Any:
+        return payload
+
+    with psycopg.connect(db, autocommit=True) as conn:
+        conn.execute(
+            "select graphile_worker.add_job('fine', ('[' || repeat('9', 5000) || ']')::json, "
+            "priority => -1)"
+        )
+        conn.execute("select graphile_worker.add_job('fine', '{\"n\": 1}')")
+    ran = run_jobs(task_list={"fine": fine}, connection_string=db)
+    # The unreadable one is failed for good without its task called (the
+    # worker's rule), and reported; the other runs.
+    assert [(r.state, type(r.error).__name__) for r in ran] == [
+        ("failed", "UnreadableJobError"),
+        ("succeeded", "NoneType"),
+    ]
+    assert ran[1].result == {"n": 1}
+    [poison] = rows(db, "select attempts, max_attempts, last_error from graphile_worker.jobs")
+    assert poison["attempts"] == poison["max_attempts"]
+    assert "cannot be read as a Python value" in poison["last_error"]

@@ -106,7 +106,10 @@ def run_jobs(
         try:
             runner = thread.run(runner_setup.open(stack, connection_string))
             try:
-                while (job := thread.run(runner.next_job())) is not None:
+                while (job := thread.run(runner.next_job())) is not None or runner.unreadable:
+                    ran += _unreadable(runner, raise_errors)
+                    if job is None:
+                        break
                     _check_runs(ran, max_runs)
                     attempt = thread.run(runner.prepare(job))
                     if attempt.task.is_async:
@@ -145,7 +148,10 @@ async def run_jobs_async(
     async with AsyncExitStack() as stack:
         runner = await runner_setup.open(stack, connection_string)
         try:
-            while (job := await runner.next_job()) is not None:
+            while (job := await runner.next_job()) is not None or runner.unreadable:
+                ran += _unreadable(runner, raise_errors)
+                if job is None:
+                    break
                 _check_runs(ran, max_runs)
                 attempt = await runner.prepare(job)
                 if attempt.task.is_async:
@@ -237,6 +243,14 @@ def _check_runs(ran: list[RanJob], max_runs: int) -> None:
             f"run_jobs made {len(ran)} attempts and jobs are still due (a job that snoozes "
             "for 0 seconds, or a task adding its own job again?); pass max_runs= to allow more"
         )
+
+
+def _unreadable(runner: InlineRunner, raise_errors: bool) -> list[RanJob]:
+    """The jobs the last fetch failed for rows that cannot be read."""
+    failed, runner.unreadable = runner.unreadable, []
+    for one in failed:
+        _raise_if_asked(one, raise_errors)
+    return failed
 
 
 def _raise_if_asked(ran: RanJob, raise_errors: bool) -> None:

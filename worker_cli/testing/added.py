@@ -73,14 +73,32 @@ class Match:
 
 
 def added_jobs_plan(schema: str, task: str | None) -> Plan[list[Job]]:
-    """The jobs in the queue (of ``task``, or all), oldest first."""
+    """The jobs in the queue (of ``task``, or all), oldest first. A row
+    Python cannot read whole (a payload nested 5,000 deep or holding a
+    5,000-digit number; a ``run_at`` of -infinity) is read as far as it can
+    be, never failing the others: its payload as its JSON text, its times as
+    the earliest or latest datetime."""
     rows = yield from protected(
         query(
             compose(testing_sql.ADDED_JOBS, schema),
             {"task": task, "limit": READ_AT_MOST},
+            raw_payloads=True,
+            lenient_times=True,
         )
     )
-    return [Job(*row) for row in rows]
+    return [Job(*row)._replace(payload=_payload(row[3])) for row in rows]
+
+
+def _payload(raw: bytes | str | None) -> Any:
+    """A payload loaded as its JSON text: parsed, or that text if Python
+    cannot parse it."""
+    if raw is None:
+        return None
+    text = raw.decode() if isinstance(raw, bytes) else raw
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError):
+        return text
 
 
 def describe_jobs(jobs: Sequence[Job]) -> str:

@@ -185,6 +185,9 @@ class InlineRunner:
         self._task_ids: dict[int, str] = {}
         #: Each running job's latest ``helpers.progress`` report (any thread).
         self._progress: dict[int, tuple[float, float | None, str | None]] = {}
+        #: Jobs whose rows could not be read, failed at the fetch (their task
+        #: never called): the drivers report them with what ran.
+        self.unreadable: list[RanJob] = []
         #: The running attempt has a savepoint (the session was in a transaction).
         self._savepoint = False
 
@@ -229,7 +232,10 @@ class InlineRunner:
                 cur = await conn.execute(self._step_contexts, {"job_ids": steps})
                 self._steps.update(step_contexts(await cur.fetchall()))
             for job, error in unreadable:  # never run: failed alone, in the pool's name
-                await self._write(Ran(job, self.pool_id, error, 0.0))
+                outcome = await self._write(Ran(job, self.pool_id, error, 0.0))
+                state = await self._utils.get_job_status(job.id)
+                message = outcome.message if isinstance(outcome, Failure) else None
+                self.unreadable.append(RanJob(job, state, error, message))
             taken.extend(jobs)
             return len(jobs) + len(unreadable)
 
