@@ -363,3 +363,25 @@ def test_a_job_python_cannot_read_fails_alone(db: str) -> None:
     [poison] = rows(db, "select attempts, max_attempts, last_error from graphile_worker.jobs")
     assert poison["attempts"] == poison["max_attempts"]
     assert "cannot be read as a Python value" in poison["last_error"]
+
+
+def test_a_refused_progress_write_loses_that_report_alone(db: str) -> None:
+    def reports(payload: Any, helpers: Helpers) -> str:
+        helpers.progress(1, 2)
+        return "done"
+
+    with psycopg.connect(db) as conn:
+        conn.execute(
+            """
+            create function public.refuse() returns trigger language plpgsql as $$
+            begin raise exception 'no progress here'; end $$;
+            create trigger refuse before insert on graphile_worker._private_py_job_progress
+              for each row execute function public.refuse();
+            select graphile_worker.add_job('reports', '{}');
+            select graphile_worker.add_job('reports', '{}');
+            """
+        )
+        ran = run_jobs(task_list={"reports": reports}, connection=conn)
+        assert [(r.state, r.result) for r in ran] == [("succeeded", "done")] * 2
+        assert conn.info.transaction_status == TransactionStatus.INTRANS
+        conn.rollback()

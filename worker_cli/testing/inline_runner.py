@@ -34,6 +34,7 @@ from psycopg.pq import TransactionStatus
 
 from ..client.worker_utils import WorkerUtils
 from ..config.options import WorkerOptions
+from ..db.backoff import one_line
 from ..db.raw_json import read_payloads_raw
 from ..errors import JobTimeout
 from ..jobs.job import Job
@@ -51,7 +52,7 @@ from ..tasks.loader import Task
 from ..worker.pipeline.fetcher import register_tasks
 from ..worker.pipeline.limited_fetch import LimitedFetch
 from ..worker.pipeline.outcome import Failure, Ran, Settler
-from ..worker.pipeline.result_writer import HistorySettings, ResultWriter
+from ..worker.pipeline.result_writer import HistorySettings, ResultWriter, refused
 from ..worker.pipeline.task_threads import timed_out_error
 from ..worker.pipeline.unreadable import read_jobs
 from ..worker.supervision.deadlines import job_timeout, task_timeouts
@@ -331,7 +332,17 @@ class InlineRunner:
         returned = attempt.returned
         progress = self._progress.pop(job.id, None)
         if progress is not None:
-            await self._save_progress(job.id, progress)
+            try:
+                await self._save_progress(job.id, progress)
+            except Exception as exc:  # its savepoint undone; as the worker's writer does
+                if not refused(exc):
+                    raise
+                logger.warning(
+                    "Job %d (%s): its progress could not be recorded: %s",
+                    job.id,
+                    job.task_identifier,
+                    one_line(exc),
+                )
         outcome = await self._write(ran)
         state = await self._utils.get_job_status(job.id)
         if isinstance(outcome, Failure):
