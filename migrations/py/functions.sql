@@ -972,6 +972,9 @@ begin
     set max_running = excluded.max_running, max_starts = excluded.max_starts,
       period = excluded.period, partition_by = excluded.partition_by, updated_at = now()
   returning l.* into v_limit;
+  -- Its leases end: the jobs their pools hold locked are counted below.
+  delete from {{schema}}._private_py_limit_leases as le
+  where le.kind = v_limit.kind and le.name = v_limit.name;
   if not v_existed or v_old_by is distinct from v_limit.partition_by then
     delete from {{schema}}._private_py_limit_state as s
     where s.kind = v_limit.kind and s.name = v_limit.name;
@@ -1043,7 +1046,9 @@ begin
     (select count(*) from {{schema}}._private_py_limit_state as s
       cross join lateral unnest(s.running) as r(id)
       join {{schema}}._private_jobs as j on j.id = r.id and j.locked_at is not null
-      where s.kind = py_limit_use.kind and s.name = py_limit_use.name)::int,
+      where s.kind = py_limit_use.kind and s.name = py_limit_use.name)::int
+      + (select coalesce(sum(le.slots), 0) from {{schema}}._private_py_limit_leases as le
+      where le.kind = py_limit_use.kind and le.name = py_limit_use.name)::int,
     (select count(*) from {{schema}}._private_py_limit_state as s
       cross join lateral unnest(s.starts) as x(at)
       where s.kind = py_limit_use.kind and s.name = py_limit_use.name
@@ -1135,6 +1140,8 @@ declare
   v_task_ids int[];
   v_scan int;
   v_queue_ids int[];
+  v_state_running bigint[];
+  v_state_starts timestamptz[];
   c record;
   s record;
 begin
@@ -1173,16 +1180,19 @@ begin
   -- Limits without partitions that are full now: their jobs are not looked at.
   for i in 1 .. cardinality(v_kinds) loop
     continue when v_by[i] is not null;
-    select st.running, st.starts into s
+    -- (no state row yet: nulls, counted as none; its leases still count)
+    select st.running, st.starts into v_state_running, v_state_starts
     from {{schema}}._private_py_limit_state as st
     where st.kind = v_kinds[i] and st.name = v_names[i] and st.partition = '';
-    continue when not found;
     if (v_running[i] is not null and (
           select count(*) from {{schema}}._private_jobs as j
-          where j.id = any(s.running) and j.locked_at is not null
+          where j.id = any(v_state_running) and j.locked_at is not null
+        ) + (
+          select coalesce(sum(le.slots), 0) from {{schema}}._private_py_limit_leases as le
+          where le.kind = v_kinds[i] and le.name = v_names[i]
         ) >= v_running[i])
       or (v_starts[i] is not null and (
-          select count(*) from unnest(s.starts) as x(at)
+          select count(*) from unnest(v_state_starts) as x(at)
           where x.at > v_clock - v_periods[i] - v_margin
         ) >= v_starts[i])
     then
@@ -1298,6 +1308,9 @@ begin
         v_key_running := v_key_running || case when found and v_running[i] is not null then (
             select count(*)::int from {{schema}}._private_jobs as j
             where j.id = any(s.running) and j.locked_at is not null
+          ) else 0 end + case when v_running[i] is not null and v_part = '' then (
+            select coalesce(sum(le.slots), 0)::int from {{schema}}._private_py_limit_leases as le
+            where le.kind = v_kinds[i] and le.name = v_names[i]
           ) else 0 end;
         v_key_starts := v_key_starts || case when found and v_starts[i] is not null then (
             select count(*)::int from unnest(s.starts) as x(at)
@@ -1376,6 +1389,182 @@ begin
         ]
       end;
   end loop;
+
+  return query
+  select j.id, j.job_queue_id, j.task_id, j.payload, j.priority, j.run_at, j.attempts,
+    j.max_attempts, j.last_error, j.created_at, j.updated_at, j.key, j.locked_at,
+    j.locked_by, j.revision, j.flags, j.is_available, q.queue_name, o.timeout
+  from {{schema}}._private_jobs as j
+  left join {{schema}}._private_job_queues as q on q.id = j.job_queue_id
+  left join {{schema}}._private_py_job_options as o on o.job_id = j.id
+  where j.id = any(v_taken)
+  order by j.priority, j.run_at, j.id;
+end;
+$fn$;
+
+-- The worker's fetch of jobs under leased limits (py/000028.sql): the jobs of
+-- limited tasks whose limit is max_running only (no partition_by, no
+-- max_starts), fetched ahead like any job (up to job_limit of each task:
+-- locked, their attempt counted, not counted as running), with the pool's
+-- lease of each limit's slots set in the same transaction. The pool starts
+-- them locally while it runs fewer than its lease's target: a start costs
+-- no round trip. Tasks are given with, for each, what the pool may run now
+-- (holding), runs (running) and has queued of it (queued); the leases are
+-- read back from _private_py_limit_leases. Returns nothing for a pool
+-- without a heartbeat row (its leases could outlive it), and is not called
+-- while a queue has a limit (the worker then fetches them all through
+-- py_fetch_limited_jobs).
+--
+-- Serialised with py_fetch_limited_jobs on the limits' rows (FOR UPDATE, in
+-- the same key order). For each limit: its slots in use are the jobs
+-- counted in _private_py_limit_state plus every pool's lease; the pool may
+-- have what the others leave (at most concurrency, and what its jobs need:
+-- running + queued + found now); when another pool wanted more than it got
+-- in the last 2 seconds, at most its share (max_running over the pools
+-- holding or wanting slots). Its slots are at least `holding` (what it may
+-- be running by the time this commits: a lease shrinks at the next fetch),
+-- and its jobs are fetched ahead only while its target is above 0. A lease
+-- that gave up slots another pool wants announces jobs (as add_job does), so
+-- that pool fetches.
+create or replace function {{schema}}.py_fetch_leased_jobs(
+  task_ids int[], forbidden_flags text[], job_limit int, pool_id text,
+  holding int[], running int[], queued int[], concurrency int,
+  now_at timestamptz default null
+)
+returns table (
+  id bigint, job_queue_id int, task_id int, payload json, priority smallint,
+  run_at timestamptz, attempts smallint, max_attempts smallint, last_error text,
+  created_at timestamptz, updated_at timestamptz, key text, locked_at timestamptz,
+  locked_by text, revision int, flags jsonb, is_available boolean, queue_name text,
+  timeout interval
+)
+language plpgsql
+volatile
+set plan_cache_mode = force_generic_plan
+set jit = off
+as $fn$
+#variable_conflict use_column
+declare
+  v_now timestamptz := coalesce(now_at, now());
+  v_clock timestamptz := clock_timestamp();
+  v_pool text := py_fetch_leased_jobs.pool_id;
+  v_paused_queues text[];
+  v_paused_tasks text[];
+  v_taken bigint[] := '{}';
+  v_ids bigint[];
+  v_counted int;
+  v_others int;
+  v_active int;
+  v_waiter boolean;
+  v_mine int;
+  v_want int;
+  v_cap int;
+  v_target int;
+  v_slots int;
+  v_announce boolean := false;
+  l record;
+  c record;
+begin
+  if job_limit < 1 or not exists (
+    select from {{schema}}._private_py_heartbeats as h where h.pool_id = v_pool
+  ) then
+    return;
+  end if;
+  select array_agg(p.name) filter (where p.kind = 'queue'),
+    array_agg(p.name) filter (where p.kind = 'task')
+  into v_paused_queues, v_paused_tasks
+  from {{schema}}._private_py_pauses as p
+  where p.resume_at is null or p.resume_at > v_now;
+  for l in
+    select l.kind, l.name, l.max_running, x.id as task_id, x.n
+    from unnest(task_ids) with ordinality as x(id, n)
+    join {{schema}}._private_tasks as t on t.id = x.id
+    join {{schema}}._private_py_limits as l on l.kind = 'task' and l.name = t.identifier
+    where l.max_running is not null and l.max_starts is null and l.partition_by is null
+    order by l.kind, l.name
+    for update of l
+  loop
+    select coalesce((
+      select count(*)::int from {{schema}}._private_jobs as j
+      where j.id = any(st.running) and j.locked_at is not null
+    ), 0) into v_counted
+    from {{schema}}._private_py_limit_state as st
+    where st.kind = l.kind and st.name = l.name and st.partition = '';
+    v_counted := coalesce(v_counted, 0);
+    select coalesce(sum(le.slots) filter (where le.pool_id <> v_pool), 0)::int,
+      count(*) filter (
+        where le.pool_id <> v_pool and (le.slots > 0 or le.wanted_at > v_clock - interval '2 seconds')
+      )::int,
+      coalesce(bool_or(le.pool_id <> v_pool and le.wanted_at > v_clock - interval '2 seconds'), false),
+      coalesce(max(le.slots) filter (where le.pool_id = v_pool), 0)::int
+    into v_others, v_active, v_waiter, v_mine
+    from {{schema}}._private_py_limit_leases as le
+    where le.kind = l.kind and le.name = l.name;
+    -- Candidates, locked as rows (not yet as jobs) and skipped when another
+    -- fetch holds them: through _private_py_jobs_task_order, as
+    -- py_fetch_limited_jobs' own.
+    v_ids := '{}';
+    if not coalesce('*' = any(v_paused_tasks) or l.name = any(v_paused_tasks), false) then
+      v_ids := array(
+        select j.id
+        from {{schema}}._private_jobs as j
+        where j.task_id = l.task_id
+          and j.locked_at is null and j.attempts < j.max_attempts and j.run_at <= v_now
+          and (forbidden_flags is null or j.flags is null or not (j.flags ?| forbidden_flags))
+        order by j.priority, j.run_at, j.id
+        limit job_limit
+        for update of j skip locked
+      );
+    end if;
+    v_want := least(concurrency, running[l.n] + queued[l.n] + cardinality(v_ids));
+    v_cap := case when v_waiter then ceil(l.max_running::numeric / (v_active + 1))::int
+      else l.max_running end;
+    v_target := greatest(0, least(v_want, l.max_running - v_counted - v_others, v_cap));
+    v_slots := greatest(holding[l.n], v_target);
+    if v_slots = 0 and v_target >= v_want then
+      delete from {{schema}}._private_py_limit_leases as le
+      where le.kind = l.kind and le.name = l.name and le.pool_id = v_pool;
+    else
+      insert into {{schema}}._private_py_limit_leases as le (
+        kind, name, pool_id, slots, target, wanted_at, updated_at
+      )
+      values (l.kind, l.name, v_pool, v_slots, v_target,
+        case when v_target < v_want then v_clock end, v_clock)
+      on conflict (kind, name, pool_id) do update
+      set slots = excluded.slots, target = excluded.target,
+        wanted_at = coalesce(excluded.wanted_at, le.wanted_at), updated_at = v_clock;
+    end if;
+    v_announce := v_announce or (v_waiter and v_slots < v_mine);
+    continue when v_target = 0;
+    -- Ahead, this task's share of the fetch (its target of the pool's
+    -- slots), less what the pool holds of it already: a lease that binds
+    -- does not fill the pool's local queue with jobs it cannot start.
+    v_ids := v_ids[1:greatest(0,
+      ceil(job_limit::numeric * v_target / greatest(concurrency, 1))::int - queued[l.n])];
+    -- A job of a named queue is taken with its queue (free, available, not
+    -- paused), as by the usual fetch; the others at once.
+    for c in
+      select j.id, j.job_queue_id
+      from {{schema}}._private_jobs as j
+      where j.id = any(v_ids) and j.job_queue_id is not null
+      order by j.priority, j.run_at, j.id
+    loop
+      update {{schema}}._private_job_queues as q
+      set locked_at = v_clock, locked_by = v_pool
+      where q.id = c.job_queue_id and q.locked_at is null and q.is_available
+        and not coalesce('*' = any(v_paused_queues) or q.queue_name = any(v_paused_queues), false);
+      if not found then
+        v_ids := array_remove(v_ids, c.id);
+      end if;
+    end loop;
+    update {{schema}}._private_jobs as j
+    set attempts = j.attempts + 1, locked_at = v_clock, locked_by = v_pool
+    where j.id = any(v_ids);
+    v_taken := v_taken || v_ids;
+  end loop;
+  if v_announce then
+    perform pg_notify('jobs:insert', '{"r":' || random()::text || ',"count":1}');
+  end if;
 
   return query
   select j.id, j.job_queue_id, j.task_id, j.payload, j.priority, j.run_at, j.attempts,

@@ -37,6 +37,7 @@ FUNCTIONS_AT_REVISION = {
     25: "d3c5a9474630c1642c2c97e25cf38db3fbcdfd4d3af82ff67762188a95617359",
     26: "09954ac1afbbf3e11177f57a25643bc911886c0661d7652bb46b74d626e2bf7d",
     27: "09954ac1afbbf3e11177f57a25643bc911886c0661d7652bb46b74d626e2bf7d",
+    28: "bd9d8de7a3fdae21f7599c45349efadc023189419261b8b075688a577cc329eb",
 }
 
 _DEFINED = re.compile(r"^create or replace function \{\{schema\}\}\.(\w+)\(", re.M)
@@ -243,8 +244,11 @@ async def test_functions_commit_with_the_last_pending_revision(
         empty_db, "select to_regclass('graphile_worker._private_py_workflows') is not null"
     )  # py/000026.sql's
     assert value(
-        empty_db, "select to_regclass('graphile_worker._private_py_schedules') is null"
+        empty_db, "select to_regclass('graphile_worker._private_py_schedules') is not null"
     )  # py/000027.sql's
+    assert value(
+        empty_db, "select to_regclass('graphile_worker._private_py_limit_leases') is null"
+    )  # py/000028.sql's
 
     report = await run_migrate(empty_db)
     assert report.applied_py == (latest,)

@@ -558,13 +558,23 @@ def make_fleet_tasks(folder: Path) -> Path:
     return folder
 
 
-async def fleet_jobs(utils: WorkerUtils, db: str, short: int = 1850, long: int = 150) -> int:
+#: The fleet tests' limit: 3 at once and 50 starts a second.
+FLEET_LIMIT = Limit(max_running=3, max_starts=50, per=1)
+
+
+async def fleet_jobs(
+    utils: WorkerUtils,
+    db: str,
+    short: int = 1850,
+    long: int = 150,
+    limit: Limit = FLEET_LIMIT,
+) -> int:
     rows(
         db,
         "create table public.starts (job_id bigint, pid int, at timestamptz, reaped timestamptz)",
     )
     rows(db, "create table public.ends (job_id bigint, pid int, at timestamptz)")
-    await utils.set_limit(Limit(max_running=3, max_starts=50, per=1), task="lim")
+    await utils.set_limit(limit, task="lim")
     # Short jobs: the rate binds (3 at once could start 300 a second); long
     # ones: the 3 slots bind.
     jobs = [{"identifier": "lim", "payload": {"sleep": 0.01}} for _ in range(short)]
@@ -574,12 +584,14 @@ async def fleet_jobs(utils: WorkerUtils, db: str, short: int = 1850, long: int =
     return len(jobs)
 
 
-def check_fleet(db: str, count: int, killed: int = -1) -> None:
-    """Never 4 at once, never 51 starts in a second, every job ran to its end,
-    and once: but for a job the ``killed`` worker had finished without its
-    result being written before the kill (at-least-once: it runs again)."""
+def check_fleet(db: str, count: int, killed: int = -1, rate: bool = True) -> None:
+    """Never 4 at once, never 51 starts in a second (``rate``), every job ran
+    to its end, and once: but for a job the ``killed`` worker had finished
+    without its result being written before the kill (at-least-once: it runs
+    again)."""
     assert value(db, MOST_AT_ONCE) == 3
-    assert value(db, MOST_PER_SECOND) <= 50
+    if rate:
+        assert value(db, MOST_PER_SECOND) <= 50
     assert value(db, "select count(distinct job_id) from public.ends") == count
     others = "from public.ends where pid <> %s"
     assert value(db, f"select count(*) {others}", (killed,)) == value(
@@ -643,6 +655,64 @@ async def test_a_killed_workers_slots_come_back_after_its_heartbeat_timeout(
     assert [code for code, _ in results] == [0, 0, 0], results
     assert value(db, "select count(*) from public.starts where pid = %s", (victim_pid,)) > 0
     check_fleet(db, count, killed=victim_pid)
+
+
+@pytest.mark.db
+async def test_four_workers_share_a_leased_limit_of_3_and_never_run_4(
+    utils: WorkerUtils, db: str, tmp_path: Path
+) -> None:
+    """A limit of max_running only is leased (migrations/py/000028.sql): each
+    pool starts its jobs under its share of the slots without asking. Four
+    processes, 1,000 jobs (short ones and long ones): never 4 at once, every
+    job once, and the slots shared (a pool that wants slots gets its share:
+    one each here, so at least three workers ran jobs)."""
+    count = await fleet_jobs(utils, db, short=920, long=80, limit=Limit(max_running=3))
+    folder = make_fleet_tasks(tmp_path)
+    procs = [start([cli_path(), "-c", db, "-j", "5"], folder) for _ in range(4)]
+    try:
+        wait_for(db, "select count(*) from public.ends", count, timeout=180)
+        assert value(db, "select count(*) from graphile_worker._private_py_limit_leases") > 0
+    finally:
+        results = stop(procs)
+    assert [code for code, _ in results] == [0, 0, 0, 0], results
+    check_fleet(db, count, rate=False)
+    assert value(db, "select count(distinct pid) from public.starts") >= 3
+    # Each pool's leases went with its heartbeat row as it stopped.
+    assert value(db, "select count(*) from graphile_worker._private_py_limit_leases") == 0
+
+
+@pytest.mark.db
+@pytest.mark.slow  # a kill and a 2-second heartbeat timeout
+async def test_a_killed_workers_leased_slots_come_back_and_never_4_run(
+    utils: WorkerUtils, db: str, tmp_path: Path
+) -> None:
+    count = await fleet_jobs(utils, db, short=460, long=40, limit=Limit(max_running=3))
+    folder = make_fleet_tasks(tmp_path)
+    args = [cli_path(), "-c", db, "-j", "5", "--heartbeat-interval", "0.5"]
+    args += ["--heartbeat-timeout", "2"]
+    procs = [start(args, folder) for _ in range(4)]
+    try:
+        # Kill a worker while it runs a long job under its lease.
+        victim_pid = None
+        deadline = time.monotonic() + 60
+        while victim_pid is None:
+            assert time.monotonic() < deadline, "no long job started"
+            victim_pid = value(
+                db,
+                "select s.pid from public.starts as s "
+                "join graphile_worker._private_jobs as j on j.id = s.job_id "
+                "where j.payload->>'sleep' = '0.15' and j.locked_at is not null "
+                "and not exists (select from public.ends as e where e.job_id = s.job_id) "
+                "limit 1",
+            )
+        victim = next(p for p in procs if p.pid == victim_pid)
+        victim.send_signal(signal.SIGKILL)
+        victim.wait(timeout=10)
+        wait_for(db, "select count(distinct job_id) from public.ends", count, timeout=180)
+    finally:
+        results = stop([p for p in procs if p is not victim])
+    assert [code for code, _ in results] == [0, 0, 0], results
+    check_fleet(db, count, killed=victim_pid, rate=False)
 
 
 @pytest.mark.db

@@ -25,7 +25,9 @@ LIST_LIMITS = """
     (select count(*) from {schema}._private_py_limit_state as s
       cross join lateral unnest(s.running) as r(id)
       join {schema}._private_jobs as j on j.id = r.id and j.locked_at is not null
-      where s.kind = l.kind and s.name = l.name)::int,
+      where s.kind = l.kind and s.name = l.name)::int
+      + (select coalesce(sum(le.slots), 0) from {schema}._private_py_limit_leases as le
+      where le.kind = l.kind and le.name = l.name)::int,
     (select count(*) from {schema}._private_py_limit_state as s
       cross join lateral unnest(s.starts) as x(at)
       where s.kind = l.kind and s.name = l.name and x.at > clock_timestamp() - l.period)::int,
@@ -47,7 +49,8 @@ LIST_LIMITS = """
 # many partitions were read (more than the caller shows: there are more).
 LIMIT_USAGE = """
     select l.kind, l.name, l.max_running, l.max_starts, l.period, l.partition_by, l.updated_at,
-    coalesce(u.running, 0)::int as running, coalesce(u.busiest_running, 0)::int as busiest_running,
+    (coalesce(u.running, 0) + le.slots)::int as running,
+    (coalesce(u.busiest_running, 0) + le.slots)::int as busiest_running,
     coalesce(u.recent_starts, 0)::int as recent_starts,
     coalesce(u.busiest_starts, 0)::int as busiest_starts, u.partitions::int as partitions
   from (
@@ -68,13 +71,19 @@ LIMIT_USAGE = """
       limit %(partitions)s
     ) as p
   ) as u
+  cross join lateral (
+    select coalesce(sum(le.slots), 0) as slots from {schema}._private_py_limit_leases as le
+    where le.kind = l.kind and le.name = l.name
+  ) as le
   order by l.kind, l.name
 """
 
 # The limits of tasks and queues (the pool then fetches limited jobs too),
-# and whether each limits starts (its jobs then have a start deadline).
+# whether each limits starts (its jobs then have a start deadline), and
+# whether its slots can be leased (py_fetch_leased_jobs: max_running only).
 LIMITS_EXIST = """
-  select l.kind, l.name, l.max_starts is not null
+  select l.kind, l.name, l.max_starts is not null,
+    l.max_running is not null and l.max_starts is null and l.partition_by is null
   from {schema}._private_py_limits as l
   where l.kind in ('task', 'queue')
 """
@@ -93,6 +102,32 @@ FETCH_LIMITED_AT = """
     %(task_ids)s::int[], %(forbidden_flags)s::text[], %(limit)s::int, %(pool_id)s::text,
     %(now)s::timestamptz
   )
+"""
+
+# Lock up to %(limit)s runnable jobs of each leased task ahead and set this
+# pool's leases of their limits (see py_fetch_leased_jobs); the columns of
+# fetch.GET_JOBS. %(holding)s, %(running)s, %(queued)s: one per task.
+FETCH_LEASED = """
+  select * from {schema}.py_fetch_leased_jobs(
+    %(task_ids)s::int[], %(forbidden_flags)s::text[], %(limit)s::int, %(pool_id)s::text,
+    %(holding)s::int[], %(running)s::int[], %(queued)s::int[], %(concurrency)s::int
+  )
+"""
+
+# The same on the worker's clock (use_local_time).
+FETCH_LEASED_AT = """
+  select * from {schema}.py_fetch_leased_jobs(
+    %(task_ids)s::int[], %(forbidden_flags)s::text[], %(limit)s::int, %(pool_id)s::text,
+    %(holding)s::int[], %(running)s::int[], %(queued)s::int[], %(concurrency)s::int,
+    %(now)s::timestamptz
+  )
+"""
+
+# This pool's leases: how many jobs of each task it may run from now on.
+POOL_LEASES = """
+  select le.name, le.target
+  from {schema}._private_py_limit_leases as le
+  where le.pool_id = %(pool_id)s::text and le.kind = 'task'
 """
 
 # Seconds until a full rate limit of these tasks (or of a queue) has room for

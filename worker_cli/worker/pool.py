@@ -251,6 +251,7 @@ class WorkerPool:
         )
         progress = ProgressWriter(utils.pool, schema=options.schema)
         self._fetcher.limited.deadlines = deadlines
+        self._fetcher.limited.give_back = completer.return_unstarted
         slots = self._slots = Slots(
             concurrency=options.concurrency,
             tasks=self.tasks,

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from ..jobs.workflow_state import StepContext
 from ..observe.events import Events
+from .pipeline.leases import Leases
 from .pipeline.local_queue import LocalQueue
 from .supervision.stuck import StuckJobs
 
@@ -37,3 +38,6 @@ class PoolState:
     steps: dict[int, StepContext] = field(default_factory=dict)
     #: Running jobs that should have stopped (in the heartbeat, the metrics).
     stuck: StuckJobs = field(default_factory=StuckJobs)
+    #: The pool's leases of limits' slots: the fetcher sets them, the local
+    #: queue asks them whether a job may start, the slots say when one ended.
+    leases: Leases = field(default_factory=Leases)

@@ -77,6 +77,9 @@ class FetchSettings:
     forbidden_flags: ForbiddenFlags = None
     #: Due and locked by this process's clock, not the database's now().
     use_local_time: bool = False
+    #: Lease limits' slots (:mod:`.leases`): the pool has heartbeats, so its
+    #: leases end with it.
+    lease_limits: bool = False
 
     @classmethod
     def of(cls, options: WorkerOptions) -> FetchSettings:
@@ -88,6 +91,7 @@ class FetchSettings:
             options.local_queue_horizon,
             options.forbidden_flags,
             options.use_local_time,
+            bool(options.heartbeat_interval),
         )
 
 
@@ -136,7 +140,12 @@ class Fetcher:
         )
         #: The second statement of each fetch: jobs under limits.
         self.limited = LimitedFetch(
-            settings.schema, use_local_time=settings.use_local_time, nudge=self.nudge
+            settings.schema,
+            use_local_time=settings.use_local_time,
+            nudge=self.nudge,
+            leases=state.leases if settings.lease_limits else None,
+            queue=state.queue,
+            tasks=tasks,
         )
         self._rate = Rate()
         self._wanted = asyncio.Event()
@@ -284,9 +293,23 @@ class Fetcher:
                 params["now"] = datetime.now(UTC)
             cur = await conn.cursor(binary=True).execute(self._get_jobs, params)
             fetched = await self._take(conn, cur)
-            if await self.limited.applies(conn, short=fetched < limit):
+            limited = self.limited
+            applies = await limited.applies(conn, short=fetched < limit)
+            await limited.give_back_ended()
+            if applies:
+                if leased := limited.leased:
+                    ids = [i for i, name in self._task_ids.items() if name in leased]
+                    fetched += await limited.fetch_leased(
+                        conn,
+                        params,
+                        ids,
+                        [self._task_ids[i] for i in ids],
+                        self._settings.concurrency,
+                        self._take_leased,
+                    )
+                    params["task_ids"] = [i for i in self._task_id_list if i not in ids]
                 free = self._settings.concurrency - self._running() - self._queue.first_count()
-                fetched += await self.limited.fetch(conn, params, free, self._take)
+                fetched += await limited.fetch(conn, params, free, self._take)
         except BaseException as exc:
             if conn.broken or conn.closed or isinstance(exc, asyncio.CancelledError):
                 # The statement may have committed: its reply is lost.
@@ -300,9 +323,11 @@ class Fetcher:
         conn: psycopg.AsyncConnection[Any],
         cur: psycopg.AsyncCursor[Any],
         first: Callable[[Sequence[Job]], None] | None = None,
+        *,
+        ahead: bool = True,
     ) -> int:
         """Queue the jobs of a fetch's result; how many. With ``first`` (called
-        with them before), ahead of every queued job."""
+        with them before), ahead of every queued job (unless not ``ahead``)."""
         jobs, unreadable = await read_jobs(cur, self._task_ids, self._timeouts)
         steps = [job.id for job in jobs if job.flags is not None and is_step(job.flags)]
         if steps:
@@ -311,8 +336,18 @@ class Fetcher:
             first(jobs)
         if self._on_fetched is not None:
             await self._on_fetched(conn, jobs)
-        self._enqueue(jobs, unreadable, first=first is not None)
+        self._enqueue(jobs, unreadable, first=ahead and first is not None)
         return len(jobs) + len(unreadable)
+
+    async def _take_leased(
+        self,
+        conn: psycopg.AsyncConnection[Any],
+        cur: psycopg.AsyncCursor[Any],
+        fetched: Callable[[Sequence[Job]], None] | None = None,
+    ) -> int:
+        """Queue the jobs fetched under leases, in their order (``fetched`` is
+        called with them first)."""
+        return await self._take(conn, cur, fetched, ahead=False)
 
     async def _read_steps(self, conn: psycopg.AsyncConnection[Any], job_ids: list[int]) -> None:
         """Read what the fetched steps' tasks see (their workflows and
@@ -389,6 +424,13 @@ class Fetcher:
                 len(jobs) + len(unreadable),
                 ", ".join(str(job.id) for job in [*jobs, *(job for job, _ in unreadable)]),
             )
+            leased = self.limited.leased
+            back = [job for job in jobs if job.task_identifier in leased]
+            if back and self.limited.give_back is not None:
+                # Not known to be under a lease now: fetched again under one.
+                jobs = [job for job in jobs if job.task_identifier not in leased]
+                self._held.update(job.id for job in back)
+                await self.limited.give_back(back)
             self._enqueue(jobs, unreadable)
 
     async def _drop_connection(self, conn: psycopg.AsyncConnection[Any]) -> None:

@@ -10,6 +10,11 @@ no listener) and after each ``<schema>:py:control`` notification. When a
 full rate limit held jobs back, a nudge is planned for the moment it frees a
 start, so a waiting pool does not poll. Each job fetched gets a start
 deadline (:mod:`..supervision.start_deadlines`).
+
+A pool with heartbeats fetches the jobs of tasks whose limit is
+``max_running`` only under a lease of the limit's slots instead
+(``py_fetch_leased_jobs``, :mod:`.leases`): ahead, like any job, while no
+queue has a limit.
 """
 
 from __future__ import annotations
@@ -25,6 +30,8 @@ from ...jobs.job import Job
 from ...sql import compose
 from ...sql import limits as limits_sql
 from ..supervision.start_deadlines import ClockBound, StartDeadlines
+from .leases import Leases
+from .local_queue import LocalQueue
 
 __all__ = ["REREAD", "LimitedFetch", "Take"]
 
@@ -47,10 +54,31 @@ BATCH_WAIT = 0.05
 class LimitedFetch:
     """The limited part of one pool's fetches (see the module)."""
 
-    def __init__(self, schema: str, *, use_local_time: bool, nudge: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        schema: str,
+        *,
+        use_local_time: bool,
+        nudge: Callable[[], None],
+        leases: Leases | None = None,
+        queue: LocalQueue | None = None,
+        tasks: Sequence[str] = (),
+    ) -> None:
         self._fetch = compose(
             limits_sql.FETCH_LIMITED_AT if use_local_time else limits_sql.FETCH_LIMITED, schema
         )
+        self._fetch_leased = compose(
+            limits_sql.FETCH_LEASED_AT if use_local_time else limits_sql.FETCH_LEASED, schema
+        )
+        self._pool_leases = compose(limits_sql.POOL_LEASES, schema)
+        #: This pool's leases (None: it leases nothing: no heartbeats) and
+        #: its local queue, whose gate they are once a task is leased.
+        self.leases = leases
+        self._queue = queue
+        self._tasks = frozenset(tasks)
+        #: Gives back jobs fetched under a lease that ended (the completer's).
+        self.give_back: Callable[[Sequence[Job]], Awaitable[None]] | None = None
+        self._give_back_due = False
         self._exist = compose(limits_sql.LIMITS_EXIST, schema)
         self._next_start = compose(limits_sql.NEXT_START, schema)
         self._nudge = nudge
@@ -69,8 +97,14 @@ class LimitedFetch:
         return self._timer is not None
 
     def forget(self) -> None:
-        """A limit may have been set or removed: read again at the next fetch."""
+        """A limit may have been set or removed: read again at the next fetch;
+        under leases, start no more than now until then, and give back the
+        jobs fetched under them and not started (``py_set_limit`` ended the
+        leases and counted those jobs)."""
         self.apply = None
+        if self.leases is not None and self.leases.tasks:
+            self.leases.suspend()
+            self._give_back_due = True
 
     def stop(self) -> None:
         """Plan no more nudges."""
@@ -87,11 +121,75 @@ class LimitedFetch:
             rows = await cur.fetchall()
             self.apply = bool(rows)
             self._rated = (
-                frozenset(name for kind, name, rated in rows if rated and kind == "task"),
-                frozenset(name for kind, name, rated in rows if rated and kind == "queue"),
+                frozenset(name for kind, name, rated, _ in rows if rated and kind == "task"),
+                frozenset(name for kind, name, rated, _ in rows if rated and kind == "queue"),
             )
             self._read_at = now
+            if self.leases is not None:
+                leased: frozenset[str] = frozenset()
+                if not any(row[0] == "queue" for row in rows):
+                    leased = self._tasks.intersection(
+                        name for kind, name, _, leasable in rows if leasable
+                    )
+                if leased != self.leases.tasks:
+                    # The jobs fetched under the leases before are given back.
+                    self.leases.suspend()
+                    self.leases.set_tasks(leased)
+                    self._give_back_due = True
+                if leased and self._queue is not None:
+                    self._queue.gate = self.leases
         return self.apply
+
+    @property
+    def leased(self) -> frozenset[str]:
+        """The tasks fetched under leases."""
+        return self.leases.tasks if self.leases is not None else frozenset()
+
+    async def give_back_ended(self) -> None:
+        """Give back the jobs fetched under leases that a changed limit ended
+        (see :meth:`forget`), before the next fetch leases again."""
+        if not self._give_back_due or self.leases is None or self._queue is None:
+            return
+        self._give_back_due = False
+        leases = self.leases
+        jobs = self._queue.remove_where(leases.waiting)
+        leases.forget(jobs)
+        if jobs and self.give_back is not None:
+            await self.give_back(jobs)
+
+    async def fetch_leased(
+        self,
+        conn: psycopg.AsyncConnection[Any],
+        params: dict[str, Any],
+        task_ids: Sequence[int],
+        tasks: Sequence[str],
+        concurrency: int,
+        take: Take,
+    ) -> int:
+        """Fetch ahead the jobs of ``tasks`` (their ids ``task_ids``) under
+        leases, and take the leases read back; how many jobs."""
+        leases = self.leases
+        assert leases is not None
+        generation = leases.generation
+        holding, running, queued = leases.asks(tasks)
+        cur = await conn.cursor(binary=True).execute(
+            self._fetch_leased,
+            {
+                **params,
+                "task_ids": list(task_ids),
+                "holding": holding,
+                "running": running,
+                "queued": queued,
+                "concurrency": concurrency,
+            },
+        )
+        fetched = await take(conn, cur, leases.fetched)
+        cur = await conn.execute(self._pool_leases, {"pool_id": params["pool_id"]})
+        grew = leases.grant(dict(await cur.fetchall()), generation)
+        if self._queue is not None:
+            for task in grew:
+                self._queue.release(task)
+        return fetched
 
     async def fetch(
         self, conn: psycopg.AsyncConnection[Any], params: dict[str, Any], free: int, take: Take

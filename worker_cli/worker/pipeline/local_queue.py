@@ -22,7 +22,7 @@ from typing import Protocol
 
 from ...jobs.job import Job
 
-__all__ = ["FetchPlan", "LocalQueue", "Rate", "Refill", "plan_fetch"]
+__all__ = ["FetchPlan", "Gate", "LocalQueue", "Rate", "Refill", "plan_fetch"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +58,13 @@ def plan_fetch(
     if buffered >= idle and buffered > target // 2:
         return FetchPlan(0, refill_below)
     return FetchPlan(max(0, idle + target - buffered), refill_below)
+
+
+class Gate(Protocol):
+    """Decides whether a queued job may start now (see :mod:`.leases`)."""
+
+    def start(self, job: Job) -> bool:
+        """Whether ``job`` may start now (it then counts as started)."""
 
 
 class Refill(Protocol):
@@ -120,11 +127,40 @@ class LocalQueue:
     def __init__(self) -> None:
         self._heap: list[tuple[float, float, int, Job | None]] = []
         self._lock = threading.Lock()
+        #: Whether a job may start now (the pool's :class:`~.leases.Leases`);
+        #: one it refuses waits aside (not counted in ``len``) until
+        #: :meth:`release` for its task.
+        self.gate: Gate | None = None
+        self._aside: dict[str, list[tuple[float, float, int, Job | None]]] = {}
         self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
         self._markers = itertools.count()
 
     def __len__(self) -> int:
+        """The jobs that may start when a slot is free (not those waiting aside)."""
         return len(self._heap)
+
+    def _pop(self) -> tuple[bool, Job | None]:
+        """Under the lock: the next job the gate lets start, the ones it
+        refuses set aside; (False, None) when there is none."""
+        heap, gate = self._heap, self.gate
+        while heap:
+            entry = heapq.heappop(heap)
+            job = entry[3]
+            if job is None or gate is None or gate.start(job):
+                return True, job
+            self._aside.setdefault(job.task_identifier, []).append(entry)
+        return False, None
+
+    def release(self, task: str) -> None:
+        """A job of ``task`` ended (event loop only): its jobs waiting aside
+        may start now."""
+        with self._lock:
+            entries = self._aside.pop(task, None)
+            if entries:
+                for entry in entries:
+                    heapq.heappush(self._heap, entry)
+        for _ in entries or ():
+            self._wake_one()
 
     def put(self, jobs: Sequence[Job], *, first: bool = False) -> None:
         """Queue fetched jobs (event loop only); ``first``: ahead of every other
@@ -140,8 +176,9 @@ class LocalQueue:
         """The next job, waiting for one; None tells the slot to stop."""
         while True:
             with self._lock:
-                if self._heap:
-                    return heapq.heappop(self._heap)[3]
+                found, job = self._pop()
+                if found:
+                    return job
             waiter = asyncio.get_running_loop().create_future()
             self._waiters.append(waiter)
             try:
@@ -156,9 +193,10 @@ class LocalQueue:
     def take_nowait(self) -> Job | None:
         """The next job without waiting (raises ``asyncio.QueueEmpty``)."""
         with self._lock:
-            if not self._heap:
+            found, job = self._pop()
+            if not found:
                 raise asyncio.QueueEmpty
-            return heapq.heappop(self._heap)[3]
+            return job
 
     def runs_short(self, refill: Refill) -> bool:
         """Whether to wake the fetcher: the queue is at or below its refill
@@ -170,17 +208,28 @@ class LocalQueue:
         task thread takes only the plain tasks it can run); otherwise, or at a
         stop marker, None and the queue is unchanged."""
         with self._lock:
-            if self._heap:
-                job = self._heap[0][3]
-                if job is not None and job.task_identifier in identifiers:
-                    heapq.heappop(self._heap)
+            gate = self.gate
+            while self._heap:
+                entry = self._heap[0]
+                job = entry[3]
+                if job is None or job.task_identifier not in identifiers:
+                    return None
+                heapq.heappop(self._heap)
+                if gate is None or gate.start(job):
                     return job
+                self._aside.setdefault(job.task_identifier, []).append(entry)
         return None
 
     def job_ids(self) -> set[int]:
         """The ids of the queued jobs (any thread)."""
         with self._lock:
-            return {entry[2] for entry in self._heap if entry[3] is not None}
+            return {entry[2] for entry in self._entries() if entry[3] is not None}
+
+    def _entries(self) -> list[tuple[float, float, int, Job | None]]:
+        """Under the lock: every queued entry, those waiting aside too."""
+        if not self._aside:
+            return self._heap
+        return self._heap + [entry for entries in self._aside.values() for entry in entries]
 
     def first_count(self) -> int:
         """How many queued jobs were put ``first`` and have not started."""
@@ -190,16 +239,18 @@ class LocalQueue:
     def remove_where(self, covered: Callable[[Job], bool]) -> list[Job]:
         """Take out the queued jobs ``covered`` selects (event loop only)."""
         with self._lock:
-            taken = [entry[3] for entry in self._heap if entry[3] is not None and covered(entry[3])]
+            entries = self._entries()
+            taken = [entry[3] for entry in entries if entry[3] is not None and covered(entry[3])]
             if taken:
-                self._heap = [e for e in self._heap if e[3] is None or not covered(e[3])]
+                self._heap = [e for e in entries if e[3] is None or not covered(e[3])]
+                self._aside = {}
                 heapq.heapify(self._heap)
         return taken
 
     def drain(self) -> list[Job]:
         """Remove and return every job not started yet (stop markers are dropped)."""
         with self._lock:
-            entries, self._heap = self._heap, []
+            entries, self._heap, self._aside = self._entries(), [], {}
         return [entry[3] for entry in sorted(entries) if entry[3] is not None]
 
     def end_slots(self, count: int) -> None:

@@ -91,6 +91,7 @@ class Slots(SlotGroup):
     ) -> None:
         self._tasks = tasks
         self._queue = state.queue
+        self._leases = state.leases
         self._refill = refill
         self._utils = utils
         self._pool_id = pool_id = state.id
@@ -311,6 +312,12 @@ class Slots(SlotGroup):
         self._report(self._settler.settle(ran))
         if self.cancelling:
             self.cancelling.pop(ran.job.id, None)
+        self._ended(ran.job)
+
+    def _ended(self, job: Job) -> None:
+        """A job ran: under a lease, a job of its task waiting aside may start."""
+        if self._leases.ended(job):
+            self._queue.release(job.task_identifier)
 
     async def _run_plain(self, slot: Slot, job: Job) -> bool:
         """Hand a plain job to the slot's thread, which runs it and the plain
@@ -366,6 +373,7 @@ class Slots(SlotGroup):
                 self._report(item)
                 if self.cancelling:
                     self.cancelling.pop(item.job.id, None)
+                self._ended(item.job)
             elif isinstance(item, Timed):
                 deadlines.arm(
                     item.job,
