@@ -3,8 +3,9 @@
 -- locked jobs in _private_py_limit_state.running are), fetches that task's
 -- jobs ahead like any other, and starts them locally as long as it runs
 -- fewer than `target` of them (target <= slots): no round trip per start.
--- Only for task limits without partition_by and max_starts, while no queue
--- has a limit (py_fetch_leased_jobs). A lease goes with its pool's heartbeat
+-- Only for task limits without max_starts, while no queue has a limit
+-- (py_fetch_leased_jobs); a partitioned limit is leased per partition value
+-- (partition: its key, py_limit_partition; '' without partition_by). A lease goes with its pool's heartbeat
 -- row (a pool declared dead loses its leases with its jobs' locks) and with
 -- its limit; py_set_limit deletes a limit's leases (the jobs their pools
 -- hold locked are counted instead).
@@ -17,13 +18,14 @@
 create table {{schema}}._private_py_limit_leases (
   kind text not null,
   name text not null,
+  partition text not null,
   pool_id text not null
     references {{schema}}._private_py_heartbeats (pool_id) on delete cascade,
   slots int not null check (slots >= 0),
   target int not null check (target >= 0 and target <= slots),
   wanted_at timestamptz,
   updated_at timestamptz not null default now(),
-  primary key (kind, name, pool_id),
+  primary key (kind, name, partition, pool_id),
   foreign key (kind, name) references {{schema}}._private_py_limits (kind, name)
     on delete cascade
 );

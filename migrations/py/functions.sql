@@ -1189,7 +1189,7 @@ begin
           where j.id = any(v_state_running) and j.locked_at is not null
         ) + (
           select coalesce(sum(le.slots), 0) from {{schema}}._private_py_limit_leases as le
-          where le.kind = v_kinds[i] and le.name = v_names[i]
+          where le.kind = v_kinds[i] and le.name = v_names[i] and le.partition = ''
         ) >= v_running[i])
       or (v_starts[i] is not null and (
           select count(*) from unnest(v_state_starts) as x(at)
@@ -1308,9 +1308,9 @@ begin
         v_key_running := v_key_running || case when found and v_running[i] is not null then (
             select count(*)::int from {{schema}}._private_jobs as j
             where j.id = any(s.running) and j.locked_at is not null
-          ) else 0 end + case when v_running[i] is not null and v_part = '' then (
+          ) else 0 end + case when v_running[i] is not null then (
             select coalesce(sum(le.slots), 0)::int from {{schema}}._private_py_limit_leases as le
-            where le.kind = v_kinds[i] and le.name = v_names[i]
+            where le.kind = v_kinds[i] and le.name = v_names[i] and le.partition = v_part
           ) else 0 end;
         v_key_starts := v_key_starts || case when found and v_starts[i] is not null then (
             select count(*)::int from unnest(s.starts) as x(at)
@@ -1403,22 +1403,23 @@ end;
 $fn$;
 
 -- The worker's fetch of jobs under leased limits (py/000028.sql): the jobs of
--- limited tasks whose limit is max_running only (no partition_by, no
--- max_starts), fetched ahead like any job (up to job_limit of each task:
--- locked, their attempt counted, not counted as running), with the pool's
--- lease of each limit's slots set in the same transaction. The pool starts
--- them locally while it runs fewer than its lease's target: a start costs
--- no round trip. Tasks are given with, for each, what the pool may run now
--- (holding), runs (running) and has queued of it (queued); the leases are
--- read back from _private_py_limit_leases. Returns nothing for a pool
--- without a heartbeat row (its leases could outlive it), and is not called
--- while a queue has a limit (the worker then fetches them all through
--- py_fetch_limited_jobs).
+-- limited tasks whose limit is max_running only (no max_starts; with or
+-- without partition_by), fetched ahead like any job (up to job_limit of
+-- each task: locked, their attempt counted, not counted as running), with
+-- the pool's lease of each key's slots (a limit, or one partition value of
+-- it) set in the same transaction. The pool starts them locally while it
+-- runs fewer than its lease's target: a start costs no round trip. The keys
+-- the pool leases or holds jobs of are given (key_tasks, key_parts) with,
+-- for each, what it may run now (holding), runs (running) and has queued
+-- (queued); the leases are read back from _private_py_limit_leases. Returns
+-- nothing for a pool without a heartbeat row (its leases could outlive
+-- it), and is not called while a queue has a limit (the worker then
+-- fetches them all through py_fetch_limited_jobs).
 --
 -- Serialised with py_fetch_limited_jobs on the limits' rows (FOR UPDATE, in
--- the same key order). For each limit: its slots in use are the jobs
--- counted in _private_py_limit_state plus every pool's lease; the pool may
--- have what the others leave (at most concurrency, and what its jobs need:
+-- the same key order). For each key: its slots in use are the jobs counted
+-- in _private_py_limit_state plus every pool's lease; the pool may have
+-- what the others leave (at most concurrency, and what its jobs need:
 -- running + queued + found now); when another pool wanted more than it got
 -- in the last 2 seconds, at most its share (max_running over the pools
 -- holding or wanting slots). Its slots are at least `holding` (what it may
@@ -1428,8 +1429,8 @@ $fn$;
 -- that pool fetches.
 create or replace function {{schema}}.py_fetch_leased_jobs(
   task_ids int[], forbidden_flags text[], job_limit int, pool_id text,
-  holding int[], running int[], queued int[], concurrency int,
-  now_at timestamptz default null
+  key_tasks text[], key_parts text[], holding int[], running int[], queued int[],
+  concurrency int, now_at timestamptz default null
 )
 returns table (
   id bigint, job_queue_id int, task_id int, payload json, priority smallint,
@@ -1451,16 +1452,16 @@ declare
   v_paused_queues text[];
   v_paused_tasks text[];
   v_taken bigint[] := '{}';
+  v_cand_ids bigint[];
+  v_cand_parts text[];
   v_ids bigint[];
-  v_counted int;
-  v_others int;
-  v_active int;
-  v_waiter boolean;
-  v_mine int;
-  v_want int;
-  v_cap int;
-  v_target int;
-  v_slots int;
+  -- Per key (partition value) of the limit at hand: what was decided.
+  v_kparts text[];
+  v_ktargets int[];
+  v_kslots int[];
+  v_kwants int[];
+  v_kqueued int[];
+  v_shrunk boolean;
   v_announce boolean := false;
   l record;
   c record;
@@ -1476,71 +1477,129 @@ begin
   from {{schema}}._private_py_pauses as p
   where p.resume_at is null or p.resume_at > v_now;
   for l in
-    select l.kind, l.name, l.max_running, x.id as task_id, x.n
-    from unnest(task_ids) with ordinality as x(id, n)
+    select l.kind, l.name, l.max_running, l.partition_by, x.id as task_id
+    from unnest(task_ids) as x(id)
     join {{schema}}._private_tasks as t on t.id = x.id
     join {{schema}}._private_py_limits as l on l.kind = 'task' and l.name = t.identifier
-    where l.max_running is not null and l.max_starts is null and l.partition_by is null
+    where l.max_running is not null and l.max_starts is null
     order by l.kind, l.name
     for update of l
   loop
-    select coalesce((
-      select count(*)::int from {{schema}}._private_jobs as j
-      where j.id = any(st.running) and j.locked_at is not null
-    ), 0) into v_counted
-    from {{schema}}._private_py_limit_state as st
-    where st.kind = l.kind and st.name = l.name and st.partition = '';
-    v_counted := coalesce(v_counted, 0);
-    select coalesce(sum(le.slots) filter (where le.pool_id <> v_pool), 0)::int,
-      count(*) filter (
-        where le.pool_id <> v_pool and (le.slots > 0 or le.wanted_at > v_clock - interval '2 seconds')
-      )::int,
-      coalesce(bool_or(le.pool_id <> v_pool and le.wanted_at > v_clock - interval '2 seconds'), false),
-      coalesce(max(le.slots) filter (where le.pool_id = v_pool), 0)::int
-    into v_others, v_active, v_waiter, v_mine
-    from {{schema}}._private_py_limit_leases as le
-    where le.kind = l.kind and le.name = l.name;
     -- Candidates, locked as rows (not yet as jobs) and skipped when another
-    -- fetch holds them: through _private_py_jobs_task_order, as
-    -- py_fetch_limited_jobs' own.
-    v_ids := '{}';
+    -- fetch holds them (through _private_py_jobs_task_order, as
+    -- py_fetch_limited_jobs' own), each with its partition value.
+    v_cand_ids := '{}';
+    v_cand_parts := '{}';
     if not coalesce('*' = any(v_paused_tasks) or l.name = any(v_paused_tasks), false) then
-      v_ids := array(
-        select j.id
-        from {{schema}}._private_jobs as j
-        where j.task_id = l.task_id
-          and j.locked_at is null and j.attempts < j.max_attempts and j.run_at <= v_now
-          and (forbidden_flags is null or j.flags is null or not (j.flags ?| forbidden_flags))
-        order by j.priority, j.run_at, j.id
-        limit job_limit
-        for update of j skip locked
-      );
+      select coalesce(array_agg(x.id order by x.n), '{}'),
+        coalesce(array_agg(x.part order by x.n), '{}')
+      into v_cand_ids, v_cand_parts
+      from (
+        select j.id, row_number() over (order by j.priority, j.run_at, j.id) as n,
+          case when l.partition_by is null then ''
+            else {{schema}}.py_limit_partition(j.payload, l.partition_by) end as part
+        from (
+          select j.id, j.payload, j.priority, j.run_at
+          from {{schema}}._private_jobs as j
+          where j.task_id = l.task_id
+            and j.locked_at is null and j.attempts < j.max_attempts and j.run_at <= v_now
+            and (forbidden_flags is null or j.flags is null or not (j.flags ?| forbidden_flags))
+          order by j.priority, j.run_at, j.id
+          limit job_limit
+          for update of j skip locked
+        ) as j
+      ) as x;
     end if;
-    v_want := least(concurrency, running[l.n] + queued[l.n] + cardinality(v_ids));
-    v_cap := case when v_waiter then ceil(l.max_running::numeric / (v_active + 1))::int
-      else l.max_running end;
-    v_target := greatest(0, least(v_want, l.max_running - v_counted - v_others, v_cap));
-    v_slots := greatest(holding[l.n], v_target);
-    if v_slots = 0 and v_target >= v_want then
-      delete from {{schema}}._private_py_limit_leases as le
-      where le.kind = l.kind and le.name = l.name and le.pool_id = v_pool;
-    else
-      insert into {{schema}}._private_py_limit_leases as le (
-        kind, name, pool_id, slots, target, wanted_at, updated_at
-      )
-      values (l.kind, l.name, v_pool, v_slots, v_target,
-        case when v_target < v_want then v_clock end, v_clock)
-      on conflict (kind, name, pool_id) do update
-      set slots = excluded.slots, target = excluded.target,
-        wanted_at = coalesce(excluded.wanted_at, le.wanted_at), updated_at = v_clock;
-    end if;
-    v_announce := v_announce or (v_waiter and v_slots < v_mine);
-    continue when v_target = 0;
-    -- Ahead, this task's share of the fetch (its target of the pool's
+    -- Each partition value met (one, '', without partition_by), and each
+    -- this pool leases or holds jobs of: its lease set again, all at once.
+    with mine as (
+      select p.part, sum(p.met)::int as met, coalesce(max(p.h), 0)::int as h,
+        coalesce(max(p.r), 0)::int as r, coalesce(max(p.q), 0)::int as q
+      from (
+        select c.part, count(*) as met, null::int as h, null::int as r, null::int as q
+        from unnest(v_cand_parts) as c(part)
+        group by c.part
+        union all
+        select key_parts[i], 0, holding[i], running[i], queued[i]
+        from generate_subscripts(key_tasks, 1) as i
+        where key_tasks[i] = l.name
+      ) as p
+      group by p.part
+    ),
+    counted as (
+      select st.partition as part, count(*)::int as n
+      from {{schema}}._private_py_limit_state as st
+      cross join lateral unnest(st.running) as rn(id)
+      join {{schema}}._private_jobs as j on j.id = rn.id and j.locked_at is not null
+      where st.kind = l.kind and st.name = l.name and st.partition in (select m.part from mine as m)
+      group by st.partition
+    ),
+    leased as (
+      select le.partition as part,
+        coalesce(sum(le.slots) filter (where le.pool_id <> v_pool), 0)::int as others,
+        count(*) filter (
+          where le.pool_id <> v_pool
+            and (le.slots > 0 or le.wanted_at > v_clock - interval '2 seconds')
+        )::int as active,
+        coalesce(bool_or(
+          le.pool_id <> v_pool and le.wanted_at > v_clock - interval '2 seconds'
+        ), false) as waiter,
+        coalesce(max(le.slots) filter (where le.pool_id = v_pool), 0)::int as was
+      from {{schema}}._private_py_limit_leases as le
+      where le.kind = l.kind and le.name = l.name and le.partition in (select m.part from mine as m)
+      group by le.partition
+    ),
+    wanted as (
+      select m.part, m.h, m.q, least(concurrency, l.max_running, m.r + m.q + m.met) as want,
+        l.max_running - coalesce(c.n, 0) - coalesce(x.others, 0) as free,
+        case when coalesce(x.waiter, false)
+          then ceil(l.max_running::numeric / (coalesce(x.active, 0) + 1))::int
+          else l.max_running end as cap,
+        coalesce(x.waiter, false) as waiter, coalesce(x.was, 0) as was
+      from mine as m
+      left join counted as c on c.part = m.part
+      left join leased as x on x.part = m.part
+    ),
+    decided as (
+      select w.*, greatest(0, least(w.want, w.free, w.cap)) as target
+      from wanted as w
+    )
+    select array_agg(d.part order by d.part), array_agg(d.target order by d.part),
+      array_agg(greatest(d.h, d.target) order by d.part), array_agg(d.want order by d.part),
+      array_agg(d.q order by d.part),
+      coalesce(bool_or(d.waiter and greatest(d.h, d.target) < d.was), false)
+    into v_kparts, v_ktargets, v_kslots, v_kwants, v_kqueued, v_shrunk
+    from decided as d;
+    v_announce := v_announce or v_shrunk;
+    delete from {{schema}}._private_py_limit_leases as le
+    using unnest(v_kparts, v_kslots, v_ktargets, v_kwants) as k(part, slots, target, want)
+    where le.kind = l.kind and le.name = l.name and le.pool_id = v_pool
+      and le.partition = k.part and k.slots = 0 and k.target >= k.want;
+    insert into {{schema}}._private_py_limit_leases as le (
+      kind, name, partition, pool_id, slots, target, wanted_at, updated_at
+    )
+    select l.kind, l.name, k.part, v_pool, k.slots, k.target,
+      case when k.target < k.want then v_clock end, v_clock
+    from unnest(v_kparts, v_kslots, v_ktargets, v_kwants) as k(part, slots, target, want)
+    where not (k.slots = 0 and k.target >= k.want)
+    on conflict (kind, name, partition, pool_id) do update
+    set slots = excluded.slots, target = excluded.target,
+      wanted_at = coalesce(excluded.wanted_at, le.wanted_at), updated_at = v_clock;
+    -- Ahead, each value's share of the fetch (its target of the pool's
     -- slots), less what the pool holds of it already: a lease that binds
     -- does not fill the pool's local queue with jobs it cannot start.
-    v_ids := v_ids[1:greatest(0,
-      ceil(job_limit::numeric * v_target / greatest(concurrency, 1))::int - queued[l.n])];
+    v_ids := array(
+      select c.id
+      from (
+        select c.id, c.part, row_number() over (partition by c.part order by c.n) as rn
+        from unnest(v_cand_ids, v_cand_parts) with ordinality as c(id, part, n)
+      ) as c
+      join unnest(v_kparts, v_ktargets, v_kqueued) as k(part, target, queued)
+        on k.part = c.part
+      where k.target > 0
+        and c.rn <= ceil(job_limit::numeric * k.target / greatest(concurrency, 1)) - k.queued
+    );
+    continue when cardinality(v_ids) = 0;
     -- A job of a named queue is taken with its queue (free, available, not
     -- paused), as by the usual fetch; the others at once.
     for c in
@@ -1552,7 +1611,8 @@ begin
       update {{schema}}._private_job_queues as q
       set locked_at = v_clock, locked_by = v_pool
       where q.id = c.job_queue_id and q.locked_at is null and q.is_available
-        and not coalesce('*' = any(v_paused_queues) or q.queue_name = any(v_paused_queues), false);
+        and not coalesce('*' = any(v_paused_queues) or q.queue_name = any(v_paused_queues),
+          false);
       if not found then
         v_ids := array_remove(v_ids, c.id);
       end if;

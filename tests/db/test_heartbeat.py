@@ -398,7 +398,7 @@ def test_heartbeat_options(db: str, tmp_path: Path) -> None:
 
 
 async def test_a_heartbeat_that_cannot_start_closes_its_connection(db: str) -> None:
-    rows(db, "drop table graphile_worker._private_py_heartbeats")
+    rows(db, "drop table graphile_worker._private_py_heartbeats cascade")
 
     async def t(payload: Any, helpers: Any) -> None:
         pass

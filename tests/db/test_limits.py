@@ -682,6 +682,29 @@ async def test_four_workers_share_a_leased_limit_of_3_and_never_run_4(
 
 
 @pytest.mark.db
+async def test_leases_and_a_worker_without_heartbeats_share_one_count(
+    utils: WorkerUtils, db: str, tmp_path: Path
+) -> None:
+    """A worker with heartbeats off takes a leased limit's jobs a statement at
+    a time, counted with the leases of the others, which count its jobs:
+    never 4 at once. (It asks at each of its completions and takes the slots
+    as they free: the leasing workers may get none meanwhile.)"""
+    count = await fleet_jobs(utils, db, short=560, long=40, limit=Limit(max_running=3))
+    folder = make_fleet_tasks(tmp_path)
+    plain = start([cli_path(), "-c", db, "-j", "5", "--heartbeat-interval", "0"], folder)
+    procs = []
+    try:
+        # The others start once it runs the limit's jobs: they meet its count.
+        wait_for(db, "select least(count(*), 3) from public.starts", 3, timeout=60)
+        procs = [start([cli_path(), "-c", db, "-j", "5"], folder) for _ in range(2)]
+        wait_for(db, "select count(*) from public.ends", count, timeout=180)
+    finally:
+        results = stop([*procs, plain])
+    assert [code for code, _ in results] == [0, 0, 0], results
+    check_fleet(db, count, rate=False)
+
+
+@pytest.mark.db
 @pytest.mark.slow  # a kill and a 2-second heartbeat timeout
 async def test_a_killed_workers_leased_slots_come_back_and_never_4_run(
     utils: WorkerUtils, db: str, tmp_path: Path
@@ -713,6 +736,66 @@ async def test_a_killed_workers_leased_slots_come_back_and_never_4_run(
         results = stop([p for p in procs if p is not victim])
     assert [code for code, _ in results] == [0, 0, 0], results
     check_fleet(db, count, killed=victim_pid, rate=False)
+
+
+#: MOST_AT_ONCE for each value of the jobs' "account" (public.accounts), the
+#: largest.
+MOST_AT_ONCE_PER_ACCOUNT = (
+    MOST_AT_ONCE.replace(
+        "from starts as s\n", "from starts as s join public.accounts as a using (job_id)\n"
+    )
+    .replace(
+        "    select s.job_id, s.at as started,", "    select s.job_id, a.account, s.at as started,"
+    )
+    .replace(
+        "where o.started <= r.started", "where o.account = r.account and o.started <= r.started"
+    )
+)
+
+
+@pytest.mark.db
+async def test_three_workers_lease_each_accounts_slots_and_never_run_3_of_one(
+    utils: WorkerUtils, db: str, tmp_path: Path
+) -> None:
+    """A partitioned max_running limit is leased per value: 3 processes, 600
+    jobs of 3 accounts limited to 2 at once each: never 3 of one account at
+    once, every job once."""
+    rows(
+        db,
+        "create table public.starts (job_id bigint, pid int, at timestamptz, reaped timestamptz)",
+    )
+    rows(db, "create table public.ends (job_id bigint, pid int, at timestamptz)")
+    await utils.set_limit(Limit(max_running=2, partition_by="account"), task="lim")
+    jobs = [
+        {
+            "identifier": "lim",
+            "payload": {"sleep": 0.002 if n % 7 else 0.05, "account": f"a{n % 3}"},
+        }
+        for n in range(600)
+    ]
+    await utils.add_jobs(jobs)
+    rows(
+        db,
+        "create table public.accounts as select id as job_id, payload->>'account' as account "
+        "from graphile_worker._private_jobs",
+    )
+    folder = make_fleet_tasks(tmp_path)
+    procs = [start([cli_path(), "-c", db, "-j", "5"], folder) for _ in range(3)]
+    try:
+        wait_for(db, "select count(*) from public.ends", len(jobs), timeout=180)
+        assert (
+            value(
+                db, "select count(distinct partition) from graphile_worker._private_py_limit_leases"
+            )
+            >= 1
+        )
+    finally:
+        results = stop(procs)
+    assert [code for code, _ in results] == [0, 0, 0], results
+    assert value(db, MOST_AT_ONCE_PER_ACCOUNT) == 2
+    assert value(db, "select count(*) from public.ends") == len(jobs)
+    assert value(db, "select count(distinct job_id) from public.ends") == len(jobs)
+    assert value(db, "select count(*) from graphile_worker._private_jobs") == 0
 
 
 @pytest.mark.db

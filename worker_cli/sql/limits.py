@@ -50,7 +50,7 @@ LIST_LIMITS = """
 LIMIT_USAGE = """
     select l.kind, l.name, l.max_running, l.max_starts, l.period, l.partition_by, l.updated_at,
     (coalesce(u.running, 0) + le.slots)::int as running,
-    (coalesce(u.busiest_running, 0) + le.slots)::int as busiest_running,
+    greatest(coalesce(u.busiest_running, 0), le.busiest)::int as busiest_running,
     coalesce(u.recent_starts, 0)::int as recent_starts,
     coalesce(u.busiest_starts, 0)::int as busiest_starts, u.partitions::int as partitions
   from (
@@ -72,18 +72,23 @@ LIMIT_USAGE = """
     ) as p
   ) as u
   cross join lateral (
-    select coalesce(sum(le.slots), 0) as slots from {schema}._private_py_limit_leases as le
-    where le.kind = l.kind and le.name = l.name
+    select coalesce(sum(p.slots), 0) as slots, coalesce(max(p.slots), 0) as busiest
+    from (
+      select sum(le.slots) as slots from {schema}._private_py_limit_leases as le
+      where le.kind = l.kind and le.name = l.name
+      group by le.partition
+    ) as p
   ) as le
   order by l.kind, l.name
 """
 
 # The limits of tasks and queues (the pool then fetches limited jobs too),
 # whether each limits starts (its jobs then have a start deadline), and
-# whether its slots can be leased (py_fetch_leased_jobs: max_running only).
+# whether its slots can be leased (py_fetch_leased_jobs: max_running
+# without max_starts), and whether it has partition_by.
 LIMITS_EXIST = """
   select l.kind, l.name, l.max_starts is not null,
-    l.max_running is not null and l.max_starts is null and l.partition_by is null
+    l.max_running is not null and l.max_starts is null, l.partition_by is not null
   from {schema}._private_py_limits as l
   where l.kind in ('task', 'queue')
 """
@@ -105,12 +110,15 @@ FETCH_LIMITED_AT = """
 """
 
 # Lock up to %(limit)s runnable jobs of each leased task ahead and set this
-# pool's leases of their limits (see py_fetch_leased_jobs); the columns of
-# fetch.GET_JOBS. %(holding)s, %(running)s, %(queued)s: one per task.
+# pool's leases of their limits' keys (see py_fetch_leased_jobs); the
+# columns of fetch.GET_JOBS. One element per key the pool leases or holds
+# jobs of: its task (%(key_tasks)s), partition value, and the pool's
+# holding, running and queued counts.
 FETCH_LEASED = """
   select * from {schema}.py_fetch_leased_jobs(
     %(task_ids)s::int[], %(forbidden_flags)s::text[], %(limit)s::int, %(pool_id)s::text,
-    %(holding)s::int[], %(running)s::int[], %(queued)s::int[], %(concurrency)s::int
+    %(key_tasks)s::text[], %(key_parts)s::text[], %(holding)s::int[], %(running)s::int[],
+    %(queued)s::int[], %(concurrency)s::int
   )
 """
 
@@ -118,16 +126,27 @@ FETCH_LEASED = """
 FETCH_LEASED_AT = """
   select * from {schema}.py_fetch_leased_jobs(
     %(task_ids)s::int[], %(forbidden_flags)s::text[], %(limit)s::int, %(pool_id)s::text,
-    %(holding)s::int[], %(running)s::int[], %(queued)s::int[], %(concurrency)s::int,
-    %(now)s::timestamptz
+    %(key_tasks)s::text[], %(key_parts)s::text[], %(holding)s::int[], %(running)s::int[],
+    %(queued)s::int[], %(concurrency)s::int, %(now)s::timestamptz
   )
 """
 
-# This pool's leases: how many jobs of each task it may run from now on.
+# This pool's leases: how many jobs of each key (task, partition value) it
+# may run from now on.
 POOL_LEASES = """
-  select le.name, le.target
+  select le.name, le.partition, le.target
   from {schema}._private_py_limit_leases as le
   where le.pool_id = %(pool_id)s::text and le.kind = 'task'
+"""
+
+# The partition values of jobs fetched under leases of partitioned limits
+# (as py_fetch_leased_jobs keyed them: py_limit_partition).
+LEASED_PARTITIONS = """
+  select j.id, {schema}.py_limit_partition(j.payload, l.partition_by)
+  from {schema}._private_jobs as j
+  join {schema}._private_tasks as t on t.id = j.task_id
+  join {schema}._private_py_limits as l on l.kind = 'task' and l.name = t.identifier
+  where j.id = any(%(job_ids)s::bigint[]) and l.partition_by is not null
 """
 
 # Seconds until a full rate limit of these tasks (or of a queue) has room for

@@ -210,6 +210,7 @@ class WorkerPool:
                 options.concurrency, list(self.tasks), lambda: self.jobs_done, self._stuck.ids
             ),
             lock_refresh=lock_refresh,
+            on_declared_dead=self._fetcher.limits_changed,
         )
         self.events.emit("pool:create", pool=self)
         started = False

@@ -112,6 +112,7 @@ class Heartbeat:
         report: PoolReport | None = None,
         lock_refresh: LockRefresh | None = None,
         sign: SessionSign | None = None,
+        on_declared_dead: Callable[[], None] = lambda: None,
     ) -> None:
         self.pool_id = pool_id = connections.pool_id
         self.interval = interval
@@ -124,6 +125,9 @@ class Heartbeat:
         self._connections = connections
         self._schema = schema
         self._on_released = on_released
+        #: Called (on the loop) when this pool finds it was declared dead: its
+        #: leases of limits' slots went with its row.
+        self._on_declared_dead = on_declared_dead
         self._loop: asyncio.AbstractEventLoop | None = None
         self._conn: psycopg.Connection[Any] | None = None
         self._stopping = threading.Event()
@@ -158,6 +162,7 @@ class Heartbeat:
         on_released: Callable[[], None],
         report: PoolReport,
         lock_refresh: LockRefresh,
+        on_declared_dead: Callable[[], None] = lambda: None,
     ) -> Heartbeat | None:
         """The heartbeat of a pool with ``options`` (None: heartbeats are off)."""
         if not options.heartbeat_interval:
@@ -171,6 +176,7 @@ class Heartbeat:
             report=report,
             lock_refresh=lock_refresh,
             sign=SessionSign.of_pool(connections.pool_id, options),
+            on_declared_dead=on_declared_dead,
         )
 
     async def start(self) -> None:
@@ -316,6 +322,7 @@ class Heartbeat:
                 f", or its session gone for over {grace:g}s" if grace else "",
                 " or --session-grace" if grace else "",
             )
+            self._call_soon(self._on_declared_dead)
         self._registered = True
         last, self._last_beat = self._last_beat, now
         if last is None or (now - last).total_seconds() > 2 * self.interval:

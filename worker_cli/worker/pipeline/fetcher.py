@@ -300,12 +300,7 @@ class Fetcher:
                 if leased := limited.leased:
                     ids = [i for i, name in self._task_ids.items() if name in leased]
                     fetched += await limited.fetch_leased(
-                        conn,
-                        params,
-                        ids,
-                        [self._task_ids[i] for i in ids],
-                        self._settings.concurrency,
-                        self._take_leased,
+                        conn, params, ids, self._settings.concurrency, self._take_leased
                     )
                     params["task_ids"] = [i for i in self._task_id_list if i not in ids]
                 free = self._settings.concurrency - self._running() - self._queue.first_count()

@@ -49,6 +49,9 @@ REREAD = 2.0
 #: A limited fetch is put off until the planned nudge when that comes sooner
 #: than this (seconds).
 BATCH_WAIT = 0.05
+#: Seconds before a pool whose jobs fetched under a lease wait for slots
+#: other pools hold asks for them again.
+LEASE_RETRY = 0.1
 
 
 class LimitedFetch:
@@ -71,6 +74,7 @@ class LimitedFetch:
             limits_sql.FETCH_LEASED_AT if use_local_time else limits_sql.FETCH_LEASED, schema
         )
         self._pool_leases = compose(limits_sql.POOL_LEASES, schema)
+        self._leased_partitions = compose(limits_sql.LEASED_PARTITIONS, schema)
         #: This pool's leases (None: it leases nothing: no heartbeats) and
         #: its local queue, whose gate they are once a task is leased.
         self.leases = leases
@@ -121,20 +125,22 @@ class LimitedFetch:
             rows = await cur.fetchall()
             self.apply = bool(rows)
             self._rated = (
-                frozenset(name for kind, name, rated, _ in rows if rated and kind == "task"),
-                frozenset(name for kind, name, rated, _ in rows if rated and kind == "queue"),
+                frozenset(name for kind, name, rated, *_ in rows if rated and kind == "task"),
+                frozenset(name for kind, name, rated, *_ in rows if rated and kind == "queue"),
             )
             self._read_at = now
             if self.leases is not None:
                 leased: frozenset[str] = frozenset()
+                partitioned: frozenset[str] = frozenset()
                 if not any(row[0] == "queue" for row in rows):
                     leased = self._tasks.intersection(
-                        name for kind, name, _, leasable in rows if leasable
+                        name for kind, name, _, leasable, _ in rows if leasable
                     )
-                if leased != self.leases.tasks:
+                    partitioned = leased.intersection(name for kind, name, _, _, by in rows if by)
+                if (leased, partitioned) != (self.leases.tasks, self.leases.partitioned):
                     # The jobs fetched under the leases before are given back.
                     self.leases.suspend()
-                    self.leases.set_tasks(leased)
+                    self.leases.set_tasks(leased, partitioned)
                     self._give_back_due = True
                 if leased and self._queue is not None:
                     self._queue.gate = self.leases
@@ -162,21 +168,22 @@ class LimitedFetch:
         conn: psycopg.AsyncConnection[Any],
         params: dict[str, Any],
         task_ids: Sequence[int],
-        tasks: Sequence[str],
         concurrency: int,
         take: Take,
     ) -> int:
-        """Fetch ahead the jobs of ``tasks`` (their ids ``task_ids``) under
-        leases, and take the leases read back; how many jobs."""
+        """Fetch ahead the jobs of the leased tasks (their ids ``task_ids``)
+        under leases, and take the leases read back; how many jobs."""
         leases = self.leases
         assert leases is not None
         generation = leases.generation
-        holding, running, queued = leases.asks(tasks)
+        key_tasks, key_parts, holding, running, queued = leases.asks()
         cur = await conn.cursor(binary=True).execute(
             self._fetch_leased,
             {
                 **params,
                 "task_ids": list(task_ids),
+                "key_tasks": key_tasks,
+                "key_parts": key_parts,
                 "holding": holding,
                 "running": running,
                 "queued": queued,
@@ -184,11 +191,22 @@ class LimitedFetch:
             },
         )
         fetched = await take(conn, cur, leases.fetched)
+        released: frozenset[str] = frozenset()
+        if unread := leases.unread():
+            # (Those jobs wait aside meanwhile: a start needs its value.)
+            cur = await conn.execute(self._leased_partitions, {"job_ids": unread})
+            leases.partitions(dict(await cur.fetchall()))
+            released = leases.partitioned
         cur = await conn.execute(self._pool_leases, {"pool_id": params["pool_id"]})
-        grew = leases.grant(dict(await cur.fetchall()), generation)
+        targets = {(task, part): target for task, part, target in await cur.fetchall()}
+        grew = leases.grant(targets, generation)
         if self._queue is not None:
-            for task in grew:
+            for task in grew | released:
                 self._queue.release(task)
+        if leases.stalled():
+            # Ask again soon: the slots another pool holds come back at its
+            # fetches, and no job of ours ending here will wake this one.
+            self._nudge_in(LEASE_RETRY)
         return fetched
 
     async def fetch(

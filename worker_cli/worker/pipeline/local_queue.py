@@ -16,7 +16,7 @@ import itertools
 import math
 import threading
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -65,6 +65,9 @@ class Gate(Protocol):
 
     def start(self, job: Job) -> bool:
         """Whether ``job`` may start now (it then counts as started)."""
+
+    def forget(self, jobs: Iterable[Job]) -> None:
+        """These jobs left the queue without starting."""
 
 
 class Refill(Protocol):
@@ -245,13 +248,18 @@ class LocalQueue:
                 self._heap = [e for e in entries if e[3] is None or not covered(e[3])]
                 self._aside = {}
                 heapq.heapify(self._heap)
+        if taken and self.gate is not None:
+            self.gate.forget(taken)
         return taken
 
     def drain(self) -> list[Job]:
         """Remove and return every job not started yet (stop markers are dropped)."""
         with self._lock:
             entries, self._heap, self._aside = self._entries(), [], {}
-        return [entry[3] for entry in sorted(entries) if entry[3] is not None]
+        jobs = [entry[3] for entry in sorted(entries) if entry[3] is not None]
+        if jobs and self.gate is not None:
+            self.gate.forget(jobs)
+        return jobs
 
     def end_slots(self, count: int) -> None:
         """Make the next ``count`` takes return None (after every queued job)."""
