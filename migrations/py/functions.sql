@@ -950,6 +950,8 @@ declare
   v_existed boolean;
   v_task_id int;
   v_queue_id int;
+  v_lease_task text;
+  v_lease_by text;
 begin
   if py_set_limit.kind in ('task', 'queue') then
     begin
@@ -1006,6 +1008,36 @@ begin
     update {{schema}}._private_py_limit_state as st
     set running = '{}'
     where st.kind = v_limit.kind and st.name = v_limit.name and st.running <> '{}';
+  end if;
+  -- No lease while a queue has a limit (py_fetch_leased_jobs): a queue's
+  -- limit ends every task's leases, and the jobs their pools hold locked are
+  -- counted instead, by partition value.
+  if v_limit.kind = 'queue' then
+    for v_task_id, v_lease_task, v_lease_by in
+      select t.id, l.name, l.partition_by
+      from {{schema}}._private_py_limits as l
+      join {{schema}}._private_tasks as t on t.identifier = l.name
+      where l.kind = 'task'
+        and exists (
+          select from {{schema}}._private_py_limit_leases as le
+          where le.kind = 'task' and le.name = l.name
+        )
+    loop
+      delete from {{schema}}._private_py_limit_leases as le
+      where le.kind = 'task' and le.name = v_lease_task;
+      insert into {{schema}}._private_py_limit_state as st (kind, name, partition, running)
+      select 'task', v_lease_task, x.part, array_agg(x.id order by x.id)
+      from (
+        select j.id,
+          case when v_lease_by is null then ''
+            else {{schema}}.py_limit_partition(j.payload, v_lease_by) end as part
+        from {{schema}}._private_jobs as j
+        where j.locked_at is not null and j.task_id = v_task_id
+      ) as x
+      group by x.part
+      on conflict on constraint _private_py_limit_state_pkey do update
+      set running = excluded.running;
+    end loop;
   end if;
   perform pg_notify({{schema}}.py_channel('control'), 'limits');
   return next v_limit;

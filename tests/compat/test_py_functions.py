@@ -37,7 +37,7 @@ FUNCTIONS_AT_REVISION = {
     25: "d3c5a9474630c1642c2c97e25cf38db3fbcdfd4d3af82ff67762188a95617359",
     26: "09954ac1afbbf3e11177f57a25643bc911886c0661d7652bb46b74d626e2bf7d",
     27: "09954ac1afbbf3e11177f57a25643bc911886c0661d7652bb46b74d626e2bf7d",
-    28: "f33448ecdce19a1c3d27f835408f83b279ea844e8d668dec5288e42c6ff59ac0",
+    28: "e5bbb8c775ffc92de457e386496f92dfbf8a21518180adf0f6386e9de49640fa",
 }
 
 _DEFINED = re.compile(r"^create or replace function \{\{schema\}\}\.(\w+)\(", re.M)

@@ -337,6 +337,39 @@ async def test_a_limit_set_while_the_worker_runs_applies_at_once(
 
 
 @pytest.mark.db
+async def test_a_queue_limit_ends_the_leases_and_counts_their_running_jobs(
+    utils: WorkerUtils, db: str
+) -> None:
+    running = peak = 0
+    release = asyncio.Event()
+
+    async def lim(payload: Any, helpers: Helpers) -> None:
+        nonlocal running, peak
+        running += 1
+        peak = max(peak, running)
+        await release.wait()
+        running -= 1
+
+    leases = "select count(*) from graphile_worker._private_py_limit_leases"
+    async with worker(db, {"lim": lim}, concurrency=10):
+        await utils.set_limit(Limit(max_running=2), task="lim")
+        await utils.add_jobs([{"identifier": "lim", "payload": {}}] * 6)
+        await until(lambda: running == 2, what="two limited jobs to start")
+        assert value(db, leases) == 1
+        # No lease while a queue has a limit: the two running jobs are counted.
+        await utils.set_limit(Limit(max_running=1), queue="elsewhere")
+        assert value(db, leases) == 0
+        (info,) = [i for i in await utils.list_limits() if i.kind == "task"]
+        assert info.running == 2
+        release.set()
+        await until(
+            lambda: value(db, "select count(*) from graphile_worker._private_jobs") == 0,
+            what="every job to run",
+        )
+    assert peak == 2
+
+
+@pytest.mark.db
 async def test_a_job_not_started_in_time_is_given_back_and_its_start_uncounted(
     utils: WorkerUtils, db: str
 ) -> None:
