@@ -36,7 +36,7 @@ from ...client.worker_utils import WorkerUtils
 from ...errors import JobCancelled
 from ...jobs.inside_worker import SLOT_TASK_PREFIX
 from ...jobs.job import Job
-from ...tasks.helpers import Helpers, ProgressSink
+from ...tasks.helpers import Helpers, ProcessRunner, ProgressSink
 from ...tasks.loader import Task
 from ..pool_state import PoolState
 from ..supervision.deadlines import Deadlines, job_timeout, task_timeouts
@@ -88,8 +88,11 @@ class Slots(SlotGroup):
         admit: Callable[[Job], bool] = lambda job: True,
         progress: ProgressSink | None = None,
         job_logs: str = "failed",
+        processes: ProcessRunner | None = None,
     ) -> None:
         self._tasks = tasks
+        #: The worker's processes, where ``process=True`` tasks run their jobs.
+        self._processes = processes
         self._queue = state.queue
         self._refill = refill
         self._utils = utils
@@ -253,6 +256,7 @@ class Slots(SlotGroup):
             step=self._steps.pop(job.id, None) if self._steps else None,
             progress=self._progress,
             capture_logs=self._capture_logs,
+            processes=self._processes,
         )
         slot.job = job
         slot.helpers = helpers
