@@ -2,13 +2,14 @@
 a time (:mod:`.process_pool` starts and owns it).
 
 It is started with the "spawn" method: a fresh interpreter, with none of the
-worker's event loop, threads or connections. It reads ``("run", identifier,
-location, source, job, worker_id)`` messages from its pipe (``None``: exit),
-loads the task from its file or module the first time (as the task loader
-does), calls it, and answers with ``("log", level, text)`` and ``("progress",
-done, total, message)`` while it runs, then ``("done", True, result)`` or
-``("done", False, error, text, traceback)``. The result and the error are
-pickled here, into bytes: one the worker cannot read fails that job alone.
+worker's event loop, threads or connections. It says ``("ready",)``, then
+reads ``("run", identifier, location, source, job, worker_id)`` messages from
+its pipe (``None``: exit), loads the task from its file or module the first
+time (as the task loader does), calls it, and answers with ``("log", level,
+text)`` and ``("progress", done, total, message)`` while it runs, then
+``("done", True, result)`` or ``("done", False, error, text, traceback)``.
+The result and the error are pickled here, into bytes: one the worker cannot
+read fails that job alone.
 
 It ignores SIGINT and SIGTERM (a Ctrl-C reaches the whole process group: the
 worker decides what its jobs become) and exits when its pipe closes (the
@@ -162,6 +163,7 @@ def child_main(conn: Connection) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     functions: dict[str, TaskFunction] = {}
     pid = os.getpid()
+    conn.send(("ready",))
     while True:
         try:
             message = conn.recv()

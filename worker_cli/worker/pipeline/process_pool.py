@@ -33,7 +33,7 @@ import pickle
 import signal
 import threading
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -82,6 +82,8 @@ class _Child:
         self.helpers: Helpers | None = None
         #: Killed by the pool (a timeout, a cancel, a stop): no job fails for it.
         self.killed = False
+        #: It has started (imported the worker's code): it may take a job.
+        self.ready = False
         self.ran = 0
         self.exited = asyncio.get_running_loop().create_future()
         threading.Thread(
@@ -157,9 +159,9 @@ class ProcessPool:
         return sorted(child.pid for child in self._children if child.pid is not None)
 
     def start(self) -> None:
-        """Start every process (each imports the worker's code meanwhile)."""
+        """Start every process (each takes jobs once it has started)."""
         for _ in range(self.size):
-            self._give_back(self._spawn())
+            self._spawn()
 
     def _spawn(self) -> _Child:
         child = _Child(self)
@@ -169,9 +171,23 @@ class ProcessPool:
     async def __call__(self, identifier: str, payload: Any, helpers: Helpers) -> Any:
         """Run the job of ``helpers`` in a process: what its task returned (or
         raise what it raised). Cancelled: its process is killed."""
+        return await self.run(identifier, payload, helpers)
+
+    async def run(
+        self,
+        identifier: str,
+        payload: Any,
+        helpers: Helpers,
+        *,
+        started: Callable[[], None] | None = None,
+    ) -> Any:
+        """:meth:`__call__`; ``started`` is called once a process has the job
+        (its timeout counts from there: not while it waits for a process)."""
         location, source = self._located[identifier]
         job = helpers.job
         child = await self._take()
+        if started is not None:
+            started()
         future: asyncio.Future[tuple[Any, ...]] = self.loop.create_future()
         child.future, child.helpers = future, helpers
         try:
@@ -198,7 +214,7 @@ class ProcessPool:
                 if child in self._children and not child.killed:
                     return child
             if len(self._children) < self.size and not self._closing:
-                return self._spawn()
+                self._spawn()  # given to a waiter once it has started
             waiter: asyncio.Future[_Child] = self.loop.create_future()
             self._waiters.append(waiter)
             try:
@@ -220,7 +236,11 @@ class ProcessPool:
         """On the loop: a message of ``child`` (its job's log, progress, end)."""
         kind = message[0]
         helpers, future = child.helpers, child.future
-        if kind == "done":
+        if kind == "ready":
+            child.ready = True
+            if child in self._children and not child.killed:
+                self._give_back(child)
+        elif kind == "done":
             if future is not None and not future.done():
                 future.set_result(message)
         elif helpers is None:
@@ -251,7 +271,7 @@ class ProcessPool:
         if self._closing:
             return
         if child.killed or child.ran or future is not None or self._waiters:
-            self._give_back(self._spawn())
+            self._spawn()
 
     async def close(self, within: float) -> None:
         """Stop the processes: an idle one is told to exit; one still running
