@@ -1,0 +1,282 @@
+"""Plain ``def`` tasks declared ``@task_options(process=True)`` run in the
+worker's child processes: results, errors and crashes come back to their job
+alone; a timeout, a cancel request and a forced stop kill the child (another
+replaces it); a graceful stop lets the running job finish; limits apply at the
+fetch; helpers.logger and helpers.progress reach the worker. Every test runs
+the CLI worker as a user does."""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+from dbhelpers import rows, run_cli, value
+from fault_helpers import Worker, kill_leftover_workers, started_worker, wait_until
+
+from worker_cli import TaskLoadError, task_options
+from worker_cli.tasks.loader import make_task_list
+
+pytestmark = pytest.mark.db
+
+HISTORY = "graphile_worker._private_py_job_history"
+JOBS = "graphile_worker._private_jobs"
+ERRORS = "graphile_worker._private_py_job_errors"
+
+#: One process task; payload["do"] says what it does.
+CPU_TASK = """\
+import multiprocessing, os, signal, threading, time
+from pathlib import Path
+from worker_cli import task_options
+
+
+@task_options(process=True{options})
+def task(payload, helpers):
+    do = payload["do"]
+    Path(f"pid-{{helpers.job.id}}").write_text(str(os.getpid()))
+    if do == "where":
+        helpers.logger.info("counted %s in %s", 3, "a process")
+        helpers.progress(3, 4, message="three of four")
+        return {{"in_child": multiprocessing.parent_process() is not None, "sum": sum(range(10))}}
+    if do == "raise":
+        raise ValueError("boom in child")
+    if do == "exit":
+        os._exit(7)
+    if do == "sigkill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if do == "lock":
+        return threading.Lock()
+    if do == "set":
+        return {{1, 2}}
+    if do == "query":
+        return helpers.query("select 1")
+    if do == "spin":  # a pure-Python loop that never looks at its helpers
+        while True:
+            pass
+    if do == "wait":  # until the test creates the file "go"
+        while not Path("go").exists():
+            time.sleep(0.01)
+        return "finished"
+    if do == "busy":  # a while of CPU, noting how many run at once
+        Path(f"running-{{helpers.job.id}}").touch()
+        most = len(list(Path(".").glob("running-*")))
+        deadline = time.monotonic() + 0.3
+        while time.monotonic() < deadline:
+            most = max(most, len(list(Path(".").glob("running-*"))))
+        Path(f"running-{{helpers.job.id}}").unlink()
+        return most
+    return do
+"""
+
+
+def write_task(folder: Path, options: str = "") -> Path:
+    (folder / "tasks").mkdir(exist_ok=True)
+    (folder / "tasks" / "cpu.py").write_text(CPU_TASK.format(options=options))
+    return folder
+
+
+def add(db: str, do: str, *, priority: int = 0, max_attempts: int = 1) -> int:
+    return int(
+        value(
+            db,
+            "select (graphile_worker.add_job('cpu', %s::json, priority := %s,"
+            " max_attempts := %s)).id",
+            (json.dumps({"do": do}), priority, max_attempts),
+        )
+    )
+
+
+def once(db: str, folder: Path, *args: str) -> str:
+    result = run_cli("-c", db, "--once", "--job-logs", "all", *args, cwd=folder, timeout=90)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stderr + result.stdout
+
+
+def outcome(db: str, job_id: int) -> dict[str, Any]:
+    """The job's history row, or its row in the queue (failed)."""
+    done = rows(
+        db, f"select state, result, result_error from {HISTORY} where job_id = %s", (job_id,)
+    )
+    if done:
+        return done[0]
+    [row] = rows(db, f"select last_error, attempts, locked_by from {JOBS} where id = %s", (job_id,))
+    return {"state": "failed", **row}
+
+
+def pid_of(folder: Path, job_id: int) -> int:
+    return int((folder / f"pid-{job_id}").read_text())
+
+
+def alive(pid: int) -> bool:
+    return Path(f"/proc/{pid}").exists() and "zombie" not in _status(pid)
+
+
+def _status(pid: int) -> str:
+    try:
+        return (Path(f"/proc/{pid}") / "status").read_text().lower()
+    except OSError:
+        return "zombie"
+
+
+@pytest.fixture(autouse=True)
+def _no_leftover_workers() -> Any:
+    yield
+    kill_leftover_workers()
+
+
+def test_results_errors_and_crashes_come_back_to_their_job_alone(db: str, tmp_path: Path) -> None:
+    folder = write_task(tmp_path)
+    # The crashes first: both processes die, and their replacements run the rest.
+    exit_id = add(db, "exit", priority=-2)
+    kill_id = add(db, "sigkill", priority=-2)
+    where = [add(db, "where", priority=-1) for _ in range(4)]
+    raise_id, lock_id, set_id, query_id = (add(db, do) for do in ("raise", "lock", "set", "query"))
+    log = once(db, folder, "-j", "2", "--processes", "2")
+
+    for job_id in where:
+        done = outcome(db, job_id)
+        assert done["state"] == "succeeded", done
+        assert done["result"] == {"in_child": True, "sum": 45}
+    pids = {pid_of(folder, job_id) for job_id in where}
+    assert not pids & {pid_of(folder, exit_id), pid_of(folder, kill_id)}
+
+    failed = outcome(db, exit_id)
+    assert failed["state"] == "failed" and failed["locked_by"] is None
+    assert failed["last_error"].startswith("ProcessDied: the worker process (pid ")
+    assert failed["last_error"].endswith("running the job exited with code 7")
+    assert "was killed by SIGKILL (signal 9)" in outcome(db, kill_id)["last_error"]
+
+    assert outcome(db, raise_id)["last_error"] == "ValueError: boom in child"
+    [error] = rows(db, f"select traceback from {ERRORS} where job_id = %s", (raise_id,))
+    assert 'tasks/cpu.py", line' in error["traceback"]  # the child's frames
+    assert 'raise ValueError("boom in child")' in error["traceback"]
+
+    unpicklable = outcome(db, lock_id)["last_error"]
+    assert "return value cannot be sent back from its worker process" in unpicklable
+    assert "cannot pickle '_thread.lock' object" in unpicklable
+    # A return value JSON cannot hold: as in a thread (succeeded, without it).
+    encoded = outcome(db, set_id)
+    assert encoded["state"] == "succeeded" and "not JSON" in encoded["result_error"]
+    assert outcome(db, query_id)["last_error"].startswith(
+        "HelperUnavailable: helpers.query is not available to a task run in a worker process"
+    )
+
+    # helpers.logger's lines: in the worker's log and the attempt's kept lines.
+    first = where[0]
+    assert f": cpu{{{first}}})] counted 3 in a process" in log
+    [kept] = rows(
+        db, "select lines from graphile_worker._private_py_job_logs where job_id = %s", (first,)
+    )
+    assert "counted 3 in a process" in kept["lines"]
+    [progress] = rows(
+        db,
+        "select done, total, message from graphile_worker._private_py_job_progress "
+        "where job_id = %s",
+        (first,),
+    )
+    assert (progress["done"], progress["total"], progress["message"]) == (3, 4, "three of four")
+
+
+def test_a_timeout_kills_its_process_and_another_takes_its_place(db: str, tmp_path: Path) -> None:
+    folder = write_task(tmp_path, ", timeout=0.5")
+    spin = add(db, "spin", priority=-1)
+    after = add(db, "where")
+    # One process: the job after the spinning one needs its replacement.
+    once(db, folder, "-j", "2", "--processes", "1")
+    failed = outcome(db, spin)
+    assert failed["state"] == "failed"
+    assert failed["last_error"].startswith("JobTimeout: exceeded 0.5s"), failed
+    assert not alive(pid_of(folder, spin))
+    assert outcome(db, after)["state"] == "succeeded"
+    assert pid_of(folder, after) != pid_of(folder, spin)
+
+
+def test_a_cancel_request_kills_its_process(db: str, tmp_path: Path) -> None:
+    folder = write_task(tmp_path)
+    spin = add(db, "spin")
+    worker = started_worker(db, Worker(db, folder, "-j", "2", "--processes", "1"))
+    wait_until(lambda: (folder / f"pid-{spin}").exists(), 30, "the job to start")
+    pid = pid_of(folder, spin)
+    assert run_cli("cancel", "-c", db, str(spin), "--reason", "no more").returncode == 0
+    wait_until(
+        lambda: value(db, f"select state from {HISTORY} where job_id = %s", (spin,)) == "cancelled",
+        30,
+        "the job to be cancelled",
+    )
+    wait_until(lambda: not alive(pid), 10, "its process to end")
+    after = add(db, "where")  # the replacement runs it
+    wait_until(lambda: outcome(db, after)["state"] == "succeeded", 30, "the next job")
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(30) == 0, worker.log()[-3000:]
+
+
+def test_a_graceful_stop_lets_the_running_job_finish(db: str, tmp_path: Path) -> None:
+    folder = write_task(tmp_path)
+    job_id = add(db, "wait")
+    worker = started_worker(db, Worker(db, folder, "-j", "1"))
+    wait_until(lambda: (folder / f"pid-{job_id}").exists(), 30, "the job to start")
+    worker.signal(signal.SIGTERM)
+    wait_until(lambda: "stopping" in worker.log(), 10, "the stop to begin")
+    (folder / "go").touch()
+    assert worker.wait(30) == 0, worker.log()[-3000:]
+    assert outcome(db, job_id) == {"state": "succeeded", "result": "finished", "result_error": None}
+    assert not alive(pid_of(folder, job_id))
+
+
+def test_a_forced_stop_kills_the_processes_and_fails_their_jobs(db: str, tmp_path: Path) -> None:
+    folder = write_task(tmp_path)
+    job_id = add(db, "spin", max_attempts=3)
+    worker = started_worker(db, Worker(db, folder, "-j", "1"))
+    wait_until(lambda: (folder / f"pid-{job_id}").exists(), 30, "the job to start")
+    worker.signal(signal.SIGTERM)
+    wait_until(lambda: "stopping" in worker.log(), 10, "the stop to begin")
+    worker.signal(signal.SIGINT)
+    worker.wait(30)
+    failed = outcome(db, job_id)
+    assert failed["state"] == "failed" and failed["locked_by"] is None
+    assert failed["last_error"] == "RuntimeError: the worker was stopped while the job was running"
+    assert not alive(pid_of(folder, job_id))
+
+
+def test_limits_apply_to_process_jobs(db: str, tmp_path: Path) -> None:
+    folder = write_task(tmp_path)
+    rows(db, "select graphile_worker.py_set_limit('task', 'cpu', max_running => 1)")
+    jobs = [add(db, "busy") for _ in range(4)]
+    once(db, folder, "-j", "4", "--processes", "4")
+    assert [outcome(db, job_id)["result"] for job_id in jobs] == [1, 1, 1, 1]
+
+
+def test_process_true_on_an_async_task_is_one_line_at_load(db: str, tmp_path: Path) -> None:
+    (tmp_path / "tasks").mkdir()
+    (tmp_path / "tasks" / "slow.py").write_text(
+        "from worker_cli import task_options\n\n"
+        "@task_options(process=True)\n"
+        "async def task(payload, helpers):\n"
+        "    return None\n"
+    )
+    result = run_cli("-c", db, "--once", cwd=tmp_path)
+    assert result.returncode != 0
+    assert (
+        "task file 'slow.py': process=True is for plain def tasks; this one is async def"
+        in result.stderr
+    )
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.unit
+def test_a_process_task_must_be_importable_by_name() -> None:
+    @task_options(process=True)
+    def local(payload: Any, helpers: Any) -> None:
+        return None
+
+    with pytest.raises(TaskLoadError, match=r"task_list\['local'\]: process=True needs a function"):
+        make_task_list({"local": local})
+    [task] = make_task_list({"top": top_level}).values()
+    assert task.is_async and task.location == ("module", __name__, "top_level")
+
+
+@task_options(process=True)
+def top_level(payload: Any, helpers: Any) -> None:
+    return None
