@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import signal
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -280,3 +282,32 @@ def test_a_process_task_must_be_importable_by_name() -> None:
 @task_options(process=True)
 def top_level(payload: Any, helpers: Any) -> None:
     return None
+
+
+UNGUARDED = """\
+import asyncio, sys
+sys.path.insert(0, ".")
+import jobs_mod
+from worker_cli import run_once
+
+# No `if __name__ == "__main__":`: each process runs this again, and fails.
+asyncio.run(run_once(sys.argv[1], task_list={"cpu": jobs_mod.cpu}, no_handle_signals=True))
+"""
+
+
+def test_processes_that_end_as_they_start_fail_the_job_not_hang(db: str, tmp_path: Path) -> None:
+    (tmp_path / "jobs_mod.py").write_text(
+        "from worker_cli import task_options\n\n"
+        "@task_options(process=True)\n"
+        "def cpu(payload, helpers):\n"
+        "    return 1\n"
+    )
+    (tmp_path / "worker.py").write_text(UNGUARDED)
+    job_id = add(db, "x")
+    result = subprocess.run(
+        [sys.executable, "worker.py", db], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    error = outcome(db, job_id)["last_error"]
+    assert error.startswith("ProcessDied: the worker's processes end as they start (exit code 1")
+    assert "if __name__ == '__main__':" in error

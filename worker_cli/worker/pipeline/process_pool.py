@@ -46,6 +46,9 @@ __all__ = ["ProcessDied", "ProcessPool", "ProcessTraceback", "default_size"]
 
 logger = logging.getLogger("graphile_worker")
 
+#: Processes in a row that end as they start before the jobs waiting for one fail.
+_FAILED_STARTS = 3
+
 #: The start method: a fresh interpreter, with none of the worker's state.
 _CONTEXT = multiprocessing.get_context("spawn")
 
@@ -145,6 +148,8 @@ class ProcessPool:
         self._idle: deque[_Child] = deque()
         self._waiters: deque[asyncio.Future[_Child]] = deque()
         self._closing = False
+        #: Processes in a row that ended before they were ready.
+        self._failed_starts = 0
 
     @classmethod
     def of(cls, tasks: Mapping[str, Task], size: int) -> ProcessPool | None:
@@ -238,6 +243,7 @@ class ProcessPool:
         helpers, future = child.helpers, child.future
         if kind == "ready":
             child.ready = True
+            self._failed_starts = 0
             if child in self._children and not child.killed:
                 self._give_back(child)
         elif kind == "done":
@@ -270,6 +276,22 @@ class ProcessPool:
             logger.warning("Worker process %s exited with code %s while idle", child.pid, code)
         if self._closing:
             return
+        if not child.ready and not child.killed:
+            # Its traceback is in the worker's log (the processes share its stderr).
+            self._failed_starts += 1
+            logger.error("A worker process ended with code %s as it started", code)
+            if self._failed_starts >= _FAILED_STARTS:  # the jobs waiting fail, not wait for ever
+                while self._waiters:
+                    waiter = self._waiters.popleft()
+                    if not waiter.done():
+                        waiter.set_exception(
+                            ProcessDied(
+                                f"the worker's processes end as they start (exit code {code}; "
+                                "their error is in the worker's log). A script that starts "
+                                "the worker must do it under if __name__ == '__main__':"
+                            )
+                        )
+                return
         if child.killed or child.ran or future is not None or self._waiters:
             self._spawn()
 
