@@ -1,0 +1,162 @@
+"""CPU-bound plain ``def`` tasks: the worker's threads against its processes
+(``@task_options(process=True)``).
+
+Not part of the test run. The task is a pure-Python loop of about
+``--task-ms`` milliseconds (calibrated on this machine before the first
+round): in threads, the GIL lets one of them run at a time whatever ``-j``
+says; in processes, each has its own interpreter. Each round, for each mode
+(alternating their order): one long-running worker (``-j C``, and
+``--processes C`` for processes) is started and waits, idle, for jobs (its
+start-up, its processes' included, is not measured); then N jobs are added
+in one ``add_jobs`` call, and the drain is timed from their commit to the
+empty queue. Reported: jobs/s, median [min-max] over the rounds, and the
+processes' rate over the threads' (the median ratio, and its range over the
+rounds).
+
+    python bench/cpu_bound.py                              # 400 jobs, -j 2, 3 rounds
+    TEST_DATABASE_URL=postgres://postgres@127.0.0.1/postgres python bench/cpu_bound.py -j 4
+    python bench/cpu_bound.py --rounds 2 --jobs 200        # a quick look
+
+The processes cannot beat the threads by more than the cores free: on a
+2-core machine the ceiling is 2x, less what PostgreSQL and the worker's own
+loop take.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from benchmark import REPO, System, _fmt, _ratio, _system, fresh_database, precompile
+from pg_server import PgServer, start_server
+
+#: The task: ``payload["n"]`` rounds of a pure-Python loop; {options} for
+#: ``@task_options``.
+TASK = """\
+from worker_cli import task_options
+
+
+@task_options({options})
+def task(payload, helpers):
+    total = 0
+    for i in range(payload["n"]):
+        total += i * i % 7
+    return None
+"""
+
+MODES = {"threads": "", "processes": "process=True"}
+
+
+def spin(n: int) -> int:
+    """The task's loop, here: to calibrate it."""
+    total = 0
+    for i in range(n):
+        total += i * i % 7
+    return total
+
+
+def calibrate(task_ms: float) -> int:
+    """Rounds of the loop that take about ``task_ms`` here (the best of 5)."""
+    n = 100_000
+    best = min(_timed(n) for _ in range(5))
+    return max(1, round(n * task_ms / 1000 / best))
+
+
+def _timed(n: int) -> float:
+    start = time.perf_counter()
+    spin(n)
+    return time.perf_counter() - start
+
+
+def _wait_listening(conn: psycopg.Connection[Any], database: str, within: float = 60) -> None:
+    """Wait until the worker's listener has run LISTEN (it is up and idle)."""
+    deadline = time.monotonic() + within
+    while True:
+        row = conn.execute(
+            "select count(*) from pg_stat_activity where datname = %s and query ilike 'listen%%'",
+            (database,),
+        ).fetchone()
+        if row is not None and row[0] >= 1:
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the worker did not start within {within}s")
+        time.sleep(0.05)
+
+
+def drain(pg: PgServer, system: System, jobs: int, n: int, concurrency: int) -> float:
+    """One drain by a long-running worker, started and idle first: jobs/s from
+    the commit of the jobs to the empty queue."""
+    url = fresh_database(pg, system, "gw_bench_cpu")
+    args = ["-j", str(concurrency)]
+    if system.name == "processes":
+        args += ["--processes", str(concurrency)]
+    worker = system.start(url, *args)
+    try:
+        with psycopg.connect(url, autocommit=True) as conn:
+            _wait_listening(conn, "gw_bench_cpu")
+            time.sleep(2)  # its processes started (they import the worker's code)
+            conn.execute(
+                "select count(*) from graphile_worker.add_jobs(array(select ('cpu', "
+                "json_build_object('n', %s::int), null, null, null, null, null, null)"
+                "::graphile_worker.job_spec from generate_series(1, %s)))",
+                (n, jobs),
+            )
+            start = time.perf_counter()
+            while conn.execute(
+                "select exists (select from graphile_worker._private_jobs)"
+            ).fetchone() != (False,):
+                time.sleep(0.01)
+            wall = time.perf_counter() - start
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        code = worker.wait(timeout=60)
+    assert code == 0, (system.name, code, (system.workdir / "worker.log").read_text()[-2000:])
+    return jobs / wall
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--jobs", type=int, default=400, help="jobs per drain")
+    parser.add_argument("-j", "--concurrency", type=int, default=2, help="-j (and --processes)")
+    parser.add_argument("--task-ms", type=float, default=20.0, help="CPU time of one task")
+    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds")
+    args = parser.parse_args()
+
+    precompile(REPO)
+    n = calibrate(args.task_ms)
+    print(f"task: {n:,} rounds of the loop, about {args.task_ms:g} ms here", flush=True)
+    command = [str(Path(sys.executable).parent / "graphile-worker")]
+    rates: dict[str, list[float]] = {mode: [] for mode in MODES}
+    with tempfile.TemporaryDirectory(prefix="gw_cpu_") as tmp, start_server() as pg:
+        systems = [
+            _system(
+                mode,
+                command,
+                Path(tmp) / mode,
+                {"cpu.py": TASK.format(options=options)},
+                latency=False,
+            )
+            for mode, options in MODES.items()
+        ]
+        for round_ in range(args.rounds):
+            for system in systems if round_ % 2 == 0 else systems[::-1]:
+                rate = drain(pg, system, args.jobs, n, args.concurrency)
+                rates[system.name].append(rate)
+                print(f"round {round_ + 1}: {system.name:9} {rate:8.1f} jobs/s", flush=True)
+    print()
+    print(f"{args.jobs} jobs of ~{args.task_ms:g} ms, -j {args.concurrency}:")
+    for mode in MODES:
+        print(f"  {mode:9} {_fmt(rates[mode], 1)} jobs/s")
+    print(f"  processes / threads: {_ratio(rates['processes'], rates['threads'])}")
+
+
+if __name__ == "__main__":
+    main()
