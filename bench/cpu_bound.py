@@ -89,6 +89,20 @@ def _wait_listening(conn: psycopg.Connection[Any], database: str, within: float 
         time.sleep(0.05)
 
 
+def _logged(log: Path, text: str) -> int:
+    """How many times the worker's log holds ``text``."""
+    return log.read_text().count(text) if log.exists() else 0
+
+
+def _wait_logged(log: Path, text: str, seen: int, within: float = 60) -> None:
+    """Wait until the worker's log holds ``text`` more than ``seen`` times."""
+    deadline = time.monotonic() + within
+    while _logged(log, text) <= seen:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the worker did not log {text!r} within {within}s")
+        time.sleep(0.05)
+
+
 def drain(pg: PgServer, system: System, jobs: int, n: int, concurrency: int) -> float:
     """One drain by a long-running worker, started and idle first: jobs/s from
     the commit of the jobs to the empty queue."""
@@ -96,11 +110,14 @@ def drain(pg: PgServer, system: System, jobs: int, n: int, concurrency: int) -> 
     args = ["-j", str(concurrency)]
     if system.name == "processes":
         args += ["--processes", str(concurrency)]
+    log, ready = system.workdir / "worker.log", "ready for process=True tasks"
+    seen = _logged(log, ready)
     worker = system.start(url, *args)
     try:
         with psycopg.connect(url, autocommit=True) as conn:
             _wait_listening(conn, "gw_bench_cpu")
-            time.sleep(2)  # its processes started (they import the worker's code)
+            if system.name == "processes":  # its processes started (not measured)
+                _wait_logged(log, ready, seen)
             conn.execute(
                 "select count(*) from graphile_worker.add_jobs(array(select ('cpu', "
                 "json_build_object('n', %s::int), null, null, null, null, null, null)"

@@ -8,6 +8,7 @@ the CLI worker as a user does."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -15,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from dbhelpers import rows, run_cli, value
+from dbhelpers import cli_path, rows, run_cli, value
 from fault_helpers import Worker, kill_leftover_workers, started_worker, wait_until
 
 from worker_cli import TaskLoadError, task_options
@@ -165,6 +166,7 @@ def test_results_errors_and_crashes_come_back_to_their_job_alone(db: str, tmp_pa
         "HelperUnavailable: helpers.query is not available to a task run in a worker process"
     )
 
+    assert "2 worker process(es) ready for process=True tasks (pids " in log
     # helpers.logger's lines: in the worker's log and the attempt's kept lines.
     first = where[0]
     assert f": cpu{{{first}}})] counted 3 in a process" in log
@@ -225,6 +227,22 @@ def test_a_graceful_stop_lets_the_running_job_finish(db: str, tmp_path: Path) ->
     assert worker.wait(30) == 0, worker.log()[-3000:]
     assert outcome(db, job_id) == {"state": "succeeded", "result": "finished", "result_error": None}
     assert not alive(pid_of(folder, job_id))
+
+
+def test_a_ctrl_c_reaches_the_processes_yet_the_running_job_finishes(
+    db: str, tmp_path: Path
+) -> None:
+    folder = write_task(tmp_path)
+    job_id = add(db, "wait")
+    # Its own process group (setsid execs it: same pid), as a terminal's job.
+    command = ["setsid", cli_path(), "-c", db]
+    worker = started_worker(db, Worker(db, folder, "-j", "1", command=command))
+    wait_until(lambda: (folder / f"pid-{job_id}").exists(), 30, "the job to start")
+    os.killpg(worker.pid, signal.SIGINT)  # the worker and its processes
+    wait_until(lambda: "stopping" in worker.log(), 10, "the stop to begin")
+    (folder / "go").touch()
+    assert worker.wait(30) == 0, worker.log()[-3000:]
+    assert outcome(db, job_id) == {"state": "succeeded", "result": "finished", "result_error": None}
 
 
 def test_a_forced_stop_kills_the_processes_and_fails_their_jobs(db: str, tmp_path: Path) -> None:

@@ -150,6 +150,8 @@ class ProcessPool:
         self._closing = False
         #: Processes in a row that ended before they were ready.
         self._failed_starts = 0
+        #: Whether every process has been ready once (logged then).
+        self._all_ready = False
 
     @classmethod
     def of(cls, tasks: Mapping[str, Task], size: int) -> ProcessPool | None:
@@ -244,6 +246,13 @@ class ProcessPool:
         if kind == "ready":
             child.ready = True
             self._failed_starts = 0
+            if not self._all_ready and sum(c.ready for c in self._children) == self.size:
+                self._all_ready = True
+                logger.info(
+                    "%d worker process(es) ready for process=True tasks (pids %s)",
+                    self.size,
+                    ", ".join(map(str, self.pids)),
+                )
             if child in self._children and not child.killed:
                 self._give_back(child)
         elif kind == "done":
