@@ -21,6 +21,7 @@ from fault_helpers import Worker, kill_leftover_workers, started_worker, wait_un
 
 from worker_cli import TaskLoadError, task_options
 from worker_cli.tasks.loader import make_task_list
+from worker_cli.testing import run_jobs
 
 pytestmark = pytest.mark.db
 
@@ -71,6 +72,23 @@ def task(payload, helpers):
         Path(f"running-{{helpers.job.id}}").unlink()
         return most
     return do
+"""
+
+
+#: A process task with a typed payload: typed in its process, as in a thread.
+TYPED_TASK = """\
+from dataclasses import dataclass
+from worker_cli import task_options
+
+
+@dataclass
+class Order:
+    n: int
+
+
+@task_options(process=True)
+def task(payload: Order, helpers):
+    return {"twice": payload.n * 2, "typed": isinstance(payload, Order)}
 """
 
 
@@ -131,6 +149,8 @@ def _no_leftover_workers() -> Any:
 
 def test_results_errors_and_crashes_come_back_to_their_job_alone(db: str, tmp_path: Path) -> None:
     folder = write_task(tmp_path)
+    (folder / "tasks" / "typed.py").write_text(TYPED_TASK)
+    typed = int(value(db, "select (graphile_worker.add_job('typed', '{\"n\": 21}')).id"))
     # The crashes first: both processes die, and their replacements run the rest.
     exit_id = add(db, "exit", priority=-2)
     kill_id = add(db, "sigkill", priority=-2)
@@ -166,6 +186,7 @@ def test_results_errors_and_crashes_come_back_to_their_job_alone(db: str, tmp_pa
         "HelperUnavailable: helpers.query is not available to a task run in a worker process"
     )
 
+    assert outcome(db, typed)["result"] == {"twice": 42, "typed": True}
     assert "2 worker process(es) ready for process=True tasks (pids " in log
     # helpers.logger's lines: in the worker's log and the attempt's kept lines.
     first = where[0]
@@ -329,3 +350,14 @@ def test_processes_that_end_as_they_start_fail_the_job_not_hang(db: str, tmp_pat
     error = outcome(db, job_id)["last_error"]
     assert error.startswith("ProcessDied: the worker's processes end as they start (exit code 1")
     assert "if __name__ == '__main__':" in error
+
+
+def test_run_jobs_runs_a_process_task_in_a_thread(
+    db: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder = write_task(tmp_path)
+    monkeypatch.chdir(folder)  # where the task writes
+    job_id = add(db, "where")
+    [ran] = run_jobs(tasks_dir=folder / "tasks", connection_string=db)
+    assert ran.job.id == job_id and ran.state == "succeeded"
+    assert ran.result == {"in_child": False, "sum": 45}
