@@ -142,9 +142,13 @@ def _status(pid: int) -> str:
 
 
 @pytest.fixture(autouse=True)
-def _no_leftover_workers() -> Any:
+def _no_leftover_workers(tmp_path: Path) -> Any:
     yield
     kill_leftover_workers()
+    for pid_file in tmp_path.glob("pid-*"):  # a task's process a failed test left behind
+        pid = int(pid_file.read_text())
+        if pid != os.getpid() and alive(pid):
+            os.kill(pid, signal.SIGKILL)
 
 
 def test_results_errors_and_crashes_come_back_to_their_job_alone(db: str, tmp_path: Path) -> None:
@@ -361,3 +365,49 @@ def test_run_jobs_runs_a_process_task_in_a_thread(
     [ran] = run_jobs(tasks_dir=folder / "tasks", connection_string=db)
     assert ran.job.id == job_id and ran.state == "succeeded"
     assert ran.result == {"in_child": False, "sum": 45}
+
+
+CLOSE_FAILS = """\
+import asyncio, sys
+sys.path.insert(0, ".")
+import jobs_mod
+from worker_cli import run_once
+from worker_cli.worker.pipeline import process_pool
+
+
+async def close_fails(self, within):
+    raise RuntimeError("close never came")
+
+
+process_pool.ProcessPool.close = close_fails
+if __name__ == "__main__":
+    asyncio.run(run_once(sys.argv[1], task_list={"cpu": jobs_mod.cpu}, no_handle_signals=True))
+"""
+
+
+def test_processes_never_closed_are_killed_as_the_worker_exits(db: str, tmp_path: Path) -> None:
+    (tmp_path / "jobs_mod.py").write_text(
+        "from worker_cli import task_options\n\n"
+        "@task_options(process=True)\n"
+        "def cpu(payload, helpers):\n"
+        "    return 1\n"
+    )
+    (tmp_path / "worker.py").write_text(CLOSE_FAILS)
+    add(db, "x")
+    # Without the kill, the interpreter's exit would wait for them, and they for it.
+    result = subprocess.run(
+        [sys.executable, "worker.py", db], cwd=tmp_path, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 1
+    assert "RuntimeError: close never came" in result.stderr
+
+
+def test_a_killed_worker_takes_its_processes_with_it(db: str, tmp_path: Path) -> None:
+    folder = write_task(tmp_path)
+    spin = add(db, "spin")  # never reads its pipe again
+    worker = started_worker(db, Worker(db, folder, "-j", "1"))
+    wait_until(lambda: (folder / f"pid-{spin}").exists(), 30, "the job to start")
+    worker.proc.kill()
+    worker.wait()
+    pid = pid_of(folder, spin)
+    wait_until(lambda: not alive(pid), 10, "its process to end")

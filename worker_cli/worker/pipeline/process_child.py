@@ -12,16 +12,19 @@ The result and the error are pickled here, into bytes: one the worker cannot
 read fails that job alone.
 
 It ignores SIGINT and SIGTERM (a Ctrl-C reaches the whole process group: the
-worker decides what its jobs become) and exits when its pipe closes (the
-worker is gone) or says so.
+worker decides what its jobs become) and exits when its pipe closes or says
+so. On Linux it is killed as soon as the worker dies (``PR_SET_PDEATHSIG``):
+a task in an endless loop never outlives a killed worker.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextvars
+import ctypes
 import inspect
 import logging
+import multiprocessing
 import os
 import pickle
 import signal
@@ -161,6 +164,7 @@ def child_main(conn: Connection) -> None:
     """The child's loop: run each job it is sent, answer, until told to exit."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    _die_with_the_worker()
     functions: dict[str, TaskFunction] = {}
     pid = os.getpid()
     conn.send(("ready",))
@@ -178,6 +182,24 @@ def child_main(conn: Connection) -> None:
             os._exit(0)
         helpers.flush()
         conn.send(answer)
+
+
+#: prctl's option: the signal a process gets when its parent dies (Linux).
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_the_worker() -> None:
+    """On Linux: be killed when the worker dies (else, once its pipe closes)."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        return
+    parent = multiprocessing.parent_process()
+    if parent is not None and os.getppid() != parent.pid:
+        os._exit(1)  # it died before prctl took effect
 
 
 def _run(

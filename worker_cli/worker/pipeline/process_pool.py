@@ -25,6 +25,7 @@ limits, the local queue, the completer and the outcome rules.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import logging
 import multiprocessing
@@ -167,8 +168,16 @@ class ProcessPool:
 
     def start(self) -> None:
         """Start every process (each takes jobs once it has started)."""
+        # Should close() never come (the worker's code failed around it), they
+        # are killed as the interpreter exits: it would otherwise wait for them
+        # (multiprocessing joins its processes then), and they for it.
+        atexit.register(self._kill_all)
         for _ in range(self.size):
             self._spawn()
+
+    def _kill_all(self) -> None:
+        for child in list(self._children):
+            child.kill()
 
     def _spawn(self) -> _Child:
         child = _Child(self)
@@ -323,6 +332,7 @@ class ProcessPool:
                 await asyncio.wait(exits, timeout=5.0)
         for child in children:
             child.conn.close()
+        atexit.unregister(self._kill_all)
 
 
 def _outcome(answer: tuple[Any, ...], pid: int | None) -> Any:
