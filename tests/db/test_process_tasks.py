@@ -33,7 +33,7 @@ ERRORS = "graphile_worker._private_py_job_errors"
 CPU_TASK = """\
 import multiprocessing, os, signal, threading, time
 from pathlib import Path
-from worker_cli import task_options
+from worker_cli import Cancel, Snooze, task_options
 
 
 @task_options(process=True{options})
@@ -56,6 +56,10 @@ def task(payload, helpers):
         return {{1, 2}}
     if do == "query":
         return helpers.query("select 1")
+    if do == "snooze":  # what it raises comes back as it was raised
+        raise Snooze(600)
+    if do == "cancel":
+        raise Cancel("not wanted")
     if do == "spin":  # a pure-Python loop that never looks at its helpers
         while True:
             pass
@@ -159,7 +163,9 @@ def test_results_errors_and_crashes_come_back_to_their_job_alone(db: str, tmp_pa
     exit_id = add(db, "exit", priority=-2)
     kill_id = add(db, "sigkill", priority=-2)
     where = [add(db, "where", priority=-1) for _ in range(4)]
-    raise_id, lock_id, set_id, query_id = (add(db, do) for do in ("raise", "lock", "set", "query"))
+    raise_id, lock_id, set_id, query_id, snooze_id, cancel_id = (
+        add(db, do) for do in ("raise", "lock", "set", "query", "snooze", "cancel")
+    )
     log = once(db, folder, "-j", "2", "--processes", "2")
 
     for job_id in where:
@@ -191,6 +197,21 @@ def test_results_errors_and_crashes_come_back_to_their_job_alone(db: str, tmp_pa
     )
 
     assert outcome(db, typed)["result"] == {"twice": 42, "typed": True}
+    [snoozed] = rows(
+        db,
+        f"select attempts, last_error, run_at > now() + interval '500 seconds' as later "
+        f"from {JOBS} where id = %s",
+        (snooze_id,),
+    )
+    assert snoozed == {"attempts": 0, "last_error": None, "later": True}
+    assert (
+        value(
+            db,
+            f"select cancel_reason from {HISTORY} where job_id = %s and state = 'cancelled'",
+            (cancel_id,),
+        )
+        == "not wanted"
+    )
     assert "2 worker process(es) ready for process=True tasks (pids " in log
     # helpers.logger's lines: in the worker's log and the attempt's kept lines.
     first = where[0]
