@@ -283,6 +283,14 @@ async def progress(payload, helpers):
     helpers.progress({"nan": math.nan, "huge": 10**400, "over": 2}[payload["value"]])
 
 
+@task_options(process=True)
+def progress_process(payload, helpers):
+    if payload["value"] == "nul":
+        helpers.progress(0.5, message="a\\x00b \\ud800 " + "x" * 5000)
+        return None
+    helpers.progress({"nan": math.nan, "huge": 10**400, "over": 2}[payload["value"]])
+
+
 async def innocent(payload, helpers):
     await helpers.query("insert into public.innocent_runs values (%s)", (payload["n"],))
 
@@ -294,7 +302,7 @@ TASKS = {
         "result_process", "batch", "batch_items",
         "snooze", "cancel", "backoff", "retry_on", "error_text", "events", "plain_events",
         "logged", "plain_logged", "limit_key", "limited", "sync_limit", "sync_run", "sets",
-        "job_log", "progress", "innocent",
+        "job_log", "progress", "progress_process", "innocent",
     )
 }
 
@@ -422,11 +430,11 @@ def expected_of(task: str, payload: dict[str, Any]) -> Expected:
             # The job logger's prefix reads the message: the task's own call
             # raises what its __str__ does, the job fails with it.
             return "failed", raised(kind)
-        case "progress", "nul":
+        case "progress" | "progress_process", "nul":
             return "succeeded", None
-        case "progress", "over":
+        case "progress" | "progress_process", "over":
             return "failed", "ValueError: done is 2: without a total"
-        case "progress", _:
+        case "progress" | "progress_process", _:
             return "failed", "ValueError: done is "
         case "sync_run", _:
             return "failed", "RuntimeError: helpers.run() waits for the worker's event loop"
@@ -468,6 +476,7 @@ def bad_jobs() -> list[tuple[str, Any]]:
         "error_text": ("long",),
         "limit_key": ("long", "nul", "surrogate"),
         "progress": ("nan", "huge", "over", "nul"),
+        "progress_process": ("nan", "huge", "over", "nul"),
     }.items():
         jobs.extend((task, {"value": v}) for v in values)
     jobs.append(("batch_items", [{}, {}]))
