@@ -291,6 +291,22 @@ def test_a_ctrl_c_reaches_the_processes_yet_the_running_job_finishes(
     assert outcome(db, job_id) == {"state": "succeeded", "result": "finished", "result_error": None}
 
 
+def test_a_job_still_running_after_the_graceful_timeout_is_given_back(
+    db: str, tmp_path: Path
+) -> None:
+    folder = write_task(tmp_path)
+    job_id = add(db, "spin", max_attempts=3)
+    worker = started_worker(db, Worker(db, folder, "-j", "1"))
+    wait_until(lambda: (folder / f"pid-{job_id}").exists(), 30, "the job to start")
+    worker.signal(signal.SIGTERM)  # 5 s of graceful timeout, then 1 s after abort_signal
+    assert worker.wait(30) == 0, worker.log()[-3000:]
+    assert "cancelled 1 async job(s) still running" in worker.log()
+    assert "did not exit within" not in worker.log()  # killed as its job was given back
+    [row] = rows(db, f"select attempts, last_error, locked_by from {JOBS} where id = %s", (job_id,))
+    assert row == {"attempts": 0, "last_error": None, "locked_by": None}  # to run again
+    assert not alive(pid_of(folder, job_id))
+
+
 def test_a_forced_stop_kills_the_processes_and_fails_their_jobs(db: str, tmp_path: Path) -> None:
     folder = write_task(tmp_path)
     job_id = add(db, "spin", max_attempts=3)
@@ -303,6 +319,7 @@ def test_a_forced_stop_kills_the_processes_and_fails_their_jobs(db: str, tmp_pat
     failed = outcome(db, job_id)
     assert failed["state"] == "failed" and failed["locked_by"] is None
     assert failed["last_error"] == "RuntimeError: the worker was stopped while the job was running"
+    assert "did not exit within" not in worker.log()  # killed as its job was failed
     assert not alive(pid_of(folder, job_id))
 
 

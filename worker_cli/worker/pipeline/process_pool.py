@@ -326,6 +326,11 @@ class ProcessPool:
         if exits:
             _, pending = await asyncio.wait(exits, timeout=within)
             if pending:
+                logger.warning(
+                    "%d worker process(es) did not exit within %.0fs of the stop; killed",
+                    len(pending),
+                    within,
+                )
                 for child in children:
                     if not child.exited.done():
                         child.kill()
