@@ -11,7 +11,9 @@ start-up, its processes' included, is not measured); then N jobs are added
 in one ``add_jobs`` call, and the drain is timed from their commit to the
 empty queue. Reported: jobs/s, median [min-max] over the rounds, and the
 processes' rate over the threads' (the median ratio, and its range over the
-rounds).
+rounds); and the cores the worker used over the drain (its CPU, its
+processes' included, from ``/proc``, over the wall time): on a machine
+others share, that says how much of the machine the run had.
 
     python bench/cpu_bound.py                              # 400 jobs, -j 2, 3 rounds
     TEST_DATABASE_URL=postgres://postgres@127.0.0.1/postgres python bench/cpu_bound.py -j 4
@@ -51,6 +53,9 @@ def task(payload, helpers):
 """
 
 MODES = {"threads": "", "processes": "process=True"}
+
+#: Clock ticks per second, for /proc/<pid>/stat's times.
+TICKS = 100
 
 
 def spin(n: int) -> int:
@@ -103,9 +108,29 @@ def _wait_logged(log: Path, text: str, seen: int, within: float = 60) -> None:
         time.sleep(0.05)
 
 
-def drain(pg: PgServer, system: System, jobs: int, n: int, concurrency: int) -> float:
+def _cpu(pid: int) -> float:
+    """Seconds of CPU ``pid`` has used (user + system), its threads included."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / TICKS
+
+
+def _children(pid: int) -> list[int]:
+    return [
+        int(child)
+        for task in Path(f"/proc/{pid}/task").iterdir()
+        for child in (task / "children").read_text().split()
+    ]
+
+
+def _worker_cpu(pid: int) -> float:
+    """Seconds of CPU of the worker and its live child processes."""
+    return _cpu(pid) + sum(_cpu(child) for child in _children(pid))
+
+
+def drain(pg: PgServer, system: System, jobs: int, n: int, concurrency: int) -> tuple[float, float]:
     """One drain by a long-running worker, started and idle first: jobs/s from
-    the commit of the jobs to the empty queue."""
+    the commit of the jobs to the empty queue, and the cores the worker (its
+    processes included) used meanwhile."""
     url = fresh_database(pg, system, "gw_bench_cpu")
     args = ["-j", str(concurrency)]
     if system.name == "processes":
@@ -125,16 +150,18 @@ def drain(pg: PgServer, system: System, jobs: int, n: int, concurrency: int) -> 
                 (n, jobs),
             )
             start = time.perf_counter()
+            cpu_before = _worker_cpu(worker.pid)
             while conn.execute(
                 "select exists (select from graphile_worker._private_jobs)"
             ).fetchone() != (False,):
                 time.sleep(0.01)
             wall = time.perf_counter() - start
+            cpu = _worker_cpu(worker.pid) - cpu_before
     finally:
         worker.send_signal(signal.SIGTERM)
         code = worker.wait(timeout=60)
     assert code == 0, (system.name, code, (system.workdir / "worker.log").read_text()[-2000:])
-    return jobs / wall
+    return jobs / wall, cpu / wall
 
 
 def main() -> None:
@@ -152,6 +179,7 @@ def main() -> None:
     print(f"task: {n:,} rounds of the loop, about {args.task_ms:g} ms here", flush=True)
     command = [str(Path(sys.executable).parent / "graphile-worker")]
     rates: dict[str, list[float]] = {mode: [] for mode in MODES}
+    cores: dict[str, list[float]] = {mode: [] for mode in MODES}
     with tempfile.TemporaryDirectory(prefix="gw_cpu_") as tmp, start_server() as pg:
         systems = [
             _system(
@@ -165,13 +193,17 @@ def main() -> None:
         ]
         for round_ in range(args.rounds):
             for system in systems if round_ % 2 == 0 else systems[::-1]:
-                rate = drain(pg, system, args.jobs, n, args.concurrency)
+                rate, used = drain(pg, system, args.jobs, n, args.concurrency)
                 rates[system.name].append(rate)
-                print(f"round {round_ + 1}: {system.name:9} {rate:8.1f} jobs/s", flush=True)
+                cores[system.name].append(used)
+                print(
+                    f"round {round_ + 1}: {system.name:9} {rate:8.1f} jobs/s, {used:.2f} cores",
+                    flush=True,
+                )
     print()
     print(f"{args.jobs} jobs of ~{args.task_ms:g} ms, -j {args.concurrency}:")
     for mode in MODES:
-        print(f"  {mode:9} {_fmt(rates[mode], 1)} jobs/s")
+        print(f"  {mode:9} {_fmt(rates[mode], 1)} jobs/s, {_fmt(cores[mode], 2)} cores")
     print(f"  processes / threads: {_ratio(rates['processes'], rates['threads'])}")
 
 
