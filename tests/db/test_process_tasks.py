@@ -273,6 +273,8 @@ def test_a_graceful_stop_lets_the_running_job_finish(db: str, tmp_path: Path) ->
     assert worker.wait(30) == 0, worker.log()[-3000:]
     assert outcome(db, job_id) == {"state": "succeeded", "result": "finished", "result_error": None}
     assert not alive(pid_of(folder, job_id))
+    # One per CPU by default, but never more than -j (what may be busy).
+    assert "1 worker process(es) ready for process=True tasks" in worker.log()
 
 
 def test_a_ctrl_c_reaches_the_processes_yet_the_running_job_finishes(
