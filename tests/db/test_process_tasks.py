@@ -262,6 +262,21 @@ def test_a_cancel_request_kills_its_process(db: str, tmp_path: Path) -> None:
     assert worker.wait(30) == 0, worker.log()[-3000:]
 
 
+def test_a_process_that_dies_idle_is_replaced_for_the_next_job(db: str, tmp_path: Path) -> None:
+    folder = write_task(tmp_path)
+    worker = started_worker(db, Worker(db, folder, "-j", "1"))
+    ready = "1 worker process(es) ready for process=True tasks (pids "
+    wait_until(lambda: ready in worker.log(), 30, "its process to start")
+    pid = int(worker.log().split(ready)[1].split(")")[0])
+    os.kill(pid, signal.SIGKILL)
+    wait_until(lambda: "exited with code -9 while idle" in worker.log(), 10, "the worker to see it")
+    job_id = add(db, "where")
+    wait_until(lambda: outcome(db, job_id)["state"] == "succeeded", 30, "the job")
+    assert pid_of(folder, job_id) != pid
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(30) == 0, worker.log()[-3000:]
+
+
 def test_a_graceful_stop_lets_the_running_job_finish(db: str, tmp_path: Path) -> None:
     folder = write_task(tmp_path)
     job_id = add(db, "wait")

@@ -200,17 +200,19 @@ class ProcessPool:
         """:meth:`__call__`; ``started`` is called once a process has the job
         (its timeout counts from there: not while it waits for a process)."""
         location, source = self._located[identifier]
-        job = helpers.job
-        child = await self._take()
+        message = ("run", identifier, location, source, helpers.job, helpers.worker_id)
+        while True:
+            child = await self._take()
+            try:
+                child.conn.send(message)
+                break
+            except OSError:  # it has just ended (ended() replaces it): another one
+                continue
         if started is not None:
             started()
         future: asyncio.Future[tuple[Any, ...]] = self.loop.create_future()
         child.future, child.helpers = future, helpers
         try:
-            try:
-                child.conn.send(("run", identifier, location, source, job, helpers.worker_id))
-            except OSError as exc:  # it has just ended: ended() fails the job
-                logger.debug("process %s: the job could not be sent: %r", child.pid, exc)
             answer = await future
         except asyncio.CancelledError:
             child.kill()  # replaced once it has ended (ended())
