@@ -215,7 +215,8 @@ def _run(
         function = functions.get(identifier)
         if function is None:
             function = functions[identifier] = load_located(identifier, location, source)
-        result = contextvars.Context().run(function, job.payload, helpers)  # type: ignore[arg-type]
+        given: Any = helpers  # what the task has of Helpers
+        result = contextvars.Context().run(function, job.payload, given)
         if result is not None and inspect.iscoroutine(result):
             result = asyncio.run(result)
     except BaseException as exc:  # SystemExit, KeyboardInterrupt...: the job failed
