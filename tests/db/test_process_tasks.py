@@ -50,6 +50,9 @@ def task(payload, helpers):
         os._exit(7)
     if do == "sigkill":
         os.kill(os.getpid(), signal.SIGKILL)
+    if do == "segfault":
+        import ctypes
+        ctypes.string_at(0)
     if do == "lock":
         return threading.Lock()
     if do == "set":
@@ -166,6 +169,7 @@ def test_results_errors_and_crashes_come_back_to_their_job_alone(db: str, tmp_pa
     # The crashes first: both processes die, and their replacements run the rest.
     exit_id = add(db, "exit", priority=-2)
     kill_id = add(db, "sigkill", priority=-2)
+    segfault_id = add(db, "segfault", priority=-2)
     where = [add(db, "where", priority=-1) for _ in range(4)]
     raise_id, lock_id, set_id, query_id, snooze_id, cancel_id = (
         add(db, do) for do in ("raise", "lock", "set", "query", "snooze", "cancel")
@@ -177,13 +181,14 @@ def test_results_errors_and_crashes_come_back_to_their_job_alone(db: str, tmp_pa
         assert done["state"] == "succeeded", done
         assert done["result"] == {"in_child": True, "sum": 45}
     pids = {pid_of(folder, job_id) for job_id in where}
-    assert not pids & {pid_of(folder, exit_id), pid_of(folder, kill_id)}
+    assert not pids & {pid_of(folder, i) for i in (exit_id, kill_id, segfault_id)}
 
     failed = outcome(db, exit_id)
     assert failed["state"] == "failed" and failed["locked_by"] is None
     assert failed["last_error"].startswith("ProcessDied: the worker process (pid ")
     assert failed["last_error"].endswith("running the job exited with code 7")
     assert "was killed by SIGKILL (signal 9)" in outcome(db, kill_id)["last_error"]
+    assert "was killed by SIGSEGV (signal 11)" in outcome(db, segfault_id)["last_error"]
 
     assert outcome(db, raise_id)["last_error"] == "ValueError: boom in child"
     [error] = rows(db, f"select traceback from {ERRORS} where job_id = %s", (raise_id,))
