@@ -6,6 +6,8 @@ and the library report the same failure the same way.
 
 from __future__ import annotations
 
+from typing import Any
+
 __all__ = [
     "ConfigurationError",
     "DatabaseConnectionError",
@@ -22,13 +24,28 @@ __all__ = [
     "TaskLoadError",
     "UnreadableJobError",
     "UnsupportedPostgresError",
+    "rebuilt",
 ]
 
 
 class GraphileWorkerError(Exception):
-    """Base class of this package's errors; ``exit_code`` is the CLI's code."""
+    """Base class of this package's errors; ``exit_code`` is the CLI's code.
+    Pickled as they are (see :func:`rebuilt`)."""
 
     exit_code: int = 1
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return rebuilt, (type(self), self.args, self.__dict__)
+
+
+def rebuilt(cls: type[BaseException], args: tuple[Any, ...], state: dict[str, Any]) -> Any:
+    """An exception unpickled as it was, its ``__init__`` not called again: a
+    class whose ``__init__`` takes other arguments than its ``args`` (``Snooze(60)``
+    says ``snoozed for 60s``) comes back from a worker process as it was raised."""
+    error = cls.__new__(cls)
+    error.args = args
+    error.__dict__.update(state)
+    return error
 
 
 class ConfigurationError(GraphileWorkerError):

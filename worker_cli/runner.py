@@ -164,6 +164,7 @@ async def run(
     timeout_grace: float = WorkerOptions.timeout_grace,
     cron_timezone: str = WorkerOptions.cron_timezone,
     job_logs: str = WorkerOptions.job_logs,
+    processes: int | None = WorkerOptions.processes,
     tracing: bool = False,
     metrics_registry: CollectorRegistry | None = None,
 ) -> Runner:
@@ -204,6 +205,7 @@ async def run(
         timeout_grace=timeout_grace,
         cron_timezone=cron_timezone,
         job_logs=job_logs,
+        processes=processes,
     )
     _warn_if_pool_too_small(options)
     pool = _make_pool(

@@ -1,7 +1,7 @@
 """Fault injection at every seam where a worker runs code on a job's behalf.
 
 One bad job fails alone (issue 41): for each per-job hook the worker has (the
-task itself, async and plain; its returned value's encoding; its batch
+task itself, async, plain and in a worker process; its returned value's encoding; its batch
 results; the Snooze or Cancel it raises and their values; its retry policy's
 ``retry_on`` and backoff; the text of its error; the payload's type; the
 event handlers and logging filters that see its outcome), a job makes that
@@ -41,6 +41,8 @@ import asyncio
 import dataclasses
 import logging
 import math
+import os
+import threading
 
 from worker_cli import Cancel, RetryPolicy, Snooze, task_options
 
@@ -127,6 +129,13 @@ def task_plain(payload, helpers):
     raise boom(payload["kind"])
 
 
+@task_options(process=True)
+def task_process(payload, helpers):
+    if payload.get("value") == "exit":
+        os._exit(3)
+    raise boom(payload["kind"])
+
+
 async def result_async(payload, helpers):
     if "value" in payload:
         return {"set": {1, 2}, "nan": math.nan}[payload["value"]]
@@ -134,6 +143,13 @@ async def result_async(payload, helpers):
 
 
 def result_plain(payload, helpers):
+    return ItemsRaise(payload["kind"])
+
+
+@task_options(process=True)
+def result_process(payload, helpers):
+    if "value" in payload:
+        return {"set": {1, 2}, "lock": threading.Lock()}[payload["value"]]
     return ItemsRaise(payload["kind"])
 
 
@@ -267,6 +283,14 @@ async def progress(payload, helpers):
     helpers.progress({"nan": math.nan, "huge": 10**400, "over": 2}[payload["value"]])
 
 
+@task_options(process=True)
+def progress_process(payload, helpers):
+    if payload["value"] == "nul":
+        helpers.progress(0.5, message="a\\x00b \\ud800 " + "x" * 5000)
+        return None
+    helpers.progress({"nan": math.nan, "huge": 10**400, "over": 2}[payload["value"]])
+
+
 async def innocent(payload, helpers):
     await helpers.query("insert into public.innocent_runs values (%s)", (payload["n"],))
 
@@ -274,10 +298,11 @@ async def innocent(payload, helpers):
 TASKS = {
     name: globals()[name]
     for name in (
-        "task_async", "task_plain", "result_async", "result_plain", "batch", "batch_items",
+        "task_async", "task_plain", "task_process", "result_async", "result_plain",
+        "result_process", "batch", "batch_items",
         "snooze", "cancel", "backoff", "retry_on", "error_text", "events", "plain_events",
         "logged", "plain_logged", "limit_key", "limited", "sync_limit", "sync_run", "sets",
-        "job_log", "progress", "innocent",
+        "job_log", "progress", "progress_process", "innocent",
     )
 }
 
@@ -326,7 +351,8 @@ async def main():
     await runner
 
 
-asyncio.run(main())
+if __name__ == "__main__":  # not in the worker's processes, which import this file
+    asyncio.run(main())
 """
 
 #: What each bad job must end as: ("failed", text in last_error),
@@ -350,11 +376,18 @@ def expected_of(task: str, payload: dict[str, Any]) -> Expected:
     kind = payload.get("kind", "")
     value_ = payload.get("value")
     match task, value_:
-        case "task_async" | "task_plain", None:
+        case "task_async" | "task_plain" | "task_process", None:
             return "failed", raised(kind)
+        case "task_process", "exit":
+            return "failed", "running the job exited with code 3"
         case "result_async" | "result_plain", None:
             return "succeeded", f"not JSON: {raised(kind)}"
-        case "result_async", "set":
+        case "result_process", None:
+            # Its value is pickled in its process (dict items read there): that fails.
+            return "failed", f"(process=True: it must be picklable): {raised(kind)}"
+        case "result_process", "lock":
+            return "failed", "TypeError: the task's return value cannot be sent back from its"
+        case "result_async" | "result_process", "set":
             return "succeeded", "not JSON: TypeError: Object of type set"
         case "result_async", "nan":
             return "succeeded", "not JSON: ValueError: Out of range float"
@@ -397,11 +430,11 @@ def expected_of(task: str, payload: dict[str, Any]) -> Expected:
             # The job logger's prefix reads the message: the task's own call
             # raises what its __str__ does, the job fails with it.
             return "failed", raised(kind)
-        case "progress", "nul":
+        case "progress" | "progress_process", "nul":
             return "succeeded", None
-        case "progress", "over":
+        case "progress" | "progress_process", "over":
             return "failed", "ValueError: done is 2: without a total"
-        case "progress", _:
+        case "progress" | "progress_process", _:
             return "failed", "ValueError: done is "
         case "sync_run", _:
             return "failed", "RuntimeError: helpers.run() waits for the worker's event loop"
@@ -415,8 +448,10 @@ def bad_jobs() -> list[tuple[str, Any]]:
         for task in (
             "task_async",
             "task_plain",
+            "task_process",
             "result_async",
             "result_plain",
+            "result_process",
             "snooze",
             "cancel",
             "backoff",
@@ -433,12 +468,15 @@ def bad_jobs() -> list[tuple[str, Any]]:
         jobs.append(("batch", [{"kind": kind}]))
     for task, values in {
         "result_async": ("set", "nan"),
+        "task_process": ("exit",),
+        "result_process": ("set", "lock"),
         "snooze": ("text", "nan", "huge"),
         "cancel": ("exception", "object", "nul"),
         "backoff": ("nan", "text", "negative"),
         "error_text": ("long",),
         "limit_key": ("long", "nul", "surrogate"),
         "progress": ("nan", "huge", "over", "nul"),
+        "progress_process": ("nan", "huge", "over", "nul"),
     }.items():
         jobs.extend((task, {"value": v}) for v in values)
     jobs.append(("batch_items", [{}, {}]))
@@ -564,7 +602,10 @@ def test_every_per_job_hook_fails_its_job_alone_and_the_worker_stops(
         traceback = errors[job_id]["traceback"]
         if traceback is not None:
             assert len(traceback) <= 8_100 and "\x00" not in traceback, (task, payload)
-        if task in ("task_async", "task_plain") and payload.get("kind") == "Exception":
+        if (
+            task in ("task_async", "task_plain", "task_process")
+            and payload.get("kind") == "Exception"
+        ):
             assert traceback is not None and "hook raised" in traceback, (task, traceback)
         if task == "error_text" and "value" in payload:
             assert traceback is not None and "characters cut" in traceback, traceback

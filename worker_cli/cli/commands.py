@@ -165,6 +165,7 @@ tracing_option = click.option(
 @worker_option("timeout_grace")
 @worker_option("cron_timezone")
 @worker_option("job_logs")
+@worker_option("processes")
 @click.option(
     "--tasks",
     "tasks_dir",

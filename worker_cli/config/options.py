@@ -170,6 +170,10 @@ class WorkerOptions:
     #: ``helpers.logger`` (``--job-logs``): ``failed`` ones (written with the
     #: failure: a success costs nothing), ``all``, or none (``off``).
     job_logs: str = "failed"
+    #: Child processes for the jobs of ``process=True`` tasks (``--processes``):
+    #: None, one per CPU; never more than ``concurrency``. Started only when a
+    #: task has ``process=True``.
+    processes: int | None = None
 
     def __post_init__(self) -> None:
         zone_named(self.cron_timezone)  # ValueError naming an unknown zone
@@ -188,6 +192,8 @@ class WorkerOptions:
         if not self.forced_shutdown_timeout >= 0:
             raise ValueError("forced_shutdown_timeout must not be negative")
         _check_range("timeout_grace", self.timeout_grace, 0, MAX_TIMEOUT_GRACE, "s")
+        if self.processes is not None:
+            _check_range("processes", self.processes, 1, MAX_CONCURRENCY)
         if not timedelta(0) < self.lock_refresh_age < timedelta(hours=4):
             raise ValueError(
                 f"lock_refresh_age must be more than 0 and less than 4 hours (the stale-lock "
@@ -425,6 +431,17 @@ FLAGS: tuple[Flag, ...] = (
         help="Which attempts keep the lines their task logged through helpers.logger "
         "(shown by `graphile-worker job ID --logs` and the dashboard): failed ones, all "
         "(a success writes them too), or off. At most 1,000 lines, 64 KiB, per attempt.",
+    ),
+    Flag(
+        "processes",
+        ("--processes",),
+        envvar="GRAPHILE_WORKER_PROCESSES",
+        metavar="N",
+        low=1,
+        high=MAX_CONCURRENCY,
+        help="Child processes for the jobs of tasks declared with "
+        "@task_options(process=True) (CPU-bound plain def tasks): default one per CPU, "
+        "never more than -j. Started only when such a task is loaded.",
     ),
     Flag(
         "use_local_time",

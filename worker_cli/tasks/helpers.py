@@ -23,12 +23,16 @@ from ..jobs.workflow_state import ParentOutcome, StepContext
 from .attempt_log import AttemptLog
 from .operation_limits import Holds, OperationLimit, refuse_on_loop
 
-__all__ = ["MESSAGE_MAX", "Helpers", "JobLogger", "ProgressSink"]
+__all__ = ["MESSAGE_MAX", "Helpers", "JobLogger", "ProcessRunner", "ProgressSink", "check_progress"]
 
 T = TypeVar("T")
 
 #: Where ``helpers.progress`` reports go: (job id, done, total, message).
 ProgressSink = Callable[[int, float, "float | None", "str | None"], None]
+
+#: Runs a ``process=True`` task's job in one of the worker's processes:
+#: (task identifier, payload, helpers) -> what the task returned.
+ProcessRunner = Callable[[str, Any, "Helpers"], Awaitable[Any]]
 
 #: The longest progress message kept, in characters (a longer one is cut).
 MESSAGE_MAX = 1000
@@ -88,6 +92,8 @@ class Helpers:
     #: The job's open ``limit`` blocks (nested ones hold one slot), made at
     #: its first ``limit`` (a job costs nothing more without one).
     _holds: Holds | None = None
+    #: The worker's processes, for ``process=True`` tasks (None: none).
+    processes: ProcessRunner | None = None
 
     def __init__(
         self,
@@ -100,8 +106,11 @@ class Helpers:
         step: StepContext | None = None,
         progress: ProgressSink | None = None,
         capture_logs: bool = False,
+        processes: ProcessRunner | None = None,
     ) -> None:
         self.job = job
+        if processes is not None:
+            self.processes = processes
         self._step = step
         self._progress = progress
         self._capture_logs = capture_logs
@@ -179,15 +188,7 @@ class Helpers:
         plain task: the worker writes each job's latest report at most twice
         a second, beside the job (kept across retries, and with its history).
         Raises ValueError naming the argument for a value that is not one."""
-        # The checks cost a few comparisons: a task may call this in a tight
-        # loop (the message is made storable when written, at most twice a second).
-        if not (
-            type(done) in _NUMBER
-            and 0 <= done <= (1 if total is None else _LARGEST)
-            and (total is None or (type(total) in _NUMBER and 0 <= total <= _LARGEST))
-            and (message is None or isinstance(message, str))
-        ):
-            _refuse_progress(done, total, message)
+        check_progress(done, total, message)
         if self._progress is not None:
             self._progress(self.job.id, done, total, message)
 
@@ -346,6 +347,19 @@ class Helpers:
 #: Numbers progress takes (bool, an int subclass, is none), and the largest.
 _NUMBER = (int, float)
 _LARGEST = 1.7e308
+
+
+def check_progress(done: float, total: float | None, message: str | None) -> None:
+    """Raise ValueError naming the argument of ``helpers.progress`` that is wrong."""
+    # The checks cost a few comparisons: a task may call this in a tight
+    # loop (the message is made storable when written, at most twice a second).
+    if not (
+        type(done) in _NUMBER
+        and 0 <= done <= (1 if total is None else _LARGEST)
+        and (total is None or (type(total) in _NUMBER and 0 <= total <= _LARGEST))
+        and (message is None or isinstance(message, str))
+    ):
+        _refuse_progress(done, total, message)
 
 
 def _refuse_progress(done: object, total: object, message: object) -> None:

@@ -11,6 +11,8 @@ graphile-worker (Node) runs executable tasks.
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import importlib
 import importlib.util
 import inspect
 import json
@@ -20,7 +22,7 @@ import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeAlias
 
 from ..errors import TaskLoadError
 from .task_options import DEFAULT_TASK_OPTIONS, TaskOptions, options_of
@@ -29,35 +31,125 @@ from .typed_tasks import typed_task
 if TYPE_CHECKING:
     from .helpers import Helpers
 
-__all__ = ["Task", "TaskFunction", "TaskLoadError", "load_task_directory", "make_task_list"]
+__all__ = [
+    "Task",
+    "TaskFunction",
+    "TaskLoadError",
+    "TaskLocation",
+    "load_located",
+    "load_task_directory",
+    "make_task_list",
+]
 
 TaskFunction: TypeAlias = Callable[[Any, "Helpers"], Any]
 
 _NAME = re.compile(r"[A-Za-z0-9_-]+")
 
 
+class TaskLocation(NamedTuple):
+    """Where a worker's child process loads a ``process=True`` task from:
+    ``("file", path, "task")`` (a task file) or ``("module", module, qualname)``."""
+
+    kind: str
+    where: str
+    name: str
+
+
 @dataclass(frozen=True)
 class Task:
     """A loaded task: its identifier, the callable, how to call it, and its
-    settings (declared with :func:`~worker_cli.tasks.task_options.task_options`)."""
+    settings (declared with :func:`~worker_cli.tasks.task_options.task_options`).
+
+    A ``process=True`` task is an ``async def`` here: it hands its jobs to the
+    worker's processes (``helpers`` knows them), which load it from
+    :attr:`location`."""
 
     identifier: str
     function: TaskFunction
     is_async: bool
     source: str
     options: TaskOptions = DEFAULT_TASK_OPTIONS
+    location: TaskLocation | None = None
 
     @classmethod
     def from_function(
-        cls, identifier: str, function: TaskFunction, source: str, *, label: str | None = None
+        cls,
+        identifier: str,
+        function: TaskFunction,
+        source: str,
+        *,
+        label: str | None = None,
+        path: Path | None = None,
     ) -> Task:
         """The task running ``function``: a function whose payload parameter is
         annotated with a type gets that type (see :mod:`.typed_tasks`). Errors
         name the task by ``label`` (default: ``source``). Its options are those
-        declared on ``function`` (``@task_options``)."""
+        declared on ``function`` (``@task_options``); ``path``: the task file
+        it comes from."""
         is_async = _is_async(function)
-        typed = typed_task(identifier, function, is_async, label or source)
-        return cls(identifier, typed, is_async, source, options_of(function))
+        label = label or source
+        typed = typed_task(identifier, function, is_async, label)
+        options = options_of(function)
+        if not options.process:
+            return cls(identifier, typed, is_async, source, options)
+        if is_async:
+            raise TaskLoadError(
+                f"{label}: process=True is for plain def tasks; this one is async def "
+                "(it already leaves the event loop free: drop process=True)"
+            )
+        location = _location_of(function, label, path)
+        return cls(identifier, _in_process(identifier, typed), True, source, options, location)
+
+
+def _location_of(function: TaskFunction, label: str, path: Path | None) -> TaskLocation:
+    """Where a child process finds a ``process=True`` task (TaskLoadError if nowhere)."""
+    if path is not None:
+        return TaskLocation("file", str(path.resolve()), "task")
+    module = getattr(function, "__module__", None)
+    qualname = getattr(function, "__qualname__", None)
+    found: Any = sys.modules.get(module) if isinstance(module, str) else None
+    for part in (qualname or "<locals>").split("."):
+        found = getattr(found, part, None) if part != "<locals>" else None
+    if found is not function or not isinstance(module, str) or not isinstance(qualname, str):
+        raise TaskLoadError(
+            f"{label}: process=True needs a function the worker's processes can import by "
+            f"name (defined at the top level of a module), not {function!r}"
+        )
+    return TaskLocation("module", module, qualname)
+
+
+def _in_process(identifier: str, function: TaskFunction) -> TaskFunction:
+    """A ``process=True`` task as the event loop runs it: its job goes to the
+    worker's processes; where there are none (``worker_cli.testing``), it
+    runs in a thread."""
+
+    async def run_in_process(payload: Any, helpers: Helpers) -> Any:
+        runner = helpers.processes
+        if runner is None:
+            context = contextvars.Context()
+            return await asyncio.to_thread(context.run, function, payload, helpers)
+        return await runner(identifier, payload, helpers)
+
+    return run_in_process
+
+
+def load_located(identifier: str, location: TaskLocation, source: str) -> TaskFunction:
+    """In a worker's child process: the function of a ``process=True`` task
+    (its payload typed as in the worker); TaskLoadError if it cannot be loaded."""
+    if location.kind == "file":
+        module = _import_task_file(identifier, Path(location.where), source)
+        found: Any = getattr(module, location.name, None)
+    else:
+        try:
+            found = importlib.import_module(location.where)
+        except BaseException as exc:
+            detail = f"module {location.where!r} failed to import: {exc!r}"
+            raise TaskLoadError(f"{source}: {detail}") from exc
+        for part in location.name.split("."):
+            found = getattr(found, part, None)
+    if not callable(found):
+        raise TaskLoadError(f"{source}: {location.name!r} is not a function of {location.where!r}")
+    return typed_task(identifier, found, False, source)
 
 
 def _is_async(function: Callable[..., Any]) -> bool:
@@ -124,6 +216,19 @@ def load_task_directory(directory: Path) -> dict[str, Task]:
 
 
 def _load_python_task(identifier: str, path: Path, source: str) -> Task:
+    module = _import_task_file(identifier, path, source)
+    function = getattr(module, "task", None)
+    if not callable(function):
+        raise TaskLoadError(
+            f"task file {source!r} has no callable `task`; define "
+            "`async def task(payload, helpers): ...` (or a plain def)"
+        )
+    return Task.from_function(
+        identifier, function, source, label=f"task file {source!r}", path=path
+    )
+
+
+def _import_task_file(identifier: str, path: Path, source: str) -> Any:
     module_name = "graphile_worker_tasks." + identifier.replace("/", ".").replace("-", "_")
     spec = importlib.util.spec_from_file_location(module_name, path)
     if spec is None or spec.loader is None:
@@ -136,13 +241,7 @@ def _load_python_task(identifier: str, path: Path, source: str) -> Task:
         sys.modules.pop(module_name, None)
         detail = f"line {exc.lineno}: {exc.msg}" if isinstance(exc, SyntaxError) else repr(exc)
         raise TaskLoadError(f"task file {source!r} failed to import: {detail}") from exc
-    function = getattr(module, "task", None)
-    if not callable(function):
-        raise TaskLoadError(
-            f"task file {source!r} has no callable `task`; define "
-            "`async def task(payload, helpers): ...` (or a plain def)"
-        )
-    return Task.from_function(identifier, function, source, label=f"task file {source!r}")
+    return module
 
 
 def _executable_task(identifier: str, path: Path, source: str) -> Task:

@@ -25,7 +25,9 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Literal, TypeAlias
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias
+
+from ..errors import rebuilt
 
 if TYPE_CHECKING:
     from ..jobs.job import Job
@@ -47,7 +49,11 @@ _MAX_ATTEMPTS = 32_767
 
 
 class TaskSignal(Exception):
-    """What a task raises to decide what follows its attempt itself."""
+    """What a task raises to decide what follows its attempt itself (pickled
+    as it is: a task in a worker process raises it too)."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return rebuilt, (type(self), self.args, self.__dict__)
 
 
 class Snooze(TaskSignal):

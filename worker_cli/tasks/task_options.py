@@ -64,6 +64,9 @@ class TaskOptions:
     #: The task's fleet-wide limit, written to the database when a worker
     #: running it starts (None: whatever the database holds, if anything).
     limit: Limit | None = None
+    #: Run each job in one of the worker's processes (``--processes``), not a
+    #: thread: for CPU-bound plain ``def`` tasks.
+    process: bool = False
 
     def __post_init__(self) -> None:
         if self.retry is not None and not isinstance(self.retry, RetryPolicy):
@@ -75,6 +78,8 @@ class TaskOptions:
         object.__setattr__(self, "timeout", None if timeout is None else timeout.total_seconds())
         _check_choice("on_timeout", self.on_timeout, get_args(OnTimeout))
         _check_choice("on_stuck", self.on_stuck, get_args(OnStuck))
+        if not isinstance(self.process, bool):
+            raise ValueError(f"task_options: process must be True or False, not {self.process!r}")
 
 
 def task_options(
@@ -84,6 +89,7 @@ def task_options(
     on_stuck: OnStuck = "wait",
     retry: RetryPolicy | None = None,
     limit: Limit | None = None,
+    process: bool = False,
 ) -> Callable[[F], F]:
     """Declare a task's settings beside its function::
 
@@ -111,6 +117,12 @@ def task_options(
       period, per payload field value); written to the database as a worker
       running the task starts, replacing what was stored there (the last
       writer wins, with a warning when they differ).
+    - ``process``: run each job of this plain ``def`` task in one of the
+      worker's child processes (``--processes``) instead of a thread, so that
+      CPU-bound tasks use every core. The task must be a module-level plain
+      ``def``; its payload, return value and exceptions cross a pipe
+      (pickled); its helpers are ``job``, ``logger`` and ``progress`` only. A
+      timeout or a cancel request kills its process (a new one replaces it).
 
     A bad value raises ValueError at once (when the task's module is imported).
     """
@@ -120,6 +132,7 @@ def task_options(
         on_stuck=on_stuck,
         retry=retry,
         limit=limit,
+        process=process,
     )
 
     def decorate(function: F) -> F:

@@ -45,6 +45,7 @@ from .declared_limits import declare_limits
 from .pipeline.already_held import Refetched
 from .pipeline.completer import Completer
 from .pipeline.fetcher import Fetcher, FetchSettings, OnFetched
+from .pipeline.process_pool import ProcessPool, default_size
 from .pipeline.result_writer import HistorySettings
 from .pipeline.slots import Slots
 from .pipeline.unreadable import Unreadable
@@ -253,6 +254,10 @@ class WorkerPool:
         progress = ProgressWriter(utils.pool, schema=options.schema)
         self._fetcher.limited.deadlines = deadlines
         self._fetcher.limited.give_back = completer.return_unstarted
+        # The processes of process=True tasks (none without one).
+        processes = ProcessPool.of(self.tasks, default_size(options.processes, options.concurrency))
+        if processes is not None:
+            processes.start()
         slots = self._slots = Slots(
             concurrency=options.concurrency,
             tasks=self.tasks,
@@ -268,6 +273,7 @@ class WorkerPool:
             admit=deadlines.admit,
             progress=progress.report,
             job_logs=options.job_logs,
+            processes=processes,
         )
         try:
             async with asyncio.TaskGroup() as group:
@@ -302,6 +308,8 @@ class WorkerPool:
                 await self._finish(returning, given_back, writer, progress_task, *helpers)
         finally:
             slots.close()
+            if processes is not None:  # their jobs have ended (killed if forced)
+                await processes.close(1.0 if self._forced.is_set() else 10.0)
 
     def _background(
         self,

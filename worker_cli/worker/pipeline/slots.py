@@ -44,6 +44,7 @@ from ..supervision.loop_watch import LoopWatch
 from .completer import Completer
 from .local_queue import Refill
 from .outcome import Failure, Ran, Settler
+from .process_pool import ProcessPool
 from .reporter import Reporter
 from .slot import Returned, Slot, SlotGroup, stopped
 from .task_threads import (
@@ -88,8 +89,11 @@ class Slots(SlotGroup):
         admit: Callable[[Job], bool] = lambda job: True,
         progress: ProgressSink | None = None,
         job_logs: str = "failed",
+        processes: ProcessPool | None = None,
     ) -> None:
         self._tasks = tasks
+        #: The worker's processes, where ``process=True`` tasks run their jobs.
+        self._processes = processes
         self._queue = state.queue
         self._leases = state.leases
         self._refill = refill
@@ -254,6 +258,7 @@ class Slots(SlotGroup):
             step=self._steps.pop(job.id, None) if self._steps else None,
             progress=self._progress,
             capture_logs=self._capture_logs,
+            processes=self._processes,
         )
         slot.job = job
         slot.helpers = helpers
@@ -266,14 +271,22 @@ class Slots(SlotGroup):
         result: Any = None
         before = forks()
         if timeout is not None:  # counted from the task call
-            self._deadlines.arm(
-                job,
-                timeout,
-                time.monotonic(),
-                lambda: slot.time_out(job, timeout),
-                lambda: slot.job is job,
-                task.options.on_stuck,
-            )
+
+            def arm() -> None:
+                self._deadlines.arm(
+                    job,
+                    timeout,
+                    time.monotonic(),
+                    lambda: slot.time_out(job, timeout),
+                    lambda: slot.job is job,
+                    task.options.on_stuck,
+                )
+
+            if task.location is not None and (processes := self._processes) is not None:
+                # From the moment a process has the job (not while it waits for one).
+                helpers.processes = functools.partial(processes.run, started=arm)
+            else:
+                arm()
         try:
             result = await task.function(job.payload, helpers)
             while result is not None and inspect.isawaitable(result):
