@@ -39,6 +39,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -154,14 +155,20 @@ def _listening(conn: psycopg.Connection[Any], processes: int, within: float = 12
 
 
 def drain(
-    pg: PgServer, system: System, jobs: int, processes: int, concurrency: int, pool_size: int
+    pg: PgServer,
+    system: System,
+    jobs: int,
+    processes: int,
+    concurrency: int,
+    pool_size: int,
+    extra: Sequence[str] = (),
 ) -> tuple[float, float, float, WaitSampler]:
     """One drain by long-running workers, started and idle first (their
     start-up is not measured): jobs/s from the commit of the jobs to the
     empty queue, the workers' CPU and PostgreSQL's CPU over that time (s per
     1,000 jobs), and the wait samples."""
     url = fresh_database(pg, system, "gw_bench")
-    args = ("-j", str(concurrency), "--max-pool-size", str(pool_size))
+    args = ("-j", str(concurrency), "--max-pool-size", str(pool_size), *extra)
     procs = [system.start(url, *args) for _ in range(processes)]
     try:
         with psycopg.connect(url, autocommit=True) as conn:
@@ -223,6 +230,13 @@ def main() -> None:
         help="also Node with its default settings (about 2,000 jobs/s here: 200,000 jobs take "
         "minutes a run); Node with batching always runs",
     )
+    parser.add_argument(
+        "--py-args",
+        default="",
+        help="more options for this worker's processes (e.g. "
+        "'--complete-job-batch-delay 0.01'), to try a setting",
+    )
+    parser.add_argument("--no-node", action="store_true", help="this worker only")
     args = parser.parse_args()
     counts = [int(n) for n in args.processes.split(",")]
 
@@ -234,7 +248,9 @@ def main() -> None:
     node_cmd = [node_bin, str(node.cli.resolve())]
     batch = _system("node, batching", node_cmd, scratch / "node-b", NODE_TASKS, latency=False)
     (batch.workdir / "graphile.config.cjs").write_text(NODE_BATCH_CONFIG)
-    systems = [_system("python", [py_cli], scratch / "python", PY_TASKS), batch]
+    systems = [_system("python", [py_cli], scratch / "python", PY_TASKS)]
+    if not args.no_node:
+        systems.append(batch)
     if args.node_defaults:
         systems.append(_system("node", node_cmd, scratch / "node", NODE_TASKS, latency=False))
     figures = {s.name: Figures() for s in systems}
@@ -243,8 +259,9 @@ def main() -> None:
             for count in counts:
                 order = systems if (round_ + count) % 2 == 0 else systems[::-1]
                 for system in order:
+                    extra = args.py_args.split() if system.name == "python" else []
                     rate, cpu, pg_cpu, sampler = drain(
-                        pg, system, args.jobs, count, args.concurrency, args.max_pool_size
+                        pg, system, args.jobs, count, args.concurrency, args.max_pool_size, extra
                     )
                     f = figures[system.name]
                     f.rate.setdefault(count, []).append(rate)
