@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
+from types import SimpleNamespace
+from typing import Any
+
 import pytest
 
-from worker_cli.worker.pipeline.completer import WRITE_AT_MOST, write_now
+from worker_cli.observe.events import Events
+from worker_cli.worker.pipeline.completer import WRITE_AT_MOST, Completer, write_now
+from worker_cli.worker.pool_state import PoolState
 
 pytestmark = pytest.mark.unit
 
@@ -30,3 +37,45 @@ def test_each_reason_to_write_now(change: dict[str, object]) -> None:
 
 def test_a_large_batch_is_written_only_from_the_limit() -> None:
     assert not write_now(**{**BUSY, "pending": WRITE_AT_MOST - 1})  # type: ignore[arg-type]
+
+
+async def test_a_busy_batch_is_written_by_the_result_that_finds_it_old() -> None:
+    """The batch's wait is ended by a result that comes after ``batch_delay``,
+    not by a timer of its own (which would wake the event loop in the middle
+    of the jobs' own waits); with no result, a timer ends it at twice the delay."""
+    delay = 0.05
+    completer = Completer(
+        None,  # type: ignore[arg-type]  # (nothing reaches the database)
+        schema="graphile_worker",
+        state=PoolState("pool-rule", Events(), held=set()),
+        batch_delay=delay,
+        pool_idle=lambda: False,
+        on_written=lambda: None,
+    )
+    written: list[tuple[list[int], float]] = []
+
+    async def write(succeeded: list[tuple[Any, str]], failed: list[Any]) -> None:
+        written.append(([job.id for job, _ in succeeded], time.monotonic()))
+
+    completer.writer.write = write  # type: ignore[method-assign]
+    run = asyncio.create_task(completer.run())
+    job = [SimpleNamespace(id=n, job_queue_id=None) for n in range(3)]
+    start = time.monotonic()
+    completer.succeeded(job[0], "w")  # type: ignore[arg-type]
+    await asyncio.sleep(delay * 0.5)
+    assert not written  # waiting for more
+    await asyncio.sleep(delay * 0.7)  # past the delay: the next result ends the wait
+    completer.succeeded(job[1], "w")  # type: ignore[arg-type]
+    await asyncio.sleep(0.01)
+    assert [ids for ids, _ in written] == [[0, 1]]
+    assert written[0][1] - start < 2 * delay
+    # No result after this one: the timer writes it, at twice the delay.
+    alone = time.monotonic()
+    completer.succeeded(job[2], "w")  # type: ignore[arg-type]
+    await asyncio.sleep(delay * 1.5)
+    assert len(written) == 1
+    await asyncio.sleep(delay)
+    assert [ids for ids, _ in written] == [[0, 1], [2]]
+    assert written[1][1] - alone >= 2 * delay * 0.9
+    completer.close()
+    await run

@@ -103,8 +103,10 @@ class WorkerOptions:
     #: while the pool is busy (one statement and one commit for all of them);
     #: 0 writes whatever has finished as soon as the previous write is done.
     #: Results are written without this delay when the pool has nothing else
-    #: to run and for jobs of named queues.
-    complete_job_batch_delay: float = 0.002
+    #: to run and for jobs of named queues. (2 ms until 2026-12: each write of
+    #: a busy pool of few slots then woke its event loop in its short jobs'
+    #: waits; docs/performance.md, "Turnaround at low concurrency".)
+    complete_job_batch_delay: float = 0.01
     #: Seconds to wait for running jobs on shutdown before setting abort_signal.
     graceful_shutdown_timeout: float = 5.0
     #: Seconds a forced shutdown (a second signal, ``force_stop()``) spends

@@ -9,6 +9,14 @@ is written without that wait. Once a batch is written its jobs are no longer
 held by the pool, and ``on_written`` is called (a finished job may have
 released its named queue, so the fetcher looks again).
 
+The wait is ended by the first result that finds the batch ``batch_delay``
+old, not by a timer: the event loop is awake for that result anyway. A timer
+of the completer's own wakes the loop in the middle of the jobs' own waits,
+and asyncio rounds the timeout of the wait that follows up to a whole
+millisecond: each such wake-up made the timers of short jobs fire late (see
+"Turnaround at low concurrency" in docs/performance.md). Only when no result
+comes does a timer end the wait, at twice the delay.
+
 What the statements are, and how a result the server refuses is isolated
 (never retried for ever, never holding up the others), is
 :mod:`.result_writer`'s; the completer retries a batch through outages.
@@ -21,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -78,6 +87,8 @@ class Completer:
         self._succeeded: list[tuple[Job, str]] = []
         self._failed: list[Failure] = []
         self._named_queue_results = 0
+        #: When the first result of the batch being gathered came (None: none yet).
+        self._since: float | None = None
         self._ready = asyncio.Event()
         self._write_now = asyncio.Event()
         self._writing = False
@@ -92,23 +103,27 @@ class Completer:
     def succeeded(self, job: Job, worker_id: str) -> None:
         """Queue a success for writing (once per job: kept lean)."""
         self._succeeded.append((job, worker_id))
-        self._ready.set()
-        if job.job_queue_id is not None:
-            self._named_queue_results += 1
-        if self._due():
-            self._write_now.set()  # ends a batch's wait for more
+        self._arrived(job)
 
     def failed(self, failure: Failure) -> None:
         """Queue a failure for writing."""
         self._failed.append(failure)
+        self._arrived(failure.job)
+
+    def _arrived(self, job: Job) -> None:
         self._ready.set()
-        if failure.job.job_queue_id is not None:
+        if job.job_queue_id is not None:
             self._named_queue_results += 1
+        if self._since is None:
+            self._since = time.monotonic()
         if self._due():
-            self._write_now.set()
+            self._write_now.set()  # ends a batch's wait for more
 
     def _due(self) -> bool:
-        return write_now(
+        """The batch is written now: see :func:`write_now`, or it has waited
+        ``batch_delay`` already."""
+        since = self._since
+        return (since is not None and time.monotonic() - since >= self._delay) or write_now(
             self._stopping,
             self._named_queue_results,
             self._pool_idle(),
@@ -139,8 +154,10 @@ class Completer:
             if self._delay > 0:
                 self._write_now.clear()
                 if not self._due():
+                    # Ended by a result (see the module's docstring); the
+                    # timer only when none comes.
                     with contextlib.suppress(TimeoutError):
-                        async with asyncio.timeout(self._delay):
+                        async with asyncio.timeout(2 * self._delay):
                             await self._write_now.wait()
             await self._write_batch()
 
@@ -154,6 +171,8 @@ class Completer:
             succeeded, self._succeeded = succeeded[:WRITE_AT_MOST], succeeded[WRITE_AT_MOST:]
             room = WRITE_AT_MOST - len(succeeded)
             failed, self._failed = failed[:room], failed[room:]
+        # The rest (if any) begins the next batch.
+        self._since = time.monotonic() if self._succeeded or self._failed else None
         self._named_queue_results = sum(
             1 for job, _ in self._succeeded if job.job_queue_id is not None
         ) + sum(1 for failure in self._failed if failure.job.job_queue_id is not None)
