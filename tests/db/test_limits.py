@@ -304,69 +304,66 @@ async def test_once_waits_for_a_full_rate_limit_instead_of_exiting(
     assert starts[-1] - starts[0] >= 1.0  # three windows of 0.5 s
 
 
+class Held:
+    """An async task whose jobs wait for :attr:`release`, counting how many
+    run at once (:attr:`running`) and the most that did (:attr:`peak`)."""
+
+    def __init__(self) -> None:
+        self.running = self.peak = 0
+        self.release = asyncio.Event()
+
+    async def task(self, payload: Any, helpers: Helpers) -> None:
+        self.running += 1
+        self.peak = max(self.peak, self.running)
+        await self.release.wait()
+        self.running -= 1
+
+
 @pytest.mark.db
 async def test_a_limit_set_while_the_worker_runs_applies_at_once(
     utils: WorkerUtils, db: str
 ) -> None:
-    running = peak = 0
-    release = asyncio.Event()
-
-    async def lim(payload: Any, helpers: Helpers) -> None:
-        nonlocal running, peak
-        running += 1
-        peak = max(peak, running)
-        await release.wait()
-        running -= 1
-
+    held = Held()
     others: list[int] = []
 
     async def other(payload: Any, helpers: Helpers) -> None:
         others.append(helpers.job.id)
 
-    async with worker(db, {"lim": lim, "other": other}, concurrency=10):
+    async with worker(db, {"lim": held.task, "other": other}, concurrency=10):
         await utils.set_limit(Limit(max_running=2), task="lim")
         await utils.add_jobs([{"identifier": "lim", "payload": {}}] * 6)
-        await until(lambda: running == 2, what="two limited jobs to start")
+        await until(lambda: held.running == 2, what="two limited jobs to start")
         # A fetch after those two: it meets the four waiting ones, and must leave them.
         nudge = await utils.add_job("other", {})
         await until(lambda: others == [nudge.id], what="a later fetch to run its job")
-        assert (running, peak) == (2, 2)
+        assert (held.running, held.peak) == (2, 2)
         await utils.remove_limit(task="lim")  # removed: the rest start
-        await until(lambda: running == 6, what="the rest to start once the limit is removed")
-        release.set()
+        await until(lambda: held.running == 6, what="the rest to start once the limit is removed")
+        held.release.set()
 
 
 @pytest.mark.db
 async def test_a_queue_limit_ends_the_leases_and_counts_their_running_jobs(
     utils: WorkerUtils, db: str
 ) -> None:
-    running = peak = 0
-    release = asyncio.Event()
-
-    async def lim(payload: Any, helpers: Helpers) -> None:
-        nonlocal running, peak
-        running += 1
-        peak = max(peak, running)
-        await release.wait()
-        running -= 1
-
+    held = Held()
     leases = "select count(*) from graphile_worker._private_py_limit_leases"
-    async with worker(db, {"lim": lim}, concurrency=10):
+    async with worker(db, {"lim": held.task}, concurrency=10):
         await utils.set_limit(Limit(max_running=2), task="lim")
         await utils.add_jobs([{"identifier": "lim", "payload": {}}] * 6)
-        await until(lambda: running == 2, what="two limited jobs to start")
+        await until(lambda: held.running == 2, what="two limited jobs to start")
         assert value(db, leases) == 1
         # No lease while a queue has a limit: the two running jobs are counted.
         await utils.set_limit(Limit(max_running=1), queue="elsewhere")
         assert value(db, leases) == 0
         (info,) = [i for i in await utils.list_limits() if i.kind == "task"]
         assert info.running == 2
-        release.set()
+        held.release.set()
         await until(
             lambda: value(db, "select count(*) from graphile_worker._private_jobs") == 0,
             what="every job to run",
         )
-    assert peak == 2
+    assert held.peak == 2
 
 
 @pytest.mark.db
@@ -655,12 +652,16 @@ async def test_four_workers_hold_3_at_once_and_50_starts_a_second(
 
 @pytest.mark.db
 @pytest.mark.slow  # 600 jobs at 50 starts a second: 12 s at least
+@pytest.mark.parametrize("leased", [False, True], ids=["counted", "leased"])
 async def test_a_killed_workers_slots_come_back_after_its_heartbeat_timeout(
-    utils: WorkerUtils, db: str, tmp_path: Path
+    utils: WorkerUtils, db: str, tmp_path: Path, leased: bool
 ) -> None:
     # Fewer jobs than the fleet test above: the kill comes at the first long
-    # job, and its slot must come back for the rest to finish.
-    count = await fleet_jobs(utils, db, short=560, long=40)
+    # job, and its slot must come back for the rest to finish. Leased: the
+    # limit is max_running only, its slots leased (the dead pool's lease
+    # goes with its heartbeat row, as its jobs' locks do).
+    limit = Limit(max_running=3) if leased else FLEET_LIMIT
+    count = await fleet_jobs(utils, db, short=560, long=40, limit=limit)
     folder = make_fleet_tasks(tmp_path)
     args = [cli_path(), "-c", db, "-j", "5", "--heartbeat-interval", "0.5"]
     args += ["--heartbeat-timeout", "2"]
@@ -687,7 +688,7 @@ async def test_a_killed_workers_slots_come_back_after_its_heartbeat_timeout(
         results = stop([p for p in procs if p is not victim])
     assert [code for code, _ in results] == [0, 0, 0], results
     assert value(db, "select count(*) from public.starts where pid = %s", (victim_pid,)) > 0
-    check_fleet(db, count, killed=victim_pid)
+    check_fleet(db, count, killed=victim_pid, rate=not leased)
 
 
 @pytest.mark.db
@@ -735,40 +736,6 @@ async def test_leases_and_a_worker_without_heartbeats_share_one_count(
         results = stop([*procs, plain])
     assert [code for code, _ in results] == [0, 0, 0], results
     check_fleet(db, count, rate=False)
-
-
-@pytest.mark.db
-@pytest.mark.slow  # a kill and a 2-second heartbeat timeout
-async def test_a_killed_workers_leased_slots_come_back_and_never_4_run(
-    utils: WorkerUtils, db: str, tmp_path: Path
-) -> None:
-    count = await fleet_jobs(utils, db, short=460, long=40, limit=Limit(max_running=3))
-    folder = make_fleet_tasks(tmp_path)
-    args = [cli_path(), "-c", db, "-j", "5", "--heartbeat-interval", "0.5"]
-    args += ["--heartbeat-timeout", "2"]
-    procs = [start(args, folder) for _ in range(4)]
-    try:
-        # Kill a worker while it runs a long job under its lease.
-        victim_pid = None
-        deadline = time.monotonic() + 60
-        while victim_pid is None:
-            assert time.monotonic() < deadline, "no long job started"
-            victim_pid = value(
-                db,
-                "select s.pid from public.starts as s "
-                "join graphile_worker._private_jobs as j on j.id = s.job_id "
-                "where j.payload->>'sleep' = '0.15' and j.locked_at is not null "
-                "and not exists (select from public.ends as e where e.job_id = s.job_id) "
-                "limit 1",
-            )
-        victim = next(p for p in procs if p.pid == victim_pid)
-        victim.send_signal(signal.SIGKILL)
-        victim.wait(timeout=10)
-        wait_for(db, "select count(distinct job_id) from public.ends", count, timeout=180)
-    finally:
-        results = stop([p for p in procs if p is not victim])
-    assert [code for code, _ in results] == [0, 0, 0], results
-    check_fleet(db, count, killed=victim_pid, rate=False)
 
 
 #: MOST_AT_ONCE for each value of the jobs' "account" (public.accounts), the
