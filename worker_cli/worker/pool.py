@@ -255,7 +255,11 @@ class WorkerPool:
         self._fetcher.limited.deadlines = deadlines
         self._fetcher.limited.give_back = completer.return_unstarted
         # The processes of process=True tasks (none without one).
-        processes = ProcessPool.of(self.tasks, default_size(options.processes, options.concurrency))
+        processes = ProcessPool.of(
+            self.tasks,
+            default_size(options.processes, options.concurrency),
+            stopping=lambda: self.stopping,
+        )
         if processes is not None:
             processes.start()
         slots = self._slots = Slots(

@@ -136,8 +136,14 @@ class _Child:
 class ProcessPool:
     """The worker's processes for ``process=True`` tasks (see the module)."""
 
-    def __init__(self, size: int, tasks: Mapping[str, Task]) -> None:
+    def __init__(
+        self, size: int, tasks: Mapping[str, Task], stopping: Callable[[], bool] = lambda: False
+    ) -> None:
         self.size = size
+        #: The worker is stopping: a process that ends is replaced only for a
+        #: job that waits for one (a replacement still starting as the stop
+        #: ends would be killed).
+        self._stopping = stopping
         self.loop = asyncio.get_running_loop()
         #: Where each process task is loaded from, and its source (for errors).
         self._located: dict[str, tuple[TaskLocation, str]] = {
@@ -155,11 +161,13 @@ class ProcessPool:
         self._all_ready = False
 
     @classmethod
-    def of(cls, tasks: Mapping[str, Task], size: int) -> ProcessPool | None:
+    def of(
+        cls, tasks: Mapping[str, Task], size: int, stopping: Callable[[], bool] = lambda: False
+    ) -> ProcessPool | None:
         """The pool for ``tasks`` if any is a process task (None: none is)."""
         if not any(task.location is not None for task in tasks.values()):
             return None
-        return cls(size, tasks)
+        return cls(size, tasks, stopping)
 
     @property
     def pids(self) -> list[int]:
@@ -312,6 +320,8 @@ class ProcessPool:
                             )
                         )
                 return
+        if self._stopping() and not self._waiters:
+            return
         if child.killed or child.ran or future is not None or self._waiters:
             self._spawn()
 
