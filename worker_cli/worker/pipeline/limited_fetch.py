@@ -157,9 +157,8 @@ class LimitedFetch:
         if not self._give_back_due or self.leases is None or self._queue is None:
             return
         self._give_back_due = False
-        leases = self.leases
-        jobs = self._queue.remove_where(leases.waiting)
-        leases.forget(jobs)
+        # (The queue's gate, the leases, forgets the jobs it takes out.)
+        jobs = self._queue.remove_where(self.leases.waiting)
         if jobs and self.give_back is not None:
             await self.give_back(jobs)
 
