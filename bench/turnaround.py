@@ -29,8 +29,9 @@ about 1,800 jobs/s at 4 slots here).
     python bench/turnaround.py --concurrency 4 --compare-with ../main   # before/after
 
 graphile-worker comes from ``--node-dir`` (a folder whose ``node_modules``
-holds it; default ``/tmp/anchors/gw-node`` from ``/work/shared/bench/setup.sh``
-if there, else the test cache, installed as the compatibility tests do), on
+holds it; default ``$ANCHORS_DIR/gw-node`` from the shared harness's
+``bench/setup.sh`` if there (its ``ANCHORS_DIR``, by default under the
+system's temporary folder), else the test cache, installed as the compatibility tests do), on
 ``--node`` (default: Node 22 from that set-up, else as ``bench/benchmark.py``).
 """
 
@@ -57,7 +58,7 @@ from node_worker import install, node_runtime
 from pg_server import PgServer, start_server
 
 REPO = Path(__file__).resolve().parent.parent
-ANCHORS = Path("/tmp/anchors")
+ANCHORS = Path(os.environ.get("ANCHORS_DIR") or Path(tempfile.gettempdir(), "anchors"))
 TICKS = os.sysconf("SC_CLK_TCK")
 
 PY_WORKER = """\
