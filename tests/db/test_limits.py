@@ -356,6 +356,10 @@ async def test_a_queue_limit_ends_the_leases_and_counts_their_running_jobs(
         # No lease while a queue has a limit: the two running jobs are counted.
         await utils.set_limit(Limit(max_running=1), queue="elsewhere")
         assert value(db, leases) == 0
+        # Every job the pool held locked is counted, until the pool, told, gives
+        # back those it had fetched ahead and not started: then the two running.
+        locked = "select count(*) from graphile_worker._private_jobs where locked_at is not null"
+        await until(lambda: value(db, locked) == 2, what="the jobs not started to be given back")
         (info,) = [i for i in await utils.list_limits() if i.kind == "task"]
         assert info.running == 2
         held.release.set()

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from worker_cli.observe.events import Events
+from worker_cli.worker.pipeline import completer as completer_module
 from worker_cli.worker.pipeline.completer import WRITE_AT_MOST, Completer, write_now
 from worker_cli.worker.pool_state import PoolState
 
@@ -39,42 +40,57 @@ def test_a_large_batch_is_written_only_from_the_limit() -> None:
     assert not write_now(**{**BUSY, "pending": WRITE_AT_MOST - 1})  # type: ignore[arg-type]
 
 
-async def test_a_busy_batch_is_written_by_the_result_that_finds_it_old() -> None:
+async def test_a_busy_batch_is_written_by_the_result_that_finds_it_old(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """The batch's wait is ended by a result that comes after ``batch_delay``,
     not by a timer of its own (which would wake the event loop in the middle
     of the jobs' own waits); with no result, a timer ends it at twice the delay."""
-    delay = 0.05
-    completer = Completer(
-        None,  # type: ignore[arg-type]  # (nothing reaches the database)
-        schema="graphile_worker",
-        state=PoolState("pool-rule", Events(), held=set()),
-        batch_delay=delay,
-        pool_idle=lambda: False,
-        on_written=lambda: None,
-    )
     written: list[tuple[list[int], float]] = []
+    wrote = asyncio.Event()
 
     async def write(succeeded: list[tuple[Any, str]], failed: list[Any]) -> None:
         written.append(([job.id for job, _ in succeeded], time.monotonic()))
+        wrote.set()
 
-    completer.writer.write = write  # type: ignore[method-assign]
-    run = asyncio.create_task(completer.run())
+    def completer_of(delay: float) -> Completer:
+        completer = Completer(
+            None,  # type: ignore[arg-type]  # (nothing reaches the database)
+            schema="graphile_worker",
+            state=PoolState("pool-rule", Events(), held=set()),
+            batch_delay=delay,
+            pool_idle=lambda: False,
+            on_written=lambda: None,
+        )
+        completer.writer.write = write  # type: ignore[method-assign]
+        return completer
+
     job = [SimpleNamespace(id=n, job_queue_id=None) for n in range(3)]
-    start = time.monotonic()
+    # The batch's age on a clock of the test's (its timer, at twice a delay
+    # of an hour, never fires here): a result ends the wait once it is old.
+    now = [0.0]
+    monkeypatch.setattr(completer_module, "time", SimpleNamespace(monotonic=lambda: now[0]))
+    completer = completer_of(3600.0)
+    run = asyncio.create_task(completer.run())
     completer.succeeded(job[0], "w")  # type: ignore[arg-type]
-    await asyncio.sleep(delay * 0.5)
+    for _ in range(20):
+        await asyncio.sleep(0)
     assert not written  # waiting for more
-    await asyncio.sleep(delay * 0.7)  # past the delay: the next result ends the wait
+    now[0] = 3600.0  # past the delay: the next result ends the wait
     completer.succeeded(job[1], "w")  # type: ignore[arg-type]
-    await asyncio.sleep(0.01)
+    await asyncio.wait_for(wrote.wait(), 10)
     assert [ids for ids, _ in written] == [[0, 1]]
-    assert written[0][1] - start < 2 * delay
+    completer.close()
+    await run
     # No result after this one: the timer writes it, at twice the delay.
+    monkeypatch.undo()
+    delay = 0.05
+    wrote.clear()
+    completer = completer_of(delay)
+    run = asyncio.create_task(completer.run())
     alone = time.monotonic()
     completer.succeeded(job[2], "w")  # type: ignore[arg-type]
-    await asyncio.sleep(delay * 1.5)
-    assert len(written) == 1
-    await asyncio.sleep(delay)
+    await asyncio.wait_for(wrote.wait(), 10)
     assert [ids for ids, _ in written] == [[0, 1], [2]]
     assert written[1][1] - alone >= 2 * delay * 0.9
     completer.close()
