@@ -10,8 +10,8 @@ warmer or a busier server). For each drain it measures the
 worker's CPU time (its process) and the server's (every PostgreSQL process:
 the postmaster's reaped children and the live ones), per job::
 
-    git archive 892a8b0 | tar -x -C /tmp/gw_base
-    python bench/fetch_cost.py --base /tmp/gw_base --jobs 200000 --rounds 5
+    mkdir base && git archive 892a8b0 | tar -x -C base
+    python bench/fetch_cost.py --base base --jobs 200000 --rounds 5
 
 A drain's CPU varies by a few percent from run to run on a shared machine;
 ``--fetch-only N`` times the two fetch statements alone, in turn in one

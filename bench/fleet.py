@@ -16,6 +16,9 @@ here, are not):
   adds to the postmaster's children's times), read from ``/proc``; so the
   server must run on this machine (the throwaway one, or
   ``TEST_DATABASE_URL`` naming a local one);
+- write transactions per 1,000 jobs (transaction ids the server handed
+  out) and WAL bytes per job (its insert position moved): what commits and
+  writes each job costs the server, whoever sent them;
 - lock waits: ``pg_stat_activity`` sampled every 20 ms; of the active
   backends of the benchmark's database, the share waiting on a heavyweight
   lock (``Lock``) or a lightweight one (``LWLock``), and the most frequent
@@ -131,6 +134,19 @@ class Figures:
     lock: dict[int, list[float]] = field(default_factory=dict)
     lwlock: dict[int, list[float]] = field(default_factory=dict)
     events: dict[int, collections.Counter[str]] = field(default_factory=dict)
+    xacts: dict[int, list[float]] = field(default_factory=dict)
+    wal: dict[int, list[float]] = field(default_factory=dict)
+
+
+def _server_counters(conn: psycopg.Connection[Any]) -> tuple[int, int]:
+    """The next transaction id and the WAL insert position (bytes): both move
+    at once, unlike the cumulative statistics, which backends send lazily."""
+    row = conn.execute(
+        "select pg_snapshot_xmax(pg_current_snapshot())::text::bigint, "
+        "pg_current_wal_insert_lsn() - '0/0'::pg_lsn"
+    ).fetchone()
+    assert row is not None
+    return int(row[0]), int(row[1])
 
 
 def _worker_cpu(pids: list[int]) -> float:
@@ -162,11 +178,12 @@ def drain(
     concurrency: int,
     pool_size: int,
     extra: Sequence[str] = (),
-) -> tuple[float, float, float, WaitSampler]:
+) -> tuple[float, float, float, float, float, WaitSampler]:
     """One drain by long-running workers, started and idle first (their
     start-up is not measured): jobs/s from the commit of the jobs to the
     empty queue, the workers' CPU and PostgreSQL's CPU over that time (s per
-    1,000 jobs), and the wait samples."""
+    1,000 jobs), write transactions per 1,000 jobs, WAL bytes per job, and the
+    wait samples."""
     url = fresh_database(pg, system, "gw_bench")
     args = ("-j", str(concurrency), "--max-pool-size", str(pool_size), *extra)
     procs = [system.start(url, *args) for _ in range(processes)]
@@ -186,6 +203,7 @@ def drain(
             # Committed: the workers are told. (The add's own work is not counted.)
             start = time.perf_counter()
             cpu_before, pg_before = _worker_cpu(pids), server_cpu(postmaster)
+            xid_before, wal_before = _server_counters(conn)
             sampler.start()
             while conn.execute(
                 "select exists (select from graphile_worker._private_jobs)"
@@ -193,6 +211,7 @@ def drain(
                 time.sleep(0.01)
             wall = time.perf_counter() - start
             cpu_after, pg_after = _worker_cpu(pids), server_cpu(postmaster)
+            xid_after, wal_after = _server_counters(conn)
             sampler.stop.set()
             sampler.join()
     finally:
@@ -204,6 +223,8 @@ def drain(
         jobs / wall,
         (cpu_after - cpu_before) / jobs * 1000,
         (pg_after - pg_before) / jobs * 1000,
+        (xid_after - xid_before) / jobs * 1000,
+        (wal_after - wal_before) / jobs,
         sampler,
     )
 
@@ -260,20 +281,23 @@ def main() -> None:
                 order = systems if (round_ + count) % 2 == 0 else systems[::-1]
                 for system in order:
                     extra = args.py_args.split() if system.name == "python" else []
-                    rate, cpu, pg_cpu, sampler = drain(
+                    rate, cpu, pg_cpu, xacts, wal, sampler = drain(
                         pg, system, args.jobs, count, args.concurrency, args.max_pool_size, extra
                     )
                     f = figures[system.name]
                     f.rate.setdefault(count, []).append(rate)
                     f.cpu.setdefault(count, []).append(cpu)
                     f.pg_cpu.setdefault(count, []).append(pg_cpu)
+                    f.xacts.setdefault(count, []).append(xacts)
+                    f.wal.setdefault(count, []).append(wal)
                     f.lock.setdefault(count, []).append(100 * sampler.share("Lock"))
                     f.lwlock.setdefault(count, []).append(100 * sampler.share("LWLock"))
                     f.events.setdefault(count, collections.Counter()).update(sampler.waits)
                     print(
                         f"round {round_ + 1}, {count} process(es), {system.name}: "
                         f"{rate:,.0f} jobs/s, worker CPU {cpu:.3f} s/1k, PostgreSQL CPU "
-                        f"{pg_cpu:.3f} s/1k, waits Lock {sampler.share('Lock'):.1%} "
+                        f"{pg_cpu:.3f} s/1k, {xacts:.1f} transactions/1k, "
+                        f"WAL {wal:,.0f} B/job, waits Lock {sampler.share('Lock'):.1%} "
                         f"LWLock {sampler.share('LWLock'):.1%}",
                         file=sys.stderr,
                         flush=True,
@@ -284,13 +308,15 @@ def main() -> None:
         f"\n{args.jobs:,} jobs, -j {args.concurrency} --max-pool-size {args.max_pool_size} per "
         f"process, {args.rounds} rounds "
         "(median [min-max]); worker and PostgreSQL CPU in s per 1,000 jobs; waits: share of "
-        "the active backends' samples waiting on a Lock / LWLock\n"
+        "the active backends' samples waiting on a Lock / LWLock; write transactions per "
+        "1,000 jobs; WAL bytes per job\n"
     )
     print(
         "| processes | system | jobs/s | / node | / node, batching | worker CPU | "
-        "PostgreSQL CPU | Lock waits % | LWLock waits % | most frequent waits |"
+        "PostgreSQL CPU | transactions / 1k | WAL B / job | Lock waits % | LWLock waits % | "
+        "most frequent waits |"
     )
-    print("|---" * 10 + "|")
+    print("|---" * 12 + "|")
     for count in counts:
         for s in systems:
             f = figures[s.name]
@@ -302,6 +328,7 @@ def main() -> None:
             print(
                 f"| {count} | {s.name} | {_fmt(f.rate[count])} | {vs[0]} | {vs[1]} | "
                 f"{_fmt(f.cpu[count], 3)} | {_fmt(f.pg_cpu[count], 3)} | "
+                f"{_fmt(f.xacts[count], 1)} | {_fmt(f.wal[count])} | "
                 f"{_fmt(f.lock[count], 1)} | {_fmt(f.lwlock[count], 1)} | {top} |"
             )
     best = max(statistics.median(v) for v in figures["python"].rate.values())

@@ -134,7 +134,12 @@ VARIANTS = {
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--bench-dir", type=Path, default=REPO.parent / "shared" / "bench")
-    parser.add_argument("--anchors-dir", type=Path, default=Path("/tmp/anchors"))
+    parser.add_argument(
+        "--anchors-dir",
+        type=Path,
+        # Where the shared harness's setup.sh installs the other queues (its ANCHORS_DIR).
+        default=Path(os.environ.get("ANCHORS_DIR") or Path(tempfile.gettempdir(), "anchors")),
+    )
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument(
         "--warmup", type=int, default=1, help="rounds run first and not counted (cold caches)"

@@ -22,6 +22,7 @@ import pytest
 from dbhelpers import rows, value
 
 from worker_cli import Helpers, Runner, WorkerUtils, run, run_once
+from worker_cli.config.options import WorkerOptions
 from worker_cli.sql import compose
 from worker_cli.sql import fetch as fetch_sql
 from worker_cli.worker.pipeline.fetcher import Fetcher
@@ -315,7 +316,7 @@ async def test_a_backlog_is_fetched_in_full_batches_within_a_few_fetches(
     """Fetching ahead follows the rate jobs finish at: a backlog of fast jobs
     must reach fetches of the whole local queue quickly, not after thousands
     of jobs fetched a dozen at a time. What "the whole" is depends on the
-    machine (rate x the 50 ms horizon: a loaded machine finishing 4,000
+    machine (rate x the 200 ms horizon: a loaded machine finishing 1,000
     trivial jobs a second rightly holds 200 ahead), so the bound is the
     drain's own rate's."""
     rows(
@@ -342,9 +343,9 @@ async def test_a_backlog_is_fetched_in_full_batches_within_a_few_fetches(
     )
     rate = 5000 / (time.monotonic() - started)
     assert value(db, "select count(*) from graphile_worker.jobs") == 0
-    # A fetch asks for the idle slots plus up to 500 ahead (rate x 50 ms),
+    # A fetch asks for the idle slots plus up to 500 ahead (rate x 200 ms),
     # less what is buffered: within 15 fetches, at least half of that.
-    target = min(500, rate * 0.05)
+    target = min(500, rate * WorkerOptions().local_queue_horizon)
     assert max(limits[:15]) >= target / 2, (limits[:15], round(rate))
 
 

@@ -55,6 +55,8 @@ MAX_LOCAL_QUEUE_SIZE = 100_000
 MAX_POLL_INTERVAL = 3600
 #: Seconds a batch of results may wait (``--complete-job-batch-delay``).
 MAX_BATCH_DELAY = 10
+#: Seconds: the longest --local-queue-horizon (the field also takes math.inf).
+MAX_LOCAL_QUEUE_HORIZON = 60
 #: Seconds between heartbeats (``--heartbeat-interval``, an hour).
 MAX_HEARTBEAT_INTERVAL = 3600
 #: Seconds of silence before a pool is declared dead (``--heartbeat-timeout``, a day).
@@ -97,8 +99,11 @@ class WorkerOptions:
     #: crashed worker holds at most this many jobs plus the running ones.
     local_queue_size: int = 1000
     #: Seconds of work (at the measured rate) the local queue aims to hold;
-    #: ``math.inf`` keeps it always full.
-    local_queue_horizon: float = 0.05
+    #: ``math.inf`` keeps it always full. (0.05 until 2026-12: each of a fleet
+    #: of workers, finishing a few thousand jobs a second, then fetched a few
+    #: dozen at a time, and 16 processes drained at 0.7x the rate of one;
+    #: docs/performance.md, "A fleet".)
+    local_queue_horizon: float = 0.2
     #: Seconds a batch of job results may wait for more results to join it
     #: while the pool is busy (one statement and one commit for all of them);
     #: 0 writes whatever has finished as soon as the previous write is done.
@@ -187,6 +192,10 @@ class WorkerOptions:
         _check_range("poll_interval", self.poll_interval, 0, MAX_POLL_INTERVAL, "s", low_open=True)
         _check_range("max_pool_size", self.max_pool_size, 2, MAX_POOL_SIZE)
         _check_range("local_queue_size", self.local_queue_size, 0, MAX_LOCAL_QUEUE_SIZE)
+        if not self.local_queue_horizon >= 0:  # math.inf keeps the queue full
+            raise ValueError(
+                f"local_queue_horizon must be 0s or more, not {self.local_queue_horizon!r}"
+            )
         _check_range(
             "complete_job_batch_delay", self.complete_job_batch_delay, 0, MAX_BATCH_DELAY, "s"
         )
@@ -319,9 +328,21 @@ FLAGS: tuple[Flag, ...] = (
         envvar="GRAPHILE_WORKER_LOCAL_QUEUE_SIZE",
         low=0,
         high=MAX_LOCAL_QUEUE_SIZE,
-        help="Most jobs fetched ahead of free slots (about 50 ms of work at the current "
-        "rate is kept; 0: fetch only for idle slots). A crashed worker holds at most "
+        help="Most jobs fetched ahead of free slots (--local-queue-horizon of work at the "
+        "current rate is kept; 0: fetch only for idle slots). A crashed worker holds at most "
         "this many plus -j jobs until their locks expire.",
+    ),
+    Flag(
+        "local_queue_horizon",
+        ("--local-queue-horizon",),
+        envvar="GRAPHILE_WORKER_LOCAL_QUEUE_HORIZON",
+        metavar="MS",
+        scale=1000,
+        low=0,
+        high=MAX_LOCAL_QUEUE_HORIZON * 1000,
+        help="Milliseconds of work (at the rate jobs finish now) to fetch ahead of free "
+        "slots, up to --local-queue-size jobs: more means fewer, larger fetches; less, "
+        "that a worker holds fewer jobs other workers could run.",
     ),
     Flag(
         "complete_job_batch_delay",

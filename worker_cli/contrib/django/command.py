@@ -67,6 +67,7 @@ __all__ = ["command"]
 @worker_option("concurrency")
 @worker_option("max_pool_size")
 @worker_option("local_queue_size")
+@worker_option("local_queue_horizon")
 @worker_option("complete_job_batch_delay")
 @worker_option("poll_interval")
 @worker_option("no_prepared_statements")
