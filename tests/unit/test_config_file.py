@@ -146,7 +146,7 @@ def test_file_then_environment_then_command_line(worker: Captured, tmp_path: Pat
 def test_without_a_file_the_defaults_apply(worker: Captured) -> None:
     assert invoke().exit_code == 0
     settings = worker.settings
-    assert settings["local_queue_size"] == 1000 and settings["use_local_time"] is False
+    assert settings["local_queue_size"] == 4000 and settings["use_local_time"] is False
     assert settings["task_directory"] == Path("tasks")
 
 

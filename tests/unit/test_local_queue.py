@@ -81,6 +81,18 @@ def test_a_fleet_member_fetches_hundreds_of_jobs_at_a_time_by_default() -> None:
     assert refill_below >= 250
 
 
+def test_a_fast_drain_fetches_thousands_of_jobs_at_a_time_by_default() -> None:
+    """One process draining 60,000 trivial jobs a second: its fetches bring
+    thousands of jobs (a fetch of 500, refilled at 500 left, left the pool
+    waiting for its next fetch: 0.79x the rate; docs/performance.md)."""
+    defaults = WorkerOptions()
+    count, refill_below = plan(
+        size=defaults.local_queue_size, horizon=defaults.local_queue_horizon, rate=60_000
+    )
+    assert count >= 4000
+    assert refill_below >= 2000
+
+
 def test_the_rate_is_an_average_that_follows_the_count() -> None:
     now = [0.0]
     rate = Rate(clock=lambda: now[0])

@@ -4,7 +4,7 @@
    with one autocommit statement, so no job starts before its lock is
    committed, and puts them in
 2. the **local queue** (``pipeline/local_queue.py``), highest priority first,
-   holding about 50 ms of work ahead at the rate jobs finish;
+   holding about 200 ms of work ahead at the rate jobs finish;
 3. N **slots** (``pipeline/slots.py``) take jobs from it and run their tasks
    (``async def`` inline; plain ``def`` in the slot's thread,
    ``pipeline/task_threads.py``, which goes on with the plain jobs after it),
