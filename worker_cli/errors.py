@@ -149,3 +149,28 @@ class JobLost(GraphileWorkerError):
     before writing one, or the job was removed from the queue (or failed for
     good by an administrator) before it ran again. Where a result is kept per
     attempt (a Django ``TaskResult``), it is that attempt's error."""
+
+
+class ProcessDied(RuntimeError):
+    """The worker process running a ``@task_options(process=True)`` task's job
+    ended before the job did (its exit code or signal in the message): the
+    attempt fails with it, alone. A retry policy can tell it apart (a task that
+    crashes its process every time may not be worth retrying)."""
+
+
+class HelperUnavailable(AttributeError):
+    """A helper that a task run in a worker process (``process=True``) does
+    not have; the message names it and the ones it has."""
+
+    def __init__(self, name: str, available: tuple[str, ...]) -> None:
+        super().__init__(
+            f"helpers.{name} is not available to a task run in a worker process "
+            f"(process=True): it has helpers.{', helpers.'.join(available)}; run the task "
+            "in a thread (no process=True) to use the others"
+        )
+        #: The helper asked for, and the ones such a task has.
+        self.helper, self.available = name, available
+
+    def __reduce__(self) -> tuple[type[HelperUnavailable], tuple[str, tuple[str, ...]]]:
+        # Raised in the worker process, pickled back to the worker.
+        return type(self), (self.helper, self.available)

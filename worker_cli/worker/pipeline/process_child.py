@@ -34,12 +34,13 @@ import traceback
 from multiprocessing.connection import Connection
 from typing import Any
 
+from ...errors import HelperUnavailable
 from ...jobs.job import Job
 from ...jobs.last_error import describe
 from ...tasks.helpers import check_progress
 from ...tasks.loader import TaskFunction, TaskLocation, load_located
 
-__all__ = ["AVAILABLE", "ChildHelpers", "HelperUnavailable", "child_main"]
+__all__ = ["AVAILABLE", "ChildHelpers", "child_main"]
 
 #: What a task run in a process has of its helpers.
 AVAILABLE = (
@@ -56,17 +57,6 @@ AVAILABLE = (
 
 #: Seconds between two progress reports sent to the worker (the last is always sent).
 _PROGRESS_EVERY = 0.1
-
-
-class HelperUnavailable(AttributeError):
-    """A helper a task run in a worker process does not have."""
-
-    def __init__(self, name: str) -> None:
-        super().__init__(
-            f"helpers.{name} is not available to a task run in a worker process "
-            f"(process=True): it has helpers.{', helpers.'.join(AVAILABLE)}; run the task "
-            "in a thread (no process=True) to use the others"
-        )
 
 
 class ChildLogger:
@@ -134,7 +124,7 @@ class ChildHelpers:
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__"):
             raise AttributeError(name)
-        raise HelperUnavailable(name)
+        raise HelperUnavailable(name, AVAILABLE)
 
     def raise_if_cancelled(self) -> None:
         """Never raises here: a cancelled job's process is ended."""

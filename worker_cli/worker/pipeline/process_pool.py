@@ -38,12 +38,13 @@ from collections.abc import Callable, Mapping
 from multiprocessing.connection import Connection
 from typing import Any
 
+from ...errors import ProcessDied
 from ...jobs.last_error import describe
 from ...tasks.helpers import Helpers
 from ...tasks.loader import Task, TaskLocation
 from .process_child import child_main
 
-__all__ = ["ProcessDied", "ProcessPool", "ProcessTraceback", "default_size"]
+__all__ = ["ProcessPool", "ProcessTraceback", "default_size"]
 
 logger = logging.getLogger("graphile_worker")
 
@@ -58,10 +59,6 @@ def default_size(processes: int | None, concurrency: int) -> int:
     """How many processes a worker runs: ``--processes`` (default: one per
     CPU), never more than its slots (``-j``), which is as many as may be busy."""
     return max(1, min(processes or os.cpu_count() or 1, concurrency))
-
-
-class ProcessDied(RuntimeError):
-    """The worker process running the job ended before the job did."""
 
 
 class ProcessTraceback(Exception):
