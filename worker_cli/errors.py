@@ -171,6 +171,6 @@ class HelperUnavailable(AttributeError):
         #: The helper asked for, and the ones such a task has.
         self.helper, self.available = name, available
 
-    def __reduce__(self) -> tuple[type[HelperUnavailable], tuple[str, tuple[str, ...]]]:
+    def __reduce__(self) -> tuple[Any, ...]:
         # Raised in the worker process, pickled back to the worker.
-        return type(self), (self.helper, self.available)
+        return rebuilt, (type(self), self.args, self.__dict__)
