@@ -33,7 +33,7 @@ ERRORS = "graphile_worker._private_py_job_errors"
 CPU_TASK = """\
 import multiprocessing, os, signal, threading, time
 from pathlib import Path
-from worker_cli import Cancel, Snooze, task_options
+from worker_cli import Cancel, ProcessDied, RetryPolicy, Snooze, task_options
 
 
 @task_options(process=True{options})
@@ -235,6 +235,23 @@ def test_results_errors_and_crashes_come_back_to_their_job_alone(db: str, tmp_pa
         (first,),
     )
     assert (progress["done"], progress["total"], progress["message"]) == (3, 4, "three of four")
+
+
+def test_a_retry_policy_tells_a_crashed_process_from_an_error(db: str, tmp_path: Path) -> None:
+    """A job whose process died is failed with ``worker_cli.ProcessDied``: a
+    policy that does not retry it fails that job for good at once, and only
+    that one (a task error is retried as usual)."""
+    folder = write_task(tmp_path, ", retry=RetryPolicy(dont_retry_on=(ProcessDied,))")
+    exit_id = add(db, "exit", max_attempts=3)
+    raise_id = add(db, "raise", max_attempts=3)
+    once(db, folder, "-j", "2", "--processes", "1")
+
+    crashed = outcome(db, exit_id)
+    assert crashed["last_error"].startswith("ProcessDied: the worker process (pid ")
+    assert crashed["attempts"] == 3  # failed for good after its one attempt
+    retried = outcome(db, raise_id)
+    assert retried["last_error"] == "ValueError: boom in child"
+    assert retried["attempts"] == 1  # to be tried again
 
 
 def test_a_timeout_kills_its_process_and_another_takes_its_place(db: str, tmp_path: Path) -> None:
