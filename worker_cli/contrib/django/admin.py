@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable, Sequence
+from datetime import datetime
 from typing import Any, TypeVar, cast
 
 import psycopg
@@ -198,6 +199,12 @@ class _AttemptFields:
     def last_error_shown(self, job: Job | FinishedJob) -> str:
         return _pre(job.last_error, "error")
 
+    @_display(description="run at")
+    def run_at_shown(self, job: Job | FinishedJob) -> datetime | str:
+        """``run_at``; "infinite" for ``infinity`` and ``-infinity`` (read as
+        None: see :class:`~.models.MaybeInfinite`)."""
+        return "infinite" if job.run_at is None else job.run_at
+
 
 class JobAdmin(_AttemptFields, QueueAdmin):
     """The jobs in the queue (waiting, scheduled, retrying, paused, running,
@@ -210,7 +217,7 @@ class JobAdmin(_AttemptFields, QueueAdmin):
         "job_queue",
         "state_shown",
         "attempts_shown",
-        "run_at",
+        "run_at_shown",
         "error_shown",
     )
     list_display_links = ("id",)
@@ -228,7 +235,7 @@ class JobAdmin(_AttemptFields, QueueAdmin):
                 "fields": (
                     ("state_shown", "attempts_shown", "priority"),
                     ("task", "job_queue", "key"),
-                    ("run_at", "created_at", "updated_at"),
+                    ("run_at_shown", "created_at", "updated_at"),
                     ("locked_by", "locked_at"),
                 )
             },
@@ -239,6 +246,7 @@ class JobAdmin(_AttemptFields, QueueAdmin):
     readonly_fields = (
         "state_shown",
         "attempts_shown",
+        "run_at_shown",
         "payload_shown",
         "last_error_shown",
         "attempt_errors_shown",
@@ -465,7 +473,7 @@ class FinishedJobAdmin(_AttemptFields, QueueAdmin):
                 "fields": (
                     ("state", "attempts_shown", "priority"),
                     ("task_identifier", "queue_name", "key"),
-                    ("created_at", "run_at", "started_at", "finished_at"),
+                    ("created_at", "run_at_shown", "started_at", "finished_at"),
                     ("pool_id", "timed_out"),
                     ("cancel_requested_at", "cancel_reason"),
                     ("removed_by", "expires_at"),
@@ -477,6 +485,7 @@ class FinishedJobAdmin(_AttemptFields, QueueAdmin):
     )
     readonly_fields = (
         "attempts_shown",
+        "run_at_shown",
         "result_shown",
         "last_error_shown",
         "attempt_errors_shown",

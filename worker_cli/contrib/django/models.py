@@ -83,6 +83,17 @@ class JsonValue(models.Field):  # type: ignore[misc]
         return "JsonValue"
 
 
+class MaybeInfinite(models.DateTimeField):  # type: ignore[misc]
+    """A ``timestamptz`` column that may hold ``infinity`` or ``-infinity``
+    (SQL's ``add_job(run_at := 'infinity')`` parks a job), which a Python
+    datetime cannot: read as None then (the admin shows "infinite"), so one
+    such row breaks no page. Filters and the state see the stored value."""
+
+    def select_format(self, compiler: Any, sql: str, params: Any) -> tuple[str, Any]:
+        sql, params = super().select_format(compiler, sql, params)
+        return f"(case when isfinite({sql}) then {sql} end)", (*params, *params)
+
+
 class QueueManager(models.Manager):  # type: ignore[misc]
     """Reads from the queue's database (:data:`DATABASE`), whatever the routers say."""
 
@@ -179,7 +190,7 @@ class Job(models.Model):  # type: ignore[misc]
     )
     payload = JsonValue()
     priority = models.SmallIntegerField()
-    run_at = models.DateTimeField()
+    run_at = MaybeInfinite(null=True)
     attempts = models.SmallIntegerField()
     max_attempts = models.SmallIntegerField()
     last_error = models.TextField(null=True)
@@ -231,7 +242,7 @@ class FinishedJob(models.Model):  # type: ignore[misc]
     result_error = models.TextField(null=True)
     last_error = models.TextField(null=True)
     created_at = models.DateTimeField()
-    run_at = models.DateTimeField()
+    run_at = MaybeInfinite(null=True)
     started_at = models.DateTimeField(null=True)
     finished_at = models.DateTimeField()
     pool_id = models.TextField(null=True)
