@@ -278,15 +278,17 @@ def test_json_python_cannot_read_breaks_no_page(queue: str) -> None:
     assert said(client.get(done["Location"])) == ["success: Paused 1 schedule: odd"]
 
 
-def test_a_job_run_at_infinity_breaks_no_page(queue: str) -> None:
-    """``run_at`` of ``infinity`` (a parked job) or ``-infinity`` (SQL's
-    add_job takes both), which a Python datetime cannot hold: the lists and
-    the jobs' pages show it as "infinite", the state from the stored value,
-    and the actions work on it."""
-    parked, early, plain = add(queue), add(queue), add(queue)
+def test_a_run_at_python_cannot_hold_breaks_no_page(queue: str) -> None:
+    """``run_at`` of ``infinity`` (a parked job), ``-infinity``, a year BC or
+    past 9999 (SQL's add_job takes them all), which a Python datetime cannot
+    hold: the lists and the jobs' pages show it as stored, the state comes
+    from the stored value, and the actions work on it."""
+    parked, early, bc, plain = add(queue), add(queue), add(queue), add(queue)
     with psycopg.connect(queue, autocommit=True) as conn:
+        conn.execute("set timezone = 'UTC'")
         conn.execute(f"update {JOBS} set run_at = 'infinity' where id = %s", [parked])
         conn.execute(f"update {JOBS} set run_at = '-infinity' where id = %s", [early])
+        conn.execute(f"update {JOBS} set run_at = '0044-03-15 BC' where id = %s", [bc])
         conn.execute(
             f"insert into {HISTORY} (job_id, state, task_identifier, priority, attempts, "
             "max_attempts, revision, created_at, run_at, finished_at, expires_at) "
@@ -296,15 +298,17 @@ def test_a_job_run_at_infinity_breaks_no_page(queue: str) -> None:
     client = staff_client(superuser=True)
     listed = client.get(LIST)
     assert listed.status_code == 200
-    assert cells(listed, "id") == [str(plain), str(early), str(parked)]
-    assert cells(listed, "run_at_shown")[1:] == ["infinite", "infinite"]
-    assert cells(listed, "state_shown")[1:] == ["waiting", "scheduled"]
-    for job_id in (parked, early):
+    assert cells(listed, "id") == [str(plain), str(bc), str(early), str(parked)]
+    shown = cells(listed, "run_at_shown")
+    assert shown[1:] == ["0044-03-15 00:00:00+00 BC", "-infinity", "infinity"], shown
+    assert str(dt.datetime.now(dt.UTC).year) in shown[0]  # a date, as Django shows one
+    assert cells(listed, "state_shown")[1:] == ["waiting", "waiting", "scheduled"]
+    for job_id, stored in ((parked, "infinity"), (early, "-infinity")):
         page = client.get(f"{LIST}{job_id}/change/")
-        assert page.status_code == 200 and "infinite" in page.content.decode()
+        assert page.status_code == 200 and f">{stored}<" in page.content.decode()
     assert cells(client.get(FINISHED), "job_id") == ["7"]
     page = client.get(f"{FINISHED}7/change/")
-    assert page.status_code == 200 and "infinite" in page.content.decode()
+    assert page.status_code == 200 and ">-infinity<" in page.content.decode()
     done = act(client, "retry_jobs", [parked])
     assert said(client.get(done["Location"])) == [f"success: Retried 1 job: {parked}"]
     assert value(queue, f"select run_at <= now() from {JOBS} where id = %s", [parked]) is True

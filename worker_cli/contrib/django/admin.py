@@ -66,7 +66,7 @@ from .admin_lists import (
     QueueFilter,
     TaskFilter,
 )
-from .models import DATABASE, FinishedJob, Job, Schedule
+from .models import DATABASE, FinishedJob, Job, Schedule, stored_text
 
 __all__ = ["FinishedJobAdmin", "JobAdmin", "ScheduleAdmin", "register"]
 
@@ -201,9 +201,10 @@ class _AttemptFields:
 
     @_display(description="run at")
     def run_at_shown(self, job: Job | FinishedJob) -> datetime | str:
-        """``run_at``; "infinite" for ``infinity`` and ``-infinity`` (read as
-        None: see :class:`~.models.MaybeInfinite`)."""
-        return "infinite" if job.run_at is None else job.run_at
+        """``run_at``; as stored (``infinity``, ``-infinity``, a year past
+        9999) where a Python datetime cannot hold it (see
+        :class:`~.models.StoredTimestamp`)."""
+        return job.run_at if job.run_at is not None else str(job.run_at_stored)
 
 
 class JobAdmin(_AttemptFields, QueueAdmin):
@@ -253,7 +254,13 @@ class JobAdmin(_AttemptFields, QueueAdmin):
     )
 
     def get_queryset(self, request: HttpRequest) -> Any:
-        return super().get_queryset(request).with_state().select_related("task", "job_queue")
+        return (
+            super()
+            .get_queryset(request)
+            .with_state()
+            .select_related("task", "job_queue")
+            .annotate(run_at_stored=stored_text("run_at"))
+        )
 
     def list_columns(self, queryset: Any) -> Any:
         return queryset.defer("last_error", "flags").annotate(
@@ -490,6 +497,9 @@ class FinishedJobAdmin(_AttemptFields, QueueAdmin):
         "last_error_shown",
         "attempt_errors_shown",
     )
+
+    def get_queryset(self, request: HttpRequest) -> Any:
+        return super().get_queryset(request).annotate(run_at_stored=stored_text("run_at"))
 
     def indexed_search(self, term: str) -> bool:
         return term.isdigit() and len(term) <= 18

@@ -24,10 +24,12 @@ is in each ``db_table``.
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
 from django.db import models
+from django.db.models.functions import Cast
 from django.tasks import DEFAULT_TASK_BACKEND_ALIAS, InvalidTaskBackend, task_backends
 from django.utils.module_loading import import_string
 
@@ -44,7 +46,9 @@ __all__ = [
     "JobQueue",
     "JobTask",
     "Schedule",
+    "StoredTimestamp",
     "queue_place",
+    "stored_text",
 ]
 
 
@@ -83,15 +87,40 @@ class JsonValue(models.Field):  # type: ignore[misc]
         return "JsonValue"
 
 
-class MaybeInfinite(models.DateTimeField):  # type: ignore[misc]
-    """A ``timestamptz`` column that may hold ``infinity`` or ``-infinity``
-    (SQL's ``add_job(run_at := 'infinity')`` parks a job), which a Python
-    datetime cannot: read as None then (the admin shows "infinite"), so one
-    such row breaks no page. Filters and the state see the stored value."""
+#: The stored timestamps a Python datetime holds, a day inside its years 1 to
+#: 9999 (the site's time zone moves them by hours).
+PYTHON_DATES = (
+    datetime(1, 1, 2, tzinfo=UTC),
+    datetime(9999, 12, 30, 23, 59, 59, 999999, tzinfo=UTC),
+)
+
+
+class StoredTimestamp(models.DateTimeField):  # type: ignore[misc]
+    """A ``timestamptz`` column that may hold what a Python datetime cannot:
+    ``infinity`` or ``-infinity`` (SQL's ``add_job(run_at := 'infinity')``
+    parks a job), a date before year 1 or after 9999. Read as None then (see
+    :func:`stored_text` for what to show), so one such row breaks no page;
+    filters, ordering and the state read the stored value."""
 
     def select_format(self, compiler: Any, sql: str, params: Any) -> tuple[str, Any]:
         sql, params = super().select_format(compiler, sql, params)
-        return f"(case when isfinite({sql}) then {sql} end)", (*params, *params)
+        low, high = (value.isoformat() for value in PYTHON_DATES)
+        return (
+            f"(case when {sql} between '{low}'::timestamptz and '{high}'::timestamptz "
+            f"then {sql} end)",
+            (*params, *params),
+        )
+
+
+def stored_text(field: str) -> Any:
+    """The stored value of a :class:`StoredTimestamp` field as PostgreSQL
+    writes it (``infinity``, ``12000-01-01 00:00:00+00``) where the field reads
+    None for it; null for every other row."""
+    return models.Case(
+        models.When(**{f"{field}__range": PYTHON_DATES}, then=models.Value(None)),
+        default=Cast(field, models.TextField()),
+        output_field=models.TextField(),
+    )
 
 
 class QueueManager(models.Manager):  # type: ignore[misc]
@@ -190,7 +219,7 @@ class Job(models.Model):  # type: ignore[misc]
     )
     payload = JsonValue()
     priority = models.SmallIntegerField()
-    run_at = MaybeInfinite(null=True)
+    run_at = StoredTimestamp(null=True)
     attempts = models.SmallIntegerField()
     max_attempts = models.SmallIntegerField()
     last_error = models.TextField(null=True)
@@ -242,7 +271,7 @@ class FinishedJob(models.Model):  # type: ignore[misc]
     result_error = models.TextField(null=True)
     last_error = models.TextField(null=True)
     created_at = models.DateTimeField()
-    run_at = MaybeInfinite(null=True)
+    run_at = StoredTimestamp(null=True)
     started_at = models.DateTimeField(null=True)
     finished_at = models.DateTimeField()
     pool_id = models.TextField(null=True)
