@@ -103,8 +103,8 @@ class WorkerOptions:
     #: Seconds of work (at the measured rate) the local queue aims to hold;
     #: ``math.inf`` keeps it always full. (0.05 until 2026-12: each of a fleet
     #: of workers, finishing a few thousand jobs a second, then fetched a few
-    #: dozen at a time, and 16 processes drained at 0.7x the rate of one;
-    #: docs/performance.md, "A fleet".)
+    #: dozen at a time, and 16 processes drained at 0.67x the rate of the best
+    #: count; docs/performance.md, "A fleet".)
     local_queue_horizon: float = 0.2
     #: Seconds a batch of job results may wait for more results to join it
     #: while the pool is busy (one statement and one commit for all of them);

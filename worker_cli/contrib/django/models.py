@@ -24,7 +24,6 @@ is in each ``db_table``.
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
@@ -33,6 +32,7 @@ from django.db.models.functions import Cast
 from django.tasks import DEFAULT_TASK_BACKEND_ALIAS, InvalidTaskBackend, task_backends
 from django.utils.module_loading import import_string
 
+from ...jobs.job_spec import RUN_AT_MAX, RUN_AT_MIN
 from ...sql import django_admin as admin_sql
 from ...sql import render
 from .backend import DEFAULT_OPTIONS, GraphileWorkerBackend
@@ -87,12 +87,10 @@ class JsonValue(models.Field):  # type: ignore[misc]
         return "JsonValue"
 
 
-#: The stored timestamps a Python datetime holds, a day inside its years 1 to
-#: 9999 (the site's time zone moves them by hours).
-PYTHON_DATES = (
-    datetime(1, 1, 2, tzinfo=UTC),
-    datetime(9999, 12, 30, 23, 59, 59, 999999, tzinfo=UTC),
-)
+#: The stored timestamps shown as datetimes: those a job's run_at may be set
+#: to from Python, a day inside a datetime's years 1 to 9999 (the site's time
+#: zone moves them by hours).
+PYTHON_DATES = (RUN_AT_MIN, RUN_AT_MAX)
 
 
 class StoredTimestamp(models.DateTimeField):  # type: ignore[misc]
