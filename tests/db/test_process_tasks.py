@@ -39,7 +39,10 @@ from worker_cli import Cancel, ProcessDied, RetryPolicy, Snooze, task_options
 @task_options(process=True{options})
 def task(payload, helpers):
     do = payload["do"]
-    Path(f"pid-{{helpers.job.id}}").write_text(str(os.getpid()))
+    # Written whole, then renamed: a test that sees the file can read the pid
+    # (the process may be killed right after).
+    Path(f"pid-{{helpers.job.id}}.part").write_text(str(os.getpid()))
+    os.replace(f"pid-{{helpers.job.id}}.part", f"pid-{{helpers.job.id}}")
     if do == "where":
         helpers.logger.info("counted %s in %s", 3, "a process")
         helpers.progress(3, 4, message="three of four")
@@ -156,7 +159,11 @@ def _status(pid: int) -> str:
 def _no_leftover_workers(tmp_path: Path) -> Any:
     yield
     kill_leftover_workers()
-    for pid_file in tmp_path.glob("pid-*"):  # a task's process a failed test left behind
+    # A task's process a failed test left behind (a "pid-N.part" is one that
+    # was killed before it had written its pid whole).
+    for pid_file in tmp_path.glob("pid-*"):
+        if pid_file.suffix == ".part":
+            continue
         pid = int(pid_file.read_text())
         if pid != os.getpid() and alive(pid):
             os.kill(pid, signal.SIGKILL)
