@@ -48,6 +48,7 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from ..db.backoff import RECONNECT, Backoff, one_line
 from ..db.connections import worker_conninfo
+from ..db.notifications import notifications
 from ..errors import ConfigurationError, GraphileWorkerError, JobSpecError
 from ..jobs.inside_worker import in_worker_task
 from ..jobs.job_state import FINAL_STATES, JobProgress, JobResult, check_job_id
@@ -343,7 +344,7 @@ class AsyncWaitListener:
                     failures = 0
                     self._tried.set()
                     self.watchers.wake_all()
-                    async for notify in conn.notifies():
+                    async for notify in notifications(conn):
                         self.watchers.notified(notify.payload)
             except Exception as exc:  # never ends by itself: waiters rely on it
                 self.listening = False

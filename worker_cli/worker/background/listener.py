@@ -37,6 +37,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from ...db.backoff import RECONNECT, one_line
 from ...db.connections import WorkerConnections
+from ...db.notifications import notifications
 from ...observe.events import Events
 from ...schema import channels
 from ...sql import listen as listen_sql
@@ -126,7 +127,7 @@ class Listener:
                     self._events.emit("pool:listen:success", pool=self._owner)
                     self._on_jobs()  # catch up on jobs added while we were not listening
                     async with self._probing():
-                        async for notify in conn.notifies():
+                        async for notify in notifications(conn):
                             self._notified(notify.channel, notify.payload)
                             # Let the fetcher send its query before psycopg goes on
                             # reading this connection: ~0.1 ms off add_job -> task start.
