@@ -208,3 +208,61 @@ async def test_a_sign_not_held_by_its_own_session_is_dropped(
         holder.close()
     assert caplog.text.count("does not hold the pool's session sign") == 1, caplog.text
     assert "is the connection string a pooler's in transaction mode?" in caplog.text
+
+
+class _CountedSweeps(Heartbeat):
+    """A pool's heartbeat that counts its looks for dead pools."""
+
+    sweeps = 0
+
+    def _reap(self) -> int:
+        self.sweeps += 1
+        return super()._reap()
+
+
+async def test_a_fleet_takes_turns_sweeping_and_still_finds_a_dead_pool(db: str) -> None:
+    """Eight pools (a 0.2 s tick each) sweep about four times a tick between
+    them, not eight; a pool whose session ends is still declared dead soon
+    after its grace."""
+    heartbeats = [
+        _CountedSweeps(
+            WorkerConnections(db, f"pool-{n}"),
+            schema="graphile_worker",
+            interval=0.2,
+            timeout=10,
+            on_released=lambda: None,
+            sign=SessionSign(f"pool-{n}", 0.5, enabled=True),
+        )
+        for n in range(8)
+    ]
+    session = psycopg.connect(db, autocommit=True)
+    try:
+        for heartbeat in heartbeats:
+            await heartbeat.start()
+        await asyncio.sleep(1.0)  # each has seen the others
+        before = sum(h.sweeps for h in heartbeats)
+        await asyncio.sleep(2.0)  # 10 ticks
+        swept = sum(h.sweeps for h in heartbeats) - before
+        # 80 if each swept every tick; about 40 when they take turns.
+        assert swept <= 60, swept
+
+        session.execute("select pg_advisory_lock(%s, %s)", (SIGN_CLASS, 4404))
+        job_id = add_other_pool(db, "pool-held", 4404)
+        await asyncio.sleep(0.5)
+        assert locked_by(db, job_id) == "pool-held"
+        session.close()  # its process dies
+        gone = asyncio.get_running_loop().time()
+
+        def released() -> bool:
+            return locked_by(db, job_id) is None
+
+        await asyncio.to_thread(wait_until, released, 10, "the dead pool's job to be released")
+        released_in = asyncio.get_running_loop().time() - gone
+    finally:
+        session.close()
+        for heartbeat in heartbeats:
+            heartbeat.stop()
+        for heartbeat in heartbeats:
+            await heartbeat.wait_stopped(5)
+    # Found missing within a sweep of the fleet, judged after the grace (0.5 s).
+    assert 0.5 <= released_in < 2.5, released_in

@@ -104,7 +104,7 @@ HEARTBEAT_REAP = """
       )
   ),
   judged as (
-    select h.pool_id, h.sign_key,
+    select h.pool_id, h.sign_key, h.beat_at >= now() - h.timeout as beating,
       h.sign_key is not null
         and h.sign_server_start = pg_catalog.pg_postmaster_start_time()
         and not exists (select 1 from held where held.objid = h.sign_key::oid) as sign_missing
@@ -208,7 +208,9 @@ HEARTBEAT_REAP = """
         'queues', (select count(*) from queues where queues.pool_id = dead.pool_id)
       ))
       from dead
-    )
+    ),
+    -- the other pools that look alive: how many share the sweeping
+    (select count(*) from judged where judged.beating and not judged.sign_missing)
 """
 
 # A pool stopping with jobs it could not write back keeps its row (others

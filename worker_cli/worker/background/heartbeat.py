@@ -10,7 +10,10 @@ that pool declared (:mod:`.session_sign`: a killed process's, seconds after
 the kill): it deletes the row and releases the dead pool's jobs and named
 queues (``heartbeats_sql.HEARTBEAT_REAP``). The attempt the dead pool counted when
 it fetched a job stays counted, and ``last_error`` says the pool was declared
-dead.
+dead. In a fleet of more than :data:`SWEEPERS` live pools each sweeps less
+often, at jittered times, so that the fleet as a whole still sweeps about
+:data:`SWEEPERS` times a tick: 16 idle pools swept 16 times a second, about
+1.3% of a 2-core machine between the workers and the server.
 
 The heartbeat runs in a thread of its own, on a connection of its own: tasks
 holding every pool connection, or an ``async def`` task blocking the event
@@ -50,6 +53,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import random
 import socket
 import threading
 import time
@@ -77,6 +81,10 @@ logger = logging.getLogger("graphile_worker")
 #: interval or session grace ticks faster): a killed pool's sign is found
 #: missing within a tick and judged a tick after its grace.
 TICK = 1.0
+#: Looks for dead pools the fleet as a whole makes per tick, about: with more
+#: live pools than this, each looks less often (every tick x pools /
+#: SWEEPERS, jittered), so that 16 idle pools do not sweep 16 times a second.
+SWEEPERS = 4
 
 
 @dataclass(frozen=True)
@@ -243,16 +251,24 @@ class Heartbeat:
         a new connection, which has just taken its sign); database errors are
         logged and retried sooner."""
         failures = 0
-        next_beat = time.monotonic() + self.interval
+        now = time.monotonic()
+        next_beat = now + self.interval
+        next_sweep = now + self._tick
         while not self._stopping.wait(
-            self._tick if not failures else min(self._tick, DEFAULT.delay(failures))
+            max(0.0, min(next_beat, next_sweep) - time.monotonic())
+            if not failures
+            else min(self._tick, DEFAULT.delay(failures))
         ):
-            beat = self._conn is None or time.monotonic() >= next_beat
+            now = time.monotonic()
+            beat = self._conn is None or now >= next_beat
+            sweep = failures > 0 or now >= next_sweep
             try:
                 if beat:
                     self._beat()
                     next_beat = time.monotonic() + self.interval
-                self._reap()
+                if sweep:
+                    others = self._reap()
+                    next_sweep = time.monotonic() + self._sweep_every(others)
                 failures = 0
             except Exception as exc:
                 failures += 1
@@ -328,9 +344,19 @@ class Heartbeat:
         if last is None or (now - last).total_seconds() > 2 * self.interval:
             self._watching_since = now
 
-    def _reap(self) -> None:
+    def _sweep_every(self, others: int) -> float:
+        """Seconds until this pool's next look for dead pools, with ``others``
+        live pools beside it: a tick, or with more than :data:`SWEEPERS` pools,
+        a share of their sweeping (jittered, so that they take turns)."""
+        pools = others + 1
+        if pools <= SWEEPERS:
+            return self._tick
+        return self._tick * pools / SWEEPERS * random.uniform(0.8, 1.2)
+
+    def _reap(self) -> int:
         """Declare dead the pools that are silent or whose session is gone, and
-        check that this pool's own sign is held by its own session."""
+        check that this pool's own sign is held by its own session. Returns
+        how many other pools look alive."""
         conn = self._connection()
         sign = self._sign
         with conn.transaction():  # (the setting is the transaction's)
@@ -345,7 +371,7 @@ class Heartbeat:
                 },
             ).fetchone()
         assert row is not None
-        own_sign, _notified, dead = row
+        own_sign, _notified, dead, others = row
         released = 0
         for pool in dead or ():
             released += pool["jobs"]
@@ -377,6 +403,7 @@ class Heartbeat:
                 "connection string a pooler's in transaction mode?)"
             )
             self._beat()  # records that the pool has no sign
+        return int(others)
 
     def _forget_sign(self) -> None:
         """A pool stopping with jobs it could not write back: its row stays
