@@ -229,6 +229,79 @@ def drain(
     )
 
 
+def idle(
+    pg: PgServer,
+    system: System,
+    processes: int,
+    concurrency: int,
+    pool_size: int,
+    seconds: float,
+    extra: Sequence[str] = (),
+) -> tuple[float, float]:
+    """What a fleet costs while it waits for jobs: the workers' CPU and
+    PostgreSQL's CPU over ``seconds`` with no job (milliseconds per second),
+    after their start-up."""
+    url = fresh_database(pg, system, "gw_bench")
+    args = ("-j", str(concurrency), "--max-pool-size", str(pool_size), *extra)
+    procs = [system.start(url, *args) for _ in range(processes)]
+    try:
+        with psycopg.connect(url, autocommit=True) as conn:
+            _listening(conn, processes)
+        time.sleep(2)  # their first fetches and heartbeats done
+        postmaster = postmaster_of(url)
+        pids = [p.pid for p in procs]
+        start = time.perf_counter()
+        cpu_before, pg_before = _worker_cpu(pids), server_cpu(postmaster)
+        time.sleep(seconds)
+        wall = time.perf_counter() - start
+        cpu_after, pg_after = _worker_cpu(pids), server_cpu(postmaster)
+    finally:
+        for p in procs:
+            p.send_signal(signal.SIGTERM)
+        codes = [p.wait(timeout=60) for p in procs]
+    assert codes == [0] * processes or system.name != "python", codes
+    return 1000 * (cpu_after - cpu_before) / wall, 1000 * (pg_after - pg_before) / wall
+
+
+def idle_table(
+    systems: list[System], counts: list[int], args: argparse.Namespace, pg: PgServer
+) -> None:
+    """``--idle``: each count's idle cost, rounds alternating the systems."""
+    worker: dict[tuple[str, int], list[float]] = collections.defaultdict(list)
+    server: dict[tuple[str, int], list[float]] = collections.defaultdict(list)
+    for round_ in range(args.rounds):
+        for count in counts:
+            order = systems if (round_ + count) % 2 == 0 else systems[::-1]
+            for system in order:
+                extra = args.py_args.split() if system.name.startswith("python") else []
+                ms, pg_ms = idle(
+                    pg, system, count, args.concurrency, args.max_pool_size, args.idle, extra
+                )
+                worker[system.name, count].append(ms)
+                server[system.name, count].append(pg_ms)
+                print(
+                    f"round {round_ + 1}, {count} idle process(es), {system.name}: workers "
+                    f"{ms:.1f} ms/s, PostgreSQL {pg_ms:.1f} ms/s",
+                    file=sys.stderr,
+                    flush=True,
+                )
+    pg.drop_database("gw_bench")
+    print(
+        f"\nIdle: -j {args.concurrency} --max-pool-size {args.max_pool_size} per process, "
+        f"CPU over {args.idle:g} s without jobs, {args.rounds} rounds (median [min-max]), "
+        "in ms of CPU per second (1,000 is one core)\n"
+    )
+    print("| processes | system | workers' CPU | PostgreSQL's CPU | workers' CPU / process |")
+    print("|---" * 5 + "|")
+    for count in counts:
+        for s in systems:
+            ms = worker[s.name, count]
+            print(
+                f"| {count} | {s.name} | {_fmt(ms, 1)} | {_fmt(server[s.name, count], 1)} | "
+                f"{_fmt([m / count for m in ms], 1)} |"
+            )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -258,29 +331,51 @@ def main() -> None:
         "'--complete-job-batch-delay 0.01'), to try a setting",
     )
     parser.add_argument("--no-node", action="store_true", help="this worker only")
+    parser.add_argument(
+        "--idle",
+        type=float,
+        metavar="SECONDS",
+        help="measure what the processes cost while they wait for jobs (CPU over SECONDS "
+        "without a job) instead of drains",
+    )
+    parser.add_argument(
+        "--compare-with",
+        metavar="DIR",
+        help="also this worker from another checkout (its worker_cli package), e.g. a "
+        "`git worktree` of the previous commit: before/after in the same run",
+    )
     args = parser.parse_args()
     counts = [int(n) for n in args.processes.split(",")]
 
     scratch = Path(tempfile.mkdtemp(prefix="gw-fleet-"))
     py_cli = str(Path(sys.executable).parent / "graphile-worker")
-    precompile(REPO)
+    precompile(REPO, *([Path(args.compare_with).resolve()] if args.compare_with else []))
     node = install("0.18.0")
     node_bin = node_runtime()
     node_cmd = [node_bin, str(node.cli.resolve())]
     batch = _system("node, batching", node_cmd, scratch / "node-b", NODE_TASKS, latency=False)
     (batch.workdir / "graphile.config.cjs").write_text(NODE_BATCH_CONFIG)
     systems = [_system("python", [py_cli], scratch / "python", PY_TASKS)]
+    if args.compare_with:
+        other = str(Path(args.compare_with).resolve())
+        before = scratch / "python-before"
+        systems.append(
+            _system("python, before", [py_cli], before, PY_TASKS, env={"PYTHONPATH": other})
+        )
     if not args.no_node:
         systems.append(batch)
     if args.node_defaults:
         systems.append(_system("node", node_cmd, scratch / "node", NODE_TASKS, latency=False))
     figures = {s.name: Figures() for s in systems}
     with start_server() as pg:
+        if args.idle:
+            idle_table(systems, counts, args, pg)
+            return
         for round_ in range(args.rounds):
             for count in counts:
                 order = systems if (round_ + count) % 2 == 0 else systems[::-1]
                 for system in order:
-                    extra = args.py_args.split() if system.name == "python" else []
+                    extra = args.py_args.split() if system.name.startswith("python") else []
                     rate, cpu, pg_cpu, xacts, wal, sampler = drain(
                         pg, system, args.jobs, count, args.concurrency, args.max_pool_size, extra
                     )
