@@ -30,6 +30,12 @@ it with its defaults too.
 
     python bench/fleet.py --rounds 2                     # 200,000 jobs, 1..16 processes
     python bench/fleet.py --processes 1,4 --jobs 20000   # a quick look
+    python bench/fleet.py --idle 15 --processes 1,16     # what a waiting fleet costs
+    python bench/fleet.py --processes 4,16 --compare-with ../before   # before/after
+
+``--idle SECONDS`` measures, instead of drains, the workers' and
+PostgreSQL's CPU while the processes wait SECONDS for jobs (milliseconds of
+CPU per second).
 """
 
 from __future__ import annotations
