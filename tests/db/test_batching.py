@@ -316,8 +316,8 @@ async def test_a_backlog_is_fetched_in_full_batches_within_a_few_fetches(
     """Fetching ahead follows the rate jobs finish at: a backlog of fast jobs
     must reach fetches of the whole local queue quickly, not after thousands
     of jobs fetched a dozen at a time. What "the whole" is depends on the
-    machine (rate x the 200 ms horizon: a loaded machine finishing 1,000
-    trivial jobs a second rightly holds 200 ahead), so the bound is the
+    machine (rate x the default horizon, 500 ms: a loaded machine finishing
+    400 trivial jobs a second rightly holds 200 ahead), so the bound is the
     drain's own rate's."""
     rows(
         db,
@@ -343,7 +343,7 @@ async def test_a_backlog_is_fetched_in_full_batches_within_a_few_fetches(
     )
     rate = 5000 / (time.monotonic() - started)
     assert value(db, "select count(*) from graphile_worker.jobs") == 0
-    # A fetch asks for the idle slots plus up to 500 ahead (rate x 200 ms),
+    # A fetch asks for the idle slots plus up to 500 ahead (rate x horizon),
     # less what is buffered: within 15 fetches, at least half of that.
     target = min(500, rate * WorkerOptions().local_queue_horizon)
     assert max(limits[:15]) >= target / 2, (limits[:15], round(rate))

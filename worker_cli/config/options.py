@@ -104,8 +104,9 @@ class WorkerOptions:
     #: ``math.inf`` keeps it always full. (0.05 until 2026-12: each of a fleet
     #: of workers, finishing a few thousand jobs a second, then fetched a few
     #: dozen at a time, and 16 processes drained at 0.67x the rate of the best
-    #: count; docs/performance.md, "A fleet".)
-    local_queue_horizon: float = 0.2
+    #: count; 0.2 had them at 0.86-0.89x, 0.5 at 0.93x; docs/performance.md,
+    #: "A fleet".)
+    local_queue_horizon: float = 0.5
     #: Seconds a batch of job results may wait for more results to join it
     #: while the pool is busy (one statement and one commit for all of them);
     #: 0 writes whatever has finished as soon as the previous write is done.

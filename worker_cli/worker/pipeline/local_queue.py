@@ -91,7 +91,7 @@ class Rate:
     sampled whenever the rate is read (the events since the last reading count
     as spread evenly over the time since).
 
-    The time constant is short (50 ms, a quarter of the default horizon) so
+    The time constant is short (50 ms, a tenth of the default horizon) so
     that fetching ahead ramps up within a few fetches when a backlog appears:
     the target (rate x horizon) then follows the jobs done so far, roughly
     doubling fetch after fetch. With 1 s it took ~10,000 jobs to reach a local
