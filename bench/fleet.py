@@ -42,13 +42,15 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -176,6 +178,32 @@ def _listening(conn: psycopg.Connection[Any], processes: int, within: float = 12
         time.sleep(0.05)
 
 
+@contextlib.contextmanager
+def _fleet(
+    pg: PgServer,
+    system: System,
+    processes: int,
+    concurrency: int,
+    pool_size: int,
+    extra: Sequence[str],
+) -> Iterator[tuple[str, list[subprocess.Popen[bytes]]]]:
+    """``processes`` long-running workers of ``system`` on a fresh database,
+    listening (its URL and the processes); stopped with SIGTERM after the
+    block (this worker's must exit with 0)."""
+    url = fresh_database(pg, system, "gw_bench")
+    args = ("-j", str(concurrency), "--max-pool-size", str(pool_size), *extra)
+    procs = [system.start(url, *args) for _ in range(processes)]
+    try:
+        with psycopg.connect(url, autocommit=True) as conn:
+            _listening(conn, processes)
+        yield url, procs
+    finally:
+        for p in procs:
+            p.send_signal(signal.SIGTERM)
+        codes = [p.wait(timeout=60) for p in procs]
+    assert codes == [0] * processes or not system.name.startswith("python"), codes
+
+
 def drain(
     pg: PgServer,
     system: System,
@@ -190,41 +218,32 @@ def drain(
     empty queue, the workers' CPU and PostgreSQL's CPU over that time (s per
     1,000 jobs), write transactions per 1,000 jobs, WAL bytes per job, and the
     wait samples."""
-    url = fresh_database(pg, system, "gw_bench")
-    args = ("-j", str(concurrency), "--max-pool-size", str(pool_size), *extra)
-    procs = [system.start(url, *args) for _ in range(processes)]
-    try:
-        with psycopg.connect(url, autocommit=True) as conn:
-            _listening(conn, processes)
-            time.sleep(1)  # their first fetches and heartbeats done
-            postmaster = postmaster_of(url)
-            sampler = WaitSampler(pg.admin_url, "gw_bench")
-            pids = [p.pid for p in procs]
-            conn.execute(
-                "select count(*) from graphile_worker.add_jobs(array(select ('noop', null, "
-                "null, null, null, null, null, null)::graphile_worker.job_spec "
-                "from generate_series(1, %s)))",
-                (jobs,),
-            )
-            # Committed: the workers are told. (The add's own work is not counted.)
-            start = time.perf_counter()
-            cpu_before, pg_before = _worker_cpu(pids), server_cpu(postmaster)
-            xid_before, wal_before = _server_counters(conn)
-            sampler.start()
-            while conn.execute(
-                "select exists (select from graphile_worker._private_jobs)"
-            ).fetchone() != (False,):
-                time.sleep(0.01)
-            wall = time.perf_counter() - start
-            cpu_after, pg_after = _worker_cpu(pids), server_cpu(postmaster)
-            xid_after, wal_after = _server_counters(conn)
-            sampler.stop.set()
-            sampler.join()
-    finally:
-        for p in procs:
-            p.send_signal(signal.SIGTERM)
-        codes = [p.wait(timeout=60) for p in procs]
-    assert codes == [0] * processes or system.name != "python", codes
+    fleet = _fleet(pg, system, processes, concurrency, pool_size, extra)
+    with fleet as (url, procs), psycopg.connect(url, autocommit=True) as conn:
+        time.sleep(1)  # their first fetches and heartbeats done
+        postmaster = postmaster_of(url)
+        sampler = WaitSampler(pg.admin_url, "gw_bench")
+        pids = [p.pid for p in procs]
+        conn.execute(
+            "select count(*) from graphile_worker.add_jobs(array(select ('noop', null, "
+            "null, null, null, null, null, null)::graphile_worker.job_spec "
+            "from generate_series(1, %s)))",
+            (jobs,),
+        )
+        # Committed: the workers are told. (The add's own work is not counted.)
+        start = time.perf_counter()
+        cpu_before, pg_before = _worker_cpu(pids), server_cpu(postmaster)
+        xid_before, wal_before = _server_counters(conn)
+        sampler.start()
+        while conn.execute(
+            "select exists (select from graphile_worker._private_jobs)"
+        ).fetchone() != (False,):
+            time.sleep(0.01)
+        wall = time.perf_counter() - start
+        cpu_after, pg_after = _worker_cpu(pids), server_cpu(postmaster)
+        xid_after, wal_after = _server_counters(conn)
+        sampler.stop.set()
+        sampler.join()
     return (
         jobs / wall,
         (cpu_after - cpu_before) / jobs * 1000,
@@ -247,12 +266,7 @@ def idle(
     """What a fleet costs while it waits for jobs: the workers' CPU and
     PostgreSQL's CPU over ``seconds`` with no job (milliseconds per second),
     after their start-up."""
-    url = fresh_database(pg, system, "gw_bench")
-    args = ("-j", str(concurrency), "--max-pool-size", str(pool_size), *extra)
-    procs = [system.start(url, *args) for _ in range(processes)]
-    try:
-        with psycopg.connect(url, autocommit=True) as conn:
-            _listening(conn, processes)
+    with _fleet(pg, system, processes, concurrency, pool_size, extra) as (url, procs):
         time.sleep(2)  # their first fetches and heartbeats done
         postmaster = postmaster_of(url)
         pids = [p.pid for p in procs]
@@ -261,11 +275,6 @@ def idle(
         time.sleep(seconds)
         wall = time.perf_counter() - start
         cpu_after, pg_after = _worker_cpu(pids), server_cpu(postmaster)
-    finally:
-        for p in procs:
-            p.send_signal(signal.SIGTERM)
-        codes = [p.wait(timeout=60) for p in procs]
-    assert codes == [0] * processes or system.name != "python", codes
     return 1000 * (cpu_after - cpu_before) / wall, 1000 * (pg_after - pg_before) / wall
 
 
