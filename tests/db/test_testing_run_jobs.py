@@ -321,6 +321,49 @@ def test_a_task_that_breaks_the_callers_transaction_fails_alone(db: str) -> None
         conn.rollback()
 
 
+@pytest.mark.parametrize("form", ["sync", "async"])
+def test_what_a_task_leaves_on_the_runners_session_is_undone(db: str, form: str) -> None:
+    """On its own connection (a connection string), a task that changes the
+    session (a 1 ms statement timeout, read-only transactions, another role,
+    an advisory lock, a transaction left open) fails or succeeds alone: the
+    writes of its outcome and the next jobs run on a clean session, as a
+    worker's pool gives each job one."""
+
+    async def spoils(payload: Any, helpers: Helpers) -> None:
+        await helpers.query("select pg_advisory_lock(4405)")
+        await helpers.query("set role pg_read_all_data")
+        await helpers.query("set session characteristics as transaction read only")
+        await helpers.query("set statement_timeout = 1")
+
+    def leaves_open(payload: Any, helpers: Helpers) -> None:
+        helpers.run(helpers.query("begin"))
+        helpers.run(helpers.query("select 1"))
+
+    async def after(payload: Any, helpers: Helpers) -> str:
+        rows = await helpers.query(
+            "select pg_sleep(0.01), concat_ws('|', current_setting('statement_timeout'), "
+            "current_user, current_setting('default_transaction_read_only')) as session"
+        )
+        return str(rows[0]["session"])
+
+    tasks = {"spoils": spoils, "leaves_open": leaves_open, "after": after}
+    add(db, "spoils", priority=-2)
+    add(db, "leaves_open", priority=-1)
+    after_id = add(db, "after")
+    if form == "sync":
+        ran = run_jobs(task_list=tasks, connection_string=db)
+    else:
+        ran = asyncio.run(run_jobs_async(task_list=tasks, connection_string=db))
+    assert [(r.job.task_identifier, r.state) for r in ran] == [
+        ("spoils", "succeeded"),
+        ("leaves_open", "succeeded"),
+        ("after", "succeeded"),
+    ], [(r.job.task_identifier, r.state, r.error) for r in ran]
+    assert ran[-1].id == after_id and ran[-1].result == "0|postgres|off"
+    # The advisory lock went with the reset: another session takes it at once.
+    assert value(db, "select pg_try_advisory_lock(4405)") is True
+
+
 def test_a_workflow_runs_step_after_step(db: str) -> None:
     async def check(payload: Any, helpers: Helpers) -> dict[str, int]:
         return {"checked": payload["amount"]}

@@ -193,6 +193,18 @@ async def lent_connection(
         await pool.putconn(conn)
 
 
+async def reset_session(conn: psycopg.AsyncConnection[Any]) -> None:
+    """Undo what a borrower left on ``conn``'s session
+    (``sessions_sql.RESET_SESSION``), in one round trip; an error raises.
+    Sent as it is, whatever the autocommit mode (a simple query of its own:
+    its own implicit transaction): a cursor's execute costs a third more of
+    the worker's time, for the same round trip."""
+    async with conn.lock:
+        conn.pgconn.send_query(sessions_sql.RESET_SESSION)
+        results = await conn.wait(generators.execute(conn.pgconn))
+    _check(results)
+
+
 async def _reset_async(conn: psycopg.AsyncConnection[Any], client: _Client) -> None:
     if conn.closed:
         return  # the pool replaces it
@@ -208,13 +220,7 @@ async def _reset_async(conn: psycopg.AsyncConnection[Any], client: _Client) -> N
             await conn.set_read_only(client.read_only)
         if conn.deferrable != client.deferrable:
             await conn.set_deferrable(client.deferrable)
-        # Sent as it is, whatever the autocommit mode (a simple query of its
-        # own: its own implicit transaction): a cursor's execute costs a third
-        # more of the worker's time, for the same round trip.
-        async with conn.lock:
-            conn.pgconn.send_query(sessions_sql.RESET_SESSION)
-            results = await conn.wait(generators.execute(conn.pgconn))
-        _check(results)
+        await reset_session(conn)
     except BaseException as exc:
         await conn.close()
         if not isinstance(exc, Exception):

@@ -182,7 +182,12 @@ class _Setup:
             own_or_given(connection_string, self.given, 2)
         )
         runner = InlineRunner(
-            conn, fetch_conn, schema=self.schema, tasks=self.tasks, selected=self.selected
+            conn,
+            fetch_conn,
+            schema=self.schema,
+            tasks=self.tasks,
+            selected=self.selected,
+            own_session=self.given is None,
         )
         await runner.start()
         return runner

@@ -35,6 +35,7 @@ from psycopg.pq import TransactionStatus
 from ..client.worker_utils import WorkerUtils
 from ..config.options import WorkerOptions
 from ..db.backoff import one_line
+from ..db.held_connection import reset_session
 from ..db.raw_json import read_payloads_raw
 from ..errors import JobTimeout
 from ..jobs.job import Job
@@ -151,9 +152,13 @@ class InlineRunner:
         tasks: Mapping[str, Task],
         selected: Sequence[str],
         options: WorkerOptions | None = None,
+        own_session: bool = False,
     ) -> None:
         options = options or WorkerOptions()
         self._conn = conn
+        #: The session is the runner's (not a caller's): what a task leaves
+        #: on it is undone after each attempt, as a worker's pool does.
+        self._own_session = own_session
         #: The same session, its ``json`` loaded unparsed (the fetch's rows).
         self._fetch_conn = fetch_conn
         read_payloads_raw(fetch_conn)
@@ -319,6 +324,8 @@ class InlineRunner:
                 "the task's own statement failed in the caller's transaction (and the task "
                 "went on): the attempt's database work was undone"
             )
+        if self._own_session:
+            await self._reset_session()
         job = attempt.job
         duration = (time.perf_counter() - attempt.started) * 1000
         ran = Ran(
@@ -348,6 +355,17 @@ class InlineRunner:
         if isinstance(outcome, Failure):
             return RanJob(job, state, outcome.error, outcome.message)
         return RanJob(job, state, None, None, returned)
+
+    async def _reset_session(self) -> None:
+        """Undo what the task left on the runner's own session (settings such
+        as ``statement_timeout`` or read-only transactions, a role, advisory
+        locks, temporary tables), as a worker's pool does before lending a
+        connection again: the next writes and jobs start clean. A
+        transaction the task left open is rolled back first."""
+        conn = self._conn
+        if conn.info.transaction_status != TransactionStatus.IDLE:
+            await conn.rollback()
+        await reset_session(conn)
 
     async def _end_savepoint(self) -> bool:
         """End the attempt's savepoint: released, or, if a statement of the
