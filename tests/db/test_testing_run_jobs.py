@@ -364,6 +364,33 @@ def test_what_a_task_leaves_on_the_runners_session_is_undone(db: str, form: str)
     assert value(db, "select pg_try_advisory_lock(4405)") is True
 
 
+def test_an_operation_limit_is_taken_and_given_back(db: str) -> None:
+    """``helpers.limit`` works under run_jobs (it took a connection of the
+    worker's pool, which the helpers have not): the block runs within the
+    limit, and its slot is free again once the job ended."""
+    with make_sync_worker_utils(db, max_pool_size=1) as utils:
+        utils.set_limit(Limit(max_running=1), operation="stripe")
+    inside: list[int] = []
+
+    async def charge(payload: Any, helpers: Helpers) -> None:
+        async with helpers.limit("stripe", partition=payload["customer"]):
+            rows = await helpers.query(
+                "select cardinality(running) as n from graphile_worker._private_py_limit_state "
+                "where kind = 'operation' and name = 'stripe' and partition = %s",
+                (payload["customer"],),
+            )
+            inside.append(rows[0]["n"])
+
+    add(db, "charge", {"customer": "c1"})
+    add(db, "charge", {"customer": "c2"})
+    ran = run_jobs(task_list={"charge": charge}, connection_string=db)
+    assert [(r.state, r.error) for r in ran] == [("succeeded", None)] * 2
+    assert inside == [1, 1]
+    with make_sync_worker_utils(db, max_pool_size=1) as utils:
+        [info] = utils.list_limits()
+    assert (info.name, info.running) == ("stripe", 0)
+
+
 def test_a_workflow_runs_step_after_step(db: str) -> None:
     async def check(payload: Any, helpers: Helpers) -> dict[str, int]:
         return {"checked": payload["amount"]}

@@ -30,15 +30,19 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
+from ..errors import ConfigurationError
 from ..sql import compose
 from ..sql import limits as limits_sql
 from .retry_policy import Snooze
 
 if TYPE_CHECKING:
+    import psycopg
+
     from ..client.worker_utils import WorkerUtils
 
 __all__ = ["Holds", "OperationLimit", "partition_key", "refuse_on_loop"]
@@ -119,9 +123,20 @@ class OperationLimit:
                 await self._acquire()
             holds.depth[key] = depth + 1
 
+    def _own_connection(self) -> AbstractAsyncContextManager[psycopg.AsyncConnection[Any]]:
+        """A connection of the slot's own, committed at once: one of the
+        worker's pool. Under the testing helpers (``run_jobs``: utilities on
+        one given connection) that connection, which commits at once on its
+        own session and joins the caller's transaction on a caller's."""
+        try:
+            pool = self._utils.pool
+        except ConfigurationError:
+            return self._utils.connection()
+        return pool.connection()
+
     async def _acquire(self) -> None:
         statement = compose(limits_sql.ACQUIRE_OPERATION, self._utils.schema)
-        async with self._utils.pool.connection() as conn:  # its own: committed at once
+        async with self._own_connection() as conn:
             cur = await conn.execute(statement, self._params)
             row = await cur.fetchone()
         wait = None if row is None else row[0]
@@ -148,7 +163,7 @@ class OperationLimit:
                 holds.depth[key] = depth
                 return
             statement = compose(limits_sql.RELEASE_OPERATION, self._utils.schema)
-            async with self._utils.pool.connection() as conn:  # its own: committed at once
+            async with self._own_connection() as conn:
                 await conn.execute(statement, self._params)
 
     def __enter__(self) -> None:
