@@ -15,6 +15,10 @@ All of them run in one worker process beside innocent jobs; then:
   text), and none is left locked;
 - SIGTERM stops the worker within its graceful timeout, exit status 0.
 
+The same jobs (but process tasks) through ``worker_cli.testing.run_jobs``,
+which runs the worker's per-job code on one connection, one job at a time:
+each ends the same way, and ``run_jobs`` returns.
+
 A hook added later (workflows, progress, job logs) joins HOOKS and EXPECTED.
 """
 
@@ -23,6 +27,7 @@ from __future__ import annotations
 import json
 import math
 import signal
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -486,11 +491,13 @@ def bad_jobs() -> list[tuple[str, Any]]:
     return jobs
 
 
-def test_every_per_job_hook_fails_its_job_alone_and_the_worker_stops(
-    db: str, tmp_path: Path
-) -> None:
+def add_bad_and_innocent_jobs(
+    db: str, tmp_path: Path, leave_out: frozenset[str] = frozenset()
+) -> dict[int, tuple[str, Any]]:
+    """The hooks module in ``tmp_path``, the limits the bad jobs use, a job
+    for each bad job (but the tasks in ``leave_out``) and 60 innocent jobs;
+    the bad ones by id."""
     (tmp_path / "hooks.py").write_text(HOOKS)
-    (tmp_path / "worker.py").write_text(WORKER)
     rows(db, "create table public.innocent_runs (n int)")
     rows(db, "select graphile_worker.py_set_limit('operation', 'op', max_running => 50)")
     rows(
@@ -500,6 +507,8 @@ def test_every_per_job_hook_fails_its_job_alone_and_the_worker_stops(
     )
     bad: dict[int, tuple[str, Any]] = {}
     for task, payload in bad_jobs():
+        if task in leave_out:
+            continue
         # One attempt each (its outcome is final), two for the backoff's
         # (the backoff runs only when another attempt follows).
         job_id = value(
@@ -513,23 +522,12 @@ def test_every_per_job_hook_fails_its_job_alone_and_the_worker_stops(
         "select graphile_worker.add_job('innocent', json_build_object('n', n)) "
         "from generate_series(1, 60) as n",
     )
-    worker = started_worker(db, Worker(db, tmp_path, command=[sys.executable, "worker.py", db]))
+    return bad
 
-    def settled() -> bool:
-        assert worker.proc.poll() is None, f"the worker exited:\n{worker.log()[-4000:]}"
-        return (
-            value(
-                db,
-                "select count(*) from graphile_worker._private_jobs "
-                "where locked_at is not null or attempts = 0",
-            )
-            == 0
-        )
 
-    wait_until(settled, 60, "every job to be attempted and none to be locked")
-    worker.signal(signal.SIGTERM)
-    assert worker.wait(15) == 0, worker.log()[-4000:]
-
+def check_each_ended_alone(db: str, bad: dict[int, tuple[str, Any]]) -> None:
+    """Every innocent job ran once; every bad job ended as its hook implies,
+    unlocked, its failed attempts kept with a bounded traceback."""
     assert value(db, "select count(*) from public.innocent_runs") == 60
     assert value(db, "select count(distinct n) from public.innocent_runs") == 60
     # "later": retried after a backoff from its failure (updated_at), not
@@ -633,3 +631,65 @@ def test_every_per_job_hook_fails_its_job_alone_and_the_worker_stops(
             assert traceback is not None and "hook raised" in traceback, (task, traceback)
         if task == "error_text" and "value" in payload:
             assert traceback is not None and "characters cut" in traceback, traceback
+
+
+def test_every_per_job_hook_fails_its_job_alone_and_the_worker_stops(
+    db: str, tmp_path: Path
+) -> None:
+    bad = add_bad_and_innocent_jobs(db, tmp_path)
+    (tmp_path / "worker.py").write_text(WORKER)
+    worker = started_worker(db, Worker(db, tmp_path, command=[sys.executable, "worker.py", db]))
+
+    def settled() -> bool:
+        assert worker.proc.poll() is None, f"the worker exited:\n{worker.log()[-4000:]}"
+        return (
+            value(
+                db,
+                "select count(*) from graphile_worker._private_jobs "
+                "where locked_at is not null or attempts = 0",
+            )
+            == 0
+        )
+
+    wait_until(settled, 60, "every job to be attempted and none to be locked")
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(15) == 0, worker.log()[-4000:]
+
+    check_each_ended_alone(db, bad)
+
+
+#: worker_cli.testing.run_jobs over the same jobs, in a process of its own
+#: (a hook raising SystemExit or KeyboardInterrupt must not end it).
+RUN_JOBS = """\
+import logging, sys
+
+sys.path.insert(0, ".")
+import hooks
+from worker_cli.testing import run_jobs
+
+logging.basicConfig(level=logging.INFO)
+logging.getLogger("graphile_worker.worker").addFilter(hooks.RaisingFilter())
+ran = run_jobs(task_list=dict(hooks.TASKS, typed=hooks.typed), connection_string=sys.argv[1])
+print("ran", len(ran))
+"""
+
+#: Tasks left out under run_jobs: it calls a process task in its own thread
+#: (task_plain and result_plain stand for them), and one of them ends the process.
+PROCESS_TASKS = frozenset({"task_process", "result_process", "progress_process"})
+
+
+def test_every_per_job_hook_fails_its_job_alone_under_run_jobs(db: str, tmp_path: Path) -> None:
+    """The testing helpers run the worker's per-job code on one connection,
+    one job at a time: the same bad jobs fail alone there, and run_jobs
+    returns."""
+    bad = add_bad_and_innocent_jobs(db, tmp_path, leave_out=PROCESS_TASKS)
+    (tmp_path / "run_jobs.py").write_text(RUN_JOBS)
+    done = subprocess.run(
+        [sys.executable, "run_jobs.py", db],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0 and "ran " in done.stdout, (done.stdout + done.stderr)[-4000:]
+    check_each_ended_alone(db, bad)

@@ -21,6 +21,7 @@ stderr, and debug lines of the ``graphile_worker`` loggers when
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -49,6 +50,7 @@ __all__ = [
     "debug_from_env",
     "job_failed",
     "job_succeeded",
+    "outcome_not_logged",
 ]
 
 LogFormat = Literal["text", "json"]
@@ -111,6 +113,14 @@ def job_succeeded(job: Job, worker_id: str, pool_id: str, duration_ms: float) ->
         job.max_attempts,
         extra=_scope(job, worker_id, pool_id, duration_ms),
     )
+
+
+def outcome_not_logged(job_id: int) -> None:
+    """A user's logging code (a filter, a handler) raised on a job's outcome
+    line: say so, if even that can be said. Never raises: the outcome is
+    written whatever happens here."""
+    with contextlib.suppress(BaseException):
+        logging.getLogger(ROOT_LOGGER).exception("Job %d: its outcome could not be logged", job_id)
 
 
 def job_failed(

@@ -297,7 +297,9 @@ class InlineRunner:
         if attempt.timeout is not None:
             attempt.timer = loop.call_later(attempt.timeout, self._cancel_at_timeout, attempt, call)
         try:
-            attempt.returned = await asyncio.shield(call)
+            attempt.returned, raised = await asyncio.shield(call)
+            if raised is not None:
+                return raised
         except asyncio.CancelledError:
             if not call.done():  # the caller itself is cancelled: the task too
                 call.cancel()
@@ -402,18 +404,21 @@ class InlineRunner:
         writer = self._writer
         if isinstance(outcome, Failure):
             await writer.write([], [outcome])
-            logs.job_failed(
-                job,
-                outcome.worker_id,
-                self.pool_id,
-                outcome.duration_ms,
-                outcome.message,
-                outcome.error,
-                cancelled=outcome.cancel_reason is not None,
-                timed_out=outcome.on_timeout,
-                for_good=outcome.permanent,
-                delay=outcome.delay,
-            )
+            try:
+                logs.job_failed(
+                    job,
+                    outcome.worker_id,
+                    self.pool_id,
+                    outcome.duration_ms,
+                    outcome.message,
+                    outcome.error,
+                    cancelled=outcome.cancel_reason is not None,
+                    timed_out=outcome.on_timeout,
+                    for_good=outcome.permanent,
+                    delay=outcome.delay,
+                )
+            except BaseException:  # a user's logging code: the outcome is written already
+                logs.outcome_not_logged(job.id)
             return outcome
         if outcome.result is not None or outcome.result_error is not None:
             writer.keep_result(
@@ -431,9 +436,18 @@ class InlineRunner:
         return outcome
 
 
-async def _called(task: Task, job: Job, helpers: Helpers) -> Any:
-    """The task's call, a returned awaitable awaited (as the worker does)."""
-    result = await task.function(job.payload, helpers)
-    while result is not None and inspect.isawaitable(result):
-        result = await result
-    return result
+async def _called(task: Task, job: Job, helpers: Helpers) -> tuple[Any, BaseException | None]:
+    """The task's call, a returned awaitable awaited (as the worker does): what
+    it returned, or what it raised. ``SystemExit`` and ``KeyboardInterrupt``
+    are caught here too: raised out of an asyncio task they stop its event
+    loop (the runner's, which every later job needs). A ``CancelledError``
+    goes on: :meth:`InlineRunner.call_async` tells a timeout from the rest."""
+    try:
+        result = await task.function(job.payload, helpers)
+        while result is not None and inspect.isawaitable(result):
+            result = await result
+    except asyncio.CancelledError:
+        raise
+    except BaseException as exc:  # SystemExit, KeyboardInterrupt, ...: the job failed
+        return None, exc
+    return result, None

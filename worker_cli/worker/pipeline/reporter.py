@@ -13,7 +13,6 @@ statement records it so). Everything that runs a job's own code on the way
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from collections.abc import Collection
 
@@ -86,7 +85,7 @@ class Reporter:
                     "job:success", worker_id=worker_id, job=job, duration_ms=outcome.duration_ms
                 )
         except BaseException:  # a user's logging code: the outcome is handed on already
-            _logged_failure(job.id)
+            logs.outcome_not_logged(job.id)
 
     def _report_failure(self, failure: Failure) -> None:
         job, worker_id, error = failure.job, failure.worker_id, failure.error
@@ -125,9 +124,4 @@ class Reporter:
             if failure.permanent:
                 self._events.emit("job:failed", worker_id=worker_id, job=job, error=error)
         except BaseException:  # as above
-            _logged_failure(job.id)
-
-
-def _logged_failure(job_id: int) -> None:
-    with contextlib.suppress(BaseException):
-        logger.exception("Job %d: its outcome could not be logged", job_id)
+            logs.outcome_not_logged(job.id)
