@@ -1445,8 +1445,8 @@ $fn$;
 -- for each, what it may run now (holding), runs (running) and has queued
 -- (queued); the leases are read back from _private_py_limit_leases. Returns
 -- nothing for a pool without a heartbeat row (its leases could outlive
--- it), and is not called while a queue has a limit (the worker then
--- fetches them all through py_fetch_limited_jobs).
+-- it), and nothing while a queue has a limit (the worker then fetches them
+-- all through py_fetch_limited_jobs; py_set_limit ended the leases).
 --
 -- Serialised with py_fetch_limited_jobs on the limits' rows (FOR UPDATE, in
 -- the same key order). For each key: its slots in use are the jobs counted
@@ -1501,6 +1501,14 @@ begin
   if job_limit < 1 or not exists (
     select from {{schema}}._private_py_heartbeats as h where h.pool_id = v_pool
   ) then
+    return;
+  end if;
+  -- Nothing is leased while a queue has a limit, though the pool asking has
+  -- not yet heard of it: the limits locked first (py_set_limit holds them
+  -- while it ends the leases), then read in a statement of its own, which
+  -- sees a limit set meanwhile.
+  lock table {{schema}}._private_py_limits in row share mode;
+  if exists (select from {{schema}}._private_py_limits as l where l.kind = 'queue') then
     return;
   end if;
   select array_agg(p.name) filter (where p.kind = 'queue'),

@@ -38,6 +38,7 @@ FUNCTIONS_AT_REVISION = {
     26: "09954ac1afbbf3e11177f57a25643bc911886c0661d7652bb46b74d626e2bf7d",
     27: "09954ac1afbbf3e11177f57a25643bc911886c0661d7652bb46b74d626e2bf7d",
     28: "e5bbb8c775ffc92de457e386496f92dfbf8a21518180adf0f6386e9de49640fa",
+    29: "835d27e4f1a6ddfd1ee2785239b1c779df7cfb9c015f3d65f753c893e15d4f36",
 }
 
 _DEFINED = re.compile(r"^create or replace function \{\{schema\}\}\.(\w+)\(", re.M)
@@ -247,8 +248,8 @@ async def test_functions_commit_with_the_last_pending_revision(
         empty_db, "select to_regclass('graphile_worker._private_py_schedules') is not null"
     )  # py/000027.sql's
     assert value(
-        empty_db, "select to_regclass('graphile_worker._private_py_limit_leases') is null"
-    )  # py/000028.sql's
+        empty_db, "select to_regclass('graphile_worker._private_py_limit_leases') is not null"
+    )  # py/000028.sql's; py/000029.sql (functions only) went with the functions
 
     report = await run_migrate(empty_db)
     assert report.applied_py == (latest,)

@@ -370,6 +370,49 @@ async def test_a_queue_limit_ends_the_leases_and_counts_their_running_jobs(
     assert held.peak == 2
 
 
+FETCH_LEASED = (
+    f"select id from graphile_worker.py_fetch_leased_jobs({TASKS}, null, %s, 'p', "
+    "'{}', '{}', '{}', '{}', '{}', 10)"
+)
+
+
+@pytest.mark.db
+async def test_no_lease_is_taken_while_a_queue_has_a_limit(utils: WorkerUtils, db: str) -> None:
+    """A pool that has not heard of a queue's new limit leases nothing: not
+    when its fetch waited for the limit being set, nor after."""
+    await utils.set_limit(Limit(max_running=4), task="lim")
+    await utils.add_jobs([{"identifier": "lim", "payload": {}}] * 4)
+    rows(
+        db,
+        "insert into graphile_worker._private_py_heartbeats (pool_id, timeout) values ('p', '60s')",
+    )
+    leases = "select coalesce(sum(slots), 0) from graphile_worker._private_py_limit_leases"
+    assert len(rows(db, FETCH_LEASED, (1,))) == 1
+    assert value(db, leases) == 1
+    async with await psycopg.AsyncConnection.connect(db) as setter:
+        await setter.execute("select graphile_worker.py_set_limit('queue', 'elsewhere', 1)")
+        fetch = asyncio.create_task(asyncio.to_thread(rows, db, FETCH_LEASED, (10,)))
+        await until(
+            lambda: (
+                value(
+                    db,
+                    "select count(*) from pg_stat_activity "
+                    "where wait_event_type = 'Lock' and query like '%py_fetch_leased_jobs%'",
+                )
+                == 1
+            ),
+            what="the fetch to wait for the limit being set",
+        )
+        await setter.commit()
+    # 3 slots free (the job fetched is counted), none leased, no job taken.
+    assert await fetch == []
+    assert value(db, leases) == 0
+    assert rows(db, FETCH_LEASED, (10,)) == []
+    assert value(db, leases) == 0
+    (info,) = [i for i in await utils.list_limits() if i.kind == "task"]
+    assert info.running == 1
+
+
 @pytest.mark.db
 async def test_a_job_not_started_in_time_is_given_back_and_its_start_uncounted(
     utils: WorkerUtils, db: str

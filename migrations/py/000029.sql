@@ -1,0 +1,5 @@
+-- Functions only: py_fetch_leased_jobs leases nothing while a queue has a
+-- limit, even for a pool that has not yet heard of it (it locks the limits
+-- first, as py_set_limit does when it ends the leases, then looks). Before,
+-- a fetch by such a pool could lease again just after py_set_limit had ended
+-- the leases, and that lease stood, counted as running, until the pool went.
