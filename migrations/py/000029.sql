@@ -1,5 +1,9 @@
--- Functions only: py_fetch_leased_jobs leases nothing while a queue has a
--- limit, even for a pool that has not yet heard of it (it locks the limits
--- first, as py_set_limit does when it ends the leases, then looks). Before,
--- a fetch by such a pool could lease again just after py_set_limit had ended
--- the leases, and that lease stood, counted as running, until the pool went.
+-- Functions only: py_fetch_leased_jobs
+-- * leases nothing while a queue has a limit, even for a pool that has not
+--   yet heard of it (it locks the limits first, as py_set_limit does when it
+--   ends the leases, then looks). Before, a fetch by such a pool could lease
+--   again just after py_set_limit had ended the leases, and that lease
+--   stood, counted as running, until the pool went.
+-- * ends the pool's lease of a key it neither asks about nor meets a job of
+--   (it may run nothing of it). Before, such a lease kept the slots its
+--   pool's last ask held, from every other pool, until the pool went.

@@ -1456,7 +1456,8 @@ $fn$;
 -- in the last 2 seconds, at most its share (max_running over the pools
 -- holding or wanting slots). Its slots are at least `holding` (what it may
 -- be running by the time this commits: a lease shrinks at the next fetch),
--- and its jobs are fetched ahead only while its target is above 0. A lease
+-- and its jobs are fetched ahead only while its target is above 0. The
+-- pool's lease of a key it neither gives nor meets a job of ends. A lease
 -- that gave up slots another pool wants announces jobs (as add_job does), so
 -- that pool fetches.
 create or replace function {{schema}}.py_fetch_leased_jobs(
@@ -1615,6 +1616,12 @@ begin
     using unnest(v_kparts, v_kslots, v_ktargets, v_kwants) as k(part, slots, target, want)
     where le.kind = l.kind and le.name = l.name and le.pool_id = v_pool
       and le.partition = k.part and k.slots = 0 and k.target >= k.want;
+    -- A key the pool neither asked about nor met is one it may run nothing
+    -- of (its target read back as 0, nothing running or waiting): its
+    -- lease ends, or its slots would stay held from every other pool.
+    delete from {{schema}}._private_py_limit_leases as le
+    where le.kind = l.kind and le.name = l.name and le.pool_id = v_pool
+      and le.partition <> all(coalesce(v_kparts, '{}'));
     insert into {{schema}}._private_py_limit_leases as le (
       kind, name, partition, pool_id, slots, target, wanted_at, updated_at
     )

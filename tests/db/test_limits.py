@@ -413,6 +413,56 @@ async def test_no_lease_is_taken_while_a_queue_has_a_limit(utils: WorkerUtils, d
     assert info.running == 1
 
 
+def fetch_leased(db: str, pool: str, asks: Sequence[tuple[str, str, int, int, int]] = ()) -> int:
+    """A fetch under leases by ``pool``, with its asks (task, partition value,
+    holding, running, queued) as :meth:`Leases.asks` sends them; how many jobs."""
+    return len(
+        rows(
+            db,
+            f"select id from graphile_worker.py_fetch_leased_jobs({TASKS}, null, 10, %s, "
+            "%s, %s, %s, %s, %s, 10)",
+            (pool, *([list(column) for column in zip(*asks, strict=True)] or [[]] * 5)),
+        )
+    )
+
+
+@pytest.mark.db
+async def test_a_lease_ends_when_its_pool_may_run_nothing_of_its_key(
+    utils: WorkerUtils, db: str
+) -> None:
+    """A pool whose jobs of a limit's key (here a partition value) have ended
+    and that fetches none of it holds none of its slots: another pool gets
+    them all."""
+    await utils.set_limit(Limit(max_running=2, partition_by="account"), task="lim")
+    await utils.add_jobs([{"identifier": "lim", "payload": {"account": "x"}}] * 2)
+    rows(
+        db,
+        "insert into graphile_worker._private_py_heartbeats (pool_id, timeout) "
+        "values ('a', '60s'), ('b', '60s')",
+    )
+    slots = "select coalesce(sum(slots), 0) from graphile_worker._private_py_limit_leases"
+    assert fetch_leased(db, "a") == 2
+    finish(db, [row["id"] for row in rows(db, "select id from graphile_worker._private_jobs")])
+    # Its jobs ended: nothing runs or waits, the target (2) starts nothing.
+    assert fetch_leased(db, "a", [("lim", "x", 0, 0, 0)]) == 0
+    assert value(db, slots) == 0
+    # A lease left with slots (a pool's last ask held some) ends at the next
+    # fetch that neither asks about its key nor meets a job of it.
+    assert fetch_leased(db, "a") == 0
+    await utils.add_jobs([{"identifier": "lim", "payload": {"account": "x"}}] * 2)
+    rows(db, "update graphile_worker._private_jobs set run_at = now() + interval '1 hour'")
+    rows(
+        db,
+        "insert into graphile_worker._private_py_limit_leases "
+        "(kind, name, partition, pool_id, slots, target, updated_at) "
+        "values ('task', 'lim', 'x', 'a', 2, 0, now())",
+    )
+    assert fetch_leased(db, "a", [("lim", "y", 0, 0, 0)]) == 0
+    assert value(db, "select count(*) from graphile_worker._private_py_limit_leases") == 0
+    rows(db, "update graphile_worker._private_jobs set run_at = now()")
+    assert fetch_leased(db, "b") == 2
+
+
 @pytest.mark.db
 async def test_a_job_not_started_in_time_is_given_back_and_its_start_uncounted(
     utils: WorkerUtils, db: str
@@ -751,8 +801,9 @@ async def test_four_workers_share_a_leased_limit_of_3_and_never_run_4(
     folder = make_fleet_tasks(tmp_path)
     procs = [start([cli_path(), "-c", db, "-j", "5"], folder) for _ in range(4)]
     try:
+        # (The run takes seconds: its jobs are fetched under leases.)
+        wait_for(db, "select least(count(*), 1) from graphile_worker._private_py_limit_leases", 1)
         wait_for(db, "select count(*) from public.ends", count, timeout=180)
-        assert value(db, "select count(*) from graphile_worker._private_py_limit_leases") > 0
     finally:
         results = stop(procs)
     assert [code for code, _ in results] == [0, 0, 0, 0], results
@@ -828,14 +879,14 @@ async def test_three_workers_lease_each_accounts_slots_and_never_run_3_of_one(
     )
     folder = make_fleet_tasks(tmp_path)
     procs = [start([cli_path(), "-c", db, "-j", "5"], folder) for _ in range(3)]
+    leases = "select count(*) from graphile_worker._private_py_limit_leases"
     try:
+        # (The run takes seconds: its jobs are fetched under leases.)
+        wait_for(db, f"select least(({leases}), 1)", 1)
         wait_for(db, "select count(*) from public.ends", len(jobs), timeout=180)
-        assert (
-            value(
-                db, "select count(distinct partition) from graphile_worker._private_py_limit_leases"
-            )
-            >= 1
-        )
+        # Nothing left to run: within a fetch or two (one each 2 s) no slot
+        # is held by any worker.
+        wait_for(db, f"select (({leases}) = 0)::int", 1, timeout=20)
     finally:
         results = stop(procs)
     assert [code for code, _ in results] == [0, 0, 0], results
