@@ -34,3 +34,10 @@ JOB_STATE: LiteralString = "{schema}.py_job_state"
 #: py_paused_by(task_id, job_queue_id): the pause holding a job, as shown
 #: (``queue mail``), or null.
 PAUSED_BY: LiteralString = "{schema}.py_paused_by"
+#: A ``timestamptz`` column read as a Python datetime can hold it: null
+#: outside the two dates given (%s, %s: ``infinity``, year 12000), else the
+#: value. ``{value}`` is the column's SQL as Django writes it, twice (its
+#: parameters go in twice); see ``models.StoredTimestamp``.
+READABLE_TIMESTAMP: LiteralString = (
+    "(case when {value} between %s::timestamptz and %s::timestamptz then {value} end)"
+)

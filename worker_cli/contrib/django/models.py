@@ -102,11 +102,9 @@ class StoredTimestamp(models.DateTimeField):  # type: ignore[misc]
 
     def select_format(self, compiler: Any, sql: str, params: Any) -> tuple[str, Any]:
         sql, params = super().select_format(compiler, sql, params)
-        low, high = (value.isoformat() for value in PYTHON_DATES)
         return (
-            f"(case when {sql} between '{low}'::timestamptz and '{high}'::timestamptz "
-            f"then {sql} end)",
-            (*params, *params),
+            admin_sql.READABLE_TIMESTAMP.format(value=sql),
+            (*params, *PYTHON_DATES, *params),
         )
 
 
