@@ -12,6 +12,7 @@ import pytest
 from conftest import log_lines, manage, start_worker, stop, wait_for
 from dbhelpers import rows, value
 from pg_server import PgServer
+from worker_fleet import wait_until_listening
 
 pytestmark = pytest.mark.db
 
@@ -307,9 +308,12 @@ def test_three_workers_share_ten_tasks(site: str) -> None:
     from django.tasks import TaskResultStatus
     from jobsapp.tasks import record
 
-    enqueued = [record.enqueue(f"t{i}", sleep=0.3) for i in range(10)]
     workers = [start_worker("-j", "2") for _ in range(3)]
     try:
+        # Enqueued once all three listen: each then fetches its idle slots at
+        # once (a worker up seconds before the others could run all ten).
+        wait_until_listening(site, 3)
+        enqueued = [record.enqueue(f"t{i}", sleep=0.3) for i in range(10)]
         wait_for(
             lambda: all(result(r.id).is_finished for r in enqueued), timeout=60, what="all ten"
         )
