@@ -525,10 +525,15 @@ def test_schedules_are_paused_resumed_and_removed_through_the_utilities(queue: s
     assert run("resume_schedules", "nightly") == ["success: Resumed 1 schedule: nightly"]
     assert run("remove_schedules", "hourly") == ["warning: No action selected."]  # refused
     remover = staff_client("view_schedule", "remove_schedule")
-    done = remover.post(
+    asked = remover.post(
         SCHEDULES, {"action": "remove_schedules", "_selected_action": ["hourly"], "index": "0"}
     )
-    assert said(remover.get(done["Location"])) == ["success: Removed 1 schedule: hourly"]
+    # Asked first, as Django asks before a delete: nothing removed yet.
+    text = html.unescape(asked.content.decode())
+    assert "Remove 1 schedule?" in text and "<li>hourly: ping, 0 * * * *</li>" in text
+    assert value(queue, "select count(*) from graphile_worker._private_py_schedules") == 2
+    done = confirm(remover, asked)
+    assert said(done) == ["success: Removed 1 schedule: hourly"]
     left = rows(queue, "select identifier, paused from graphile_worker._private_py_schedules")
     assert left == [{"identifier": "nightly", "paused": False}]
 

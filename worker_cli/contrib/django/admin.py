@@ -390,7 +390,7 @@ class JobAdmin(_AttemptFields, QueueAdmin):
         (with its filters), or for a job's own page, to the list and then
         back to the job's page."""
         shown = [
-            {"id": job.id, "task": job.task.identifier, "state": self.state_shown(job)}
+            f"job {job.id}: {job.task.identifier}, {self.state_shown(job)}"
             for job in Job.objects.with_state()
             .select_related("task")
             .defer("payload", "last_error", "flags")
@@ -404,6 +404,7 @@ class JobAdmin(_AttemptFields, QueueAdmin):
             **self.admin_site.each_context(request),
             "title": f"{action.label}: {len(ids):,} job{'' if len(ids) == 1 else 's'}",
             "opts": self.opts,
+            "noun": "job",
             "action": action,
             "action_name": name,
             "form": form,
@@ -606,8 +607,42 @@ class ScheduleAdmin(QueueAdmin):
         self._each(request, queryset, "Resumed", lambda utils, name: utils.resume_schedule(name))
 
     @_action(permissions=["remove_schedule"], description="Remove")
-    def remove_schedules(self, request: HttpRequest, queryset: Any) -> None:
+    def remove_schedules(self, request: HttpRequest, queryset: Any) -> HttpResponse | None:
+        if request.POST.get("post") != "yes":
+            return self._confirm_removal(request, queryset)
         self._each(request, queryset, "Removed", lambda utils, name: utils.remove_schedule(name))
+        return None
+
+    def _confirm_removal(self, request: HttpRequest, queryset: Any) -> HttpResponse | None:
+        """The page asking to confirm the removal of the chosen schedules
+        (as Django asks before a delete); it posts their names back."""
+        names = chosen_ids(request, queryset)
+        if names is None:
+            self.message_user(request, too_many("schedules"), messages.ERROR)
+            return None
+        shown = [
+            f"{s.identifier}: {s.task_identifier}, {s.pattern}"
+            for s in Schedule.objects.filter(pk__in=names[:20]).order_by("pk")
+        ]
+        form_url = reverse(f"{self.admin_site.name}:graphile_worker_schedule_changelist")
+        form_url += _query(request)
+        count = len(names)
+        context = {
+            **self.admin_site.each_context(request),
+            "title": f"Remove: {count:,} schedule{'' if count == 1 else 's'}",
+            "opts": self.opts,
+            "noun": "schedule",
+            "action": {"label": "Remove"},
+            "action_name": "remove_schedules",
+            "form": None,
+            "count": count,
+            "shown": shown,
+            "more": count - len(shown),
+            "selected": names,
+            "form_url": form_url,
+            "cancel_url": form_url,
+        }
+        return TemplateResponse(request, "admin/graphile_worker/confirm_action.html", context)
 
     def _each(
         self,
