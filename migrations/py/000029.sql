@@ -7,3 +7,11 @@
 -- * ends the pool's lease of a key it neither asks about nor meets a job of
 --   (it may run nothing of it). Before, such a lease kept the slots its
 --   pool's last ask held, from every other pool, until the pool went.
+-- * takes the ids of the jobs it takes out of the limit's running sets: a
+--   job counted there earlier (by py_set_limit, or by the limited fetch of
+--   a pool without heartbeats) and since given back or failed was counted
+--   twice once taken under a lease, and such jobs waiting in a pool's local
+--   queue could hold every slot for good.
+-- * with partition_by, looks at up to 1,000 candidates (as
+--   py_fetch_limited_jobs does), leaving out the values full for the pool:
+--   a backlog of one full value held up every other.

@@ -1528,7 +1528,9 @@ begin
   loop
     -- Candidates, locked as rows (not yet as jobs) and skipped when another
     -- fetch holds them (through _private_py_jobs_task_order, as
-    -- py_fetch_limited_jobs' own), each with its partition value.
+    -- py_fetch_limited_jobs' own), each with its partition value: with
+    -- partitions, at least 1,000 are looked at (as py_fetch_limited_jobs
+    -- does), so that a backlog of a full value holds up no other.
     v_cand_ids := '{}';
     v_cand_parts := '{}';
     if not coalesce('*' = any(v_paused_tasks) or l.name = any(v_paused_tasks), false) then
@@ -1546,10 +1548,40 @@ begin
             and j.locked_at is null and j.attempts < j.max_attempts and j.run_at <= v_now
             and (forbidden_flags is null or j.flags is null or not (j.flags ?| forbidden_flags))
           order by j.priority, j.run_at, j.id
-          limit job_limit
+          limit case when l.partition_by is null then job_limit else greatest(job_limit, 1000) end
           for update of j skip locked
         ) as j
       ) as x;
+    end if;
+    -- Past job_limit of them, the jobs of values full for this pool (their
+    -- running jobs and the other pools' slots fill the limit) are left out,
+    -- and the first job_limit of the rest kept.
+    if cardinality(v_cand_ids) > job_limit then
+      select coalesce(array_agg(c.id order by c.n), '{}'),
+        coalesce(array_agg(c.part order by c.n), '{}')
+      into v_cand_ids, v_cand_parts
+      from (
+        select c.id, c.part, c.n
+        from unnest(v_cand_ids, v_cand_parts) with ordinality as c(id, part, n)
+        where c.part not in (
+          select p.part
+          from (select distinct c.part from unnest(v_cand_parts) as c(part)) as p
+          where l.max_running <= (
+              select count(*)
+              from {{schema}}._private_py_limit_state as st
+              cross join lateral unnest(st.running) as rn(id)
+              join {{schema}}._private_jobs as j on j.id = rn.id and j.locked_at is not null
+              where st.kind = l.kind and st.name = l.name and st.partition = p.part
+            ) + (
+              select coalesce(sum(le.slots), 0)
+              from {{schema}}._private_py_limit_leases as le
+              where le.kind = l.kind and le.name = l.name and le.partition = p.part
+                and le.pool_id <> v_pool
+            )
+        )
+        order by c.n
+        limit job_limit
+      ) as c;
     end if;
     -- Each partition value met (one, '', without partition_by), and each
     -- this pool leases or holds jobs of: its lease set again, all at once.
@@ -1667,6 +1699,14 @@ begin
     update {{schema}}._private_jobs as j
     set attempts = j.attempts + 1, locked_at = v_clock, locked_by = v_pool
     where j.id = any(v_ids);
+    -- Taken under the lease, they count there: an id left in the running
+    -- sets by an earlier count (py_set_limit, a limited fetch of a pool
+    -- without heartbeats; its job since given back or failed) would count
+    -- them twice, and could hold every slot for good.
+    update {{schema}}._private_py_limit_state as st
+    set running = array(select r.id from unnest(st.running) as r(id) where r.id <> all(v_ids))
+    where st.kind = l.kind and st.name = l.name and st.partition = any(v_kparts)
+      and st.running && v_ids;
     v_taken := v_taken || v_ids;
   end loop;
   if v_announce then

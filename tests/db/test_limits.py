@@ -413,15 +413,24 @@ async def test_no_lease_is_taken_while_a_queue_has_a_limit(utils: WorkerUtils, d
     assert info.running == 1
 
 
-def fetch_leased(db: str, pool: str, asks: Sequence[tuple[str, str, int, int, int]] = ()) -> int:
-    """A fetch under leases by ``pool``, with its asks (task, partition value,
-    holding, running, queued) as :meth:`Leases.asks` sends them; how many jobs."""
+def fetch_leased(
+    db: str,
+    pool: str,
+    asks: Sequence[tuple[str, str, int, int, int]] = (),
+    *,
+    limit: int = 10,
+    concurrency: int = 10,
+) -> int:
+    """A fetch under leases by ``pool`` of up to ``limit`` jobs, with its asks
+    (task, partition value, holding, running, queued) as :meth:`Leases.asks`
+    sends them; how many jobs."""
+    columns = [list(column) for column in zip(*asks, strict=True)] or [[]] * 5
     return len(
         rows(
             db,
-            f"select id from graphile_worker.py_fetch_leased_jobs({TASKS}, null, 10, %s, "
-            "%s, %s, %s, %s, %s, 10)",
-            (pool, *([list(column) for column in zip(*asks, strict=True)] or [[]] * 5)),
+            f"select id from graphile_worker.py_fetch_leased_jobs({TASKS}, null, %s, %s, "
+            "%s, %s, %s, %s, %s, %s)",
+            (limit, pool, *columns, concurrency),
         )
     )
 
@@ -443,24 +452,80 @@ async def test_a_lease_ends_when_its_pool_may_run_nothing_of_its_key(
     slots = "select coalesce(sum(slots), 0) from graphile_worker._private_py_limit_leases"
     assert fetch_leased(db, "a") == 2
     finish(db, [row["id"] for row in rows(db, "select id from graphile_worker._private_jobs")])
-    # Its jobs ended: nothing runs or waits, the target (2) starts nothing.
-    assert fetch_leased(db, "a", [("lim", "x", 0, 0, 0)]) == 0
-    assert value(db, slots) == 0
-    # A lease left with slots (a pool's last ask held some) ends at the next
-    # fetch that neither asks about its key nor meets a job of it.
-    assert fetch_leased(db, "a") == 0
+    # Its jobs ended, none met: its target goes to 0, its slots stay what it
+    # may start until that answer is granted (the target, 2).
+    assert fetch_leased(db, "a", [("lim", "x", 2, 0, 0)]) == 0
+    assert value(db, slots) == 2
     await utils.add_jobs([{"identifier": "lim", "payload": {"account": "x"}}] * 2)
+    assert fetch_leased(db, "b") == 0  # all of x's slots held
+    # Granted 0, the pool asks about x no more: the next fetch that meets no
+    # job of it (here: none is due) ends its lease.
     rows(db, "update graphile_worker._private_jobs set run_at = now() + interval '1 hour'")
-    rows(
-        db,
-        "insert into graphile_worker._private_py_limit_leases "
-        "(kind, name, partition, pool_id, slots, target, updated_at) "
-        "values ('task', 'lim', 'x', 'a', 2, 0, now())",
+    assert fetch_leased(db, "a") == 0
+    assert (
+        value(
+            db, "select count(*) from graphile_worker._private_py_limit_leases where pool_id = 'a'"
+        )
+        == 0
     )
-    assert fetch_leased(db, "a", [("lim", "y", 0, 0, 0)]) == 0
-    assert value(db, "select count(*) from graphile_worker._private_py_limit_leases") == 0
     rows(db, "update graphile_worker._private_jobs set run_at = now()")
     assert fetch_leased(db, "b") == 2
+
+
+@pytest.mark.db
+async def test_a_job_counted_before_and_taken_again_under_a_lease_counts_once(
+    utils: WorkerUtils, db: str
+) -> None:
+    """A job a pool without heartbeats took (counted in the running set),
+    that failed and is taken again under a lease, counts once: when the
+    leasing pool's other job ends, it may start it (it stalled for good)."""
+    await utils.set_limit(Limit(max_running=1), task="lim")
+    await utils.add_jobs([{"identifier": "lim", "payload": {}}] * 2)
+    first, second = (
+        row["id"] for row in rows(db, "select id from graphile_worker._private_jobs order by id")
+    )
+    rows(
+        db,
+        "insert into graphile_worker._private_py_heartbeats (pool_id, timeout) values ('a', '60s')",
+    )
+    assert fetched(db, 1) == [first]  # a pool without heartbeats
+    # It fails; its retry is due after the second job.
+    rows(
+        db,
+        "update graphile_worker._private_jobs set locked_at = null, locked_by = null, "
+        "run_at = now() - interval '1 second' + (id = %s)::int * interval '0.5 seconds'",
+        (first,),
+    )
+    # A pool of 2 slots takes both ahead, under a lease of 1.
+    assert fetch_leased(db, "a", limit=4, concurrency=2) == 2
+    # It starts the second (first in order), which ends.
+    finish(db, [second])
+    fetch_leased(db, "a", [("lim", "", 1, 0, 1)], limit=4, concurrency=2)
+    targets = "select target from graphile_worker._private_py_limit_leases where pool_id = 'a'"
+    assert value(db, targets) == 1  # the first may start
+
+
+@pytest.mark.db
+async def test_a_backlog_of_a_full_value_holds_up_no_other_under_leases(
+    utils: WorkerUtils, db: str
+) -> None:
+    """A fetch under leases looks past the jobs of a full partition value
+    (up to 1,000, as the limited fetch): another value's job is found."""
+    await utils.set_limit(Limit(max_running=1, partition_by="account"), task="lim")
+    await utils.add_jobs(
+        [{"identifier": "lim", "payload": {"account": "x"}}] * 10
+        + [{"identifier": "lim", "payload": {"account": "y"}}] * 10
+    )
+    rows(
+        db,
+        "insert into graphile_worker._private_py_heartbeats (pool_id, timeout) "
+        "values ('a', '60s'), ('b', '60s')",
+    )
+    assert fetch_leased(db, "b", limit=1, concurrency=1) == 1  # x's slot
+    # The 8 first candidates are all x's: past them, a job of y.
+    assert fetch_leased(db, "a", limit=8, concurrency=8) == 1
+    taken = "select payload->>'account' from graphile_worker._private_jobs where locked_by = 'a'"
+    assert value(db, taken) == "y"
 
 
 @pytest.mark.db

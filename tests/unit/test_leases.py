@@ -82,26 +82,26 @@ def test_what_a_fetch_sends_holds_what_the_pool_may_run_until_it_commits() -> No
     leases.fetched(jobs)
     queue.put(jobs)
     queue.take_nowait()
-    # Target 4, 1 running, 2 waiting: the database keeps at least 3 slots
-    # (no other job can start here before the fetch's answer).
-    assert leases.asks() == (["lim"], [""], [3], [1], [2])
+    # Target 4, 1 running, 2 waiting: the database keeps at least 4 slots.
+    assert leases.asks() == (["lim"], [""], [4], [1], [2])
     leases.suspend()
     assert leases.asks() == (["lim"], [""], [1], [1], [2])
 
 
-def test_a_key_the_pool_may_run_nothing_of_holds_no_slot() -> None:
-    leases, queue = _leased(2)
-    job = _job(1)
-    leases.fetched([job])
-    queue.put([job])
-    assert queue.take_nowait() is job
-    assert leases.asks() == (["lim"], [""], [1], [1], [0])
-    assert leases.ended(job)
-    # Nothing runs or waits: no slot is held, though the target is 2.
-    assert leases.asks() == (["lim"], [""], [0], [0], [0])
-    # Its target read back as 0, the key is left out (its lease ends).
-    leases.grant({}, leases.generation)
-    assert leases.asks() == ([], [], [], [], [])
+def test_the_jobs_a_fetch_brings_may_start_before_its_answer_so_its_ask_holds_them() -> None:
+    """A fetch's jobs reach the local queue before its lease's answer is
+    granted, and start under the target until then: what the fetch sends
+    keeps that many slots, though nothing waits when it asks."""
+    leases, queue = _leased(4)
+    generation = leases.generation
+    assert leases.asks() == (["lim"], [""], [4], [0], [0])
+    jobs = [_job(n) for n in range(1, 6)]
+    leases.fetched(jobs)  # (before the answer)
+    queue.put(jobs)
+    assert [queue.take_nowait() for _ in range(4)] == jobs[:4]
+    with pytest.raises(asyncio.QueueEmpty):
+        queue.take_nowait()
+    leases.grant({("lim", ""): 2}, generation)  # the answer: 2 from now on
 
 
 def test_jobs_not_fetched_under_a_lease_are_never_held() -> None:

@@ -129,11 +129,11 @@ class Leases:
 
     def asks(self) -> tuple[list[str], list[str], list[int], list[int], list[int]]:
         """For each key this pool leases or holds jobs of (its task, its
-        partition value): what this pool may run from now until a fetch
-        commits (holding: what runs, and what waits as far as the target
-        lets it start), runs now, and has fetched and not started. A key
-        left out is one the pool may run nothing of: the fetch ends its
-        lease."""
+        partition value): what this pool may run from now until the fetch's
+        answer is granted (holding: its target, or what runs if more; the
+        jobs the fetch itself brings may start under the target before
+        then), runs now, and has fetched and not started. A key left out
+        is one the pool may run nothing of: the fetch ends its lease."""
         with self._lock:
             queued: Counter[Key] = Counter(
                 (task, part) for task, part in self._waiting.values() if part is not None
@@ -143,15 +143,11 @@ class Leases:
                 for key in self._target.keys() | self._running.keys() | queued.keys()
                 if key[0] in self.tasks
             )
-            running = [self._running.get(k, 0) for k in keys]
             return (
                 [task for task, _ in keys],
                 [part for _, part in keys],
-                [
-                    max(r, min(self._target.get(k, 0), r + queued[k]))
-                    for k, r in zip(keys, running, strict=True)
-                ],
-                running,
+                [max(self._target.get(k, 0), self._running.get(k, 0)) for k in keys],
+                [self._running.get(k, 0) for k in keys],
                 [queued[k] for k in keys],
             )
 
