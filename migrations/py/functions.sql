@@ -1484,10 +1484,12 @@ declare
   v_pool text := py_fetch_leased_jobs.pool_id;
   v_paused_queues text[];
   v_paused_tasks text[];
-  v_taken bigint[] := '{}';
   v_cand_ids bigint[];
   v_cand_parts text[];
+  v_cand_queues int[];
   v_ids bigint[];
+  v_id_queues int[];
+  v_n int;
   -- Per key (partition value) of the limit at hand: what was decided.
   v_kparts text[];
   v_ktargets int[];
@@ -1533,16 +1535,18 @@ begin
     -- does), so that a backlog of a full value holds up no other.
     v_cand_ids := '{}';
     v_cand_parts := '{}';
+    v_cand_queues := '{}';
     if not coalesce('*' = any(v_paused_tasks) or l.name = any(v_paused_tasks), false) then
       select coalesce(array_agg(x.id order by x.n), '{}'),
-        coalesce(array_agg(x.part order by x.n), '{}')
-      into v_cand_ids, v_cand_parts
+        coalesce(array_agg(x.part order by x.n), '{}'),
+        coalesce(array_agg(x.job_queue_id order by x.n), '{}')
+      into v_cand_ids, v_cand_parts, v_cand_queues
       from (
-        select j.id, row_number() over (order by j.priority, j.run_at, j.id) as n,
+        select j.id, j.job_queue_id, row_number() over (order by j.priority, j.run_at, j.id) as n,
           case when l.partition_by is null then ''
             else {{schema}}.py_limit_partition(j.payload, l.partition_by) end as part
         from (
-          select j.id, j.payload, j.priority, j.run_at
+          select j.id, j.job_queue_id, j.payload, j.priority, j.run_at
           from {{schema}}._private_jobs as j
           where j.task_id = l.task_id
             and j.locked_at is null and j.attempts < j.max_attempts and j.run_at <= v_now
@@ -1558,11 +1562,12 @@ begin
     -- and the first job_limit of the rest kept.
     if cardinality(v_cand_ids) > job_limit then
       select coalesce(array_agg(c.id order by c.n), '{}'),
-        coalesce(array_agg(c.part order by c.n), '{}')
-      into v_cand_ids, v_cand_parts
+        coalesce(array_agg(c.part order by c.n), '{}'),
+        coalesce(array_agg(c.q order by c.n), '{}')
+      into v_cand_ids, v_cand_parts, v_cand_queues
       from (
-        select c.id, c.part, c.n
-        from unnest(v_cand_ids, v_cand_parts) with ordinality as c(id, part, n)
+        select c.id, c.part, c.q, c.n
+        from unnest(v_cand_ids, v_cand_parts, v_cand_queues) with ordinality as c(id, part, q, n)
         where c.part not in (
           select p.part
           from (select distinct c.part from unnest(v_cand_parts) as c(part)) as p
@@ -1667,25 +1672,36 @@ begin
     -- Ahead, each value's share of the fetch (its target of the pool's
     -- slots), less what the pool holds of it already: a lease that binds
     -- does not fill the pool's local queue with jobs it cannot start.
-    v_ids := array(
-      select c.id
+    if l.partition_by is null then
+      -- (One value: the first of the candidates.)
+      v_n := coalesce((
+          select ceil(job_limit::numeric * k.target / greatest(concurrency, 1))::int - k.queued
+          from unnest(v_kparts, v_ktargets, v_kqueued) as k(part, target, queued)
+          where k.part = '' and k.target > 0
+        ), 0);
+      v_ids := v_cand_ids[1:v_n];
+      v_id_queues := v_cand_queues[1:v_n];
+    else
+      select coalesce(array_agg(c.id order by c.n), '{}'),
+        coalesce(array_agg(c.q order by c.n), '{}')
+      into v_ids, v_id_queues
       from (
-        select c.id, c.part, row_number() over (partition by c.part order by c.n) as rn
-        from unnest(v_cand_ids, v_cand_parts) with ordinality as c(id, part, n)
+        select c.id, c.part, c.q, c.n, row_number() over (partition by c.part order by c.n) as rn
+        from unnest(v_cand_ids, v_cand_parts, v_cand_queues) with ordinality as c(id, part, q, n)
       ) as c
       join unnest(v_kparts, v_ktargets, v_kqueued) as k(part, target, queued)
         on k.part = c.part
       where k.target > 0
-        and c.rn <= ceil(job_limit::numeric * k.target / greatest(concurrency, 1)) - k.queued
-    );
+        and c.rn <= ceil(job_limit::numeric * k.target / greatest(concurrency, 1)) - k.queued;
+    end if;
     continue when cardinality(v_ids) = 0;
     -- A job of a named queue is taken with its queue (free, available, not
-    -- paused), as by the usual fetch; the others at once.
+    -- paused), in the jobs' order, as by the usual fetch; the others at once.
     for c in
-      select j.id, j.job_queue_id
-      from {{schema}}._private_jobs as j
-      where j.id = any(v_ids) and j.job_queue_id is not null
-      order by j.priority, j.run_at, j.id
+      select x.id, x.q as job_queue_id
+      from unnest(v_ids, v_id_queues) with ordinality as x(id, q, n)
+      where x.q is not null
+      order by x.n
     loop
       update {{schema}}._private_job_queues as q
       set locked_at = v_clock, locked_by = v_pool
@@ -1696,9 +1712,20 @@ begin
         v_ids := array_remove(v_ids, c.id);
       end if;
     end loop;
-    update {{schema}}._private_jobs as j
-    set attempts = j.attempts + 1, locked_at = v_clock, locked_by = v_pool
-    where j.id = any(v_ids);
+    -- Taken: locked, their attempt counted, and returned as they are now.
+    return query
+    with taken as (
+      update {{schema}}._private_jobs as j
+      set attempts = j.attempts + 1, locked_at = v_clock, locked_by = v_pool
+      where j.id = any(v_ids)
+      returning j.*
+    )
+    select j.id, j.job_queue_id, j.task_id, j.payload, j.priority, j.run_at, j.attempts,
+      j.max_attempts, j.last_error, j.created_at, j.updated_at, j.key, j.locked_at,
+      j.locked_by, j.revision, j.flags, j.is_available, q.queue_name, o.timeout
+    from taken as j
+    left join {{schema}}._private_job_queues as q on q.id = j.job_queue_id
+    left join {{schema}}._private_py_job_options as o on o.job_id = j.id;
     -- Taken under the lease, they count there: an id left in the running
     -- sets by an earlier count (py_set_limit, a limited fetch of a pool
     -- without heartbeats; its job since given back or failed) would count
@@ -1707,21 +1734,10 @@ begin
     set running = array(select r.id from unnest(st.running) as r(id) where r.id <> all(v_ids))
     where st.kind = l.kind and st.name = l.name and st.partition = any(v_kparts)
       and st.running && v_ids;
-    v_taken := v_taken || v_ids;
   end loop;
   if v_announce then
     perform pg_notify('jobs:insert', '{"r":' || random()::text || ',"count":1}');
   end if;
-
-  return query
-  select j.id, j.job_queue_id, j.task_id, j.payload, j.priority, j.run_at, j.attempts,
-    j.max_attempts, j.last_error, j.created_at, j.updated_at, j.key, j.locked_at,
-    j.locked_by, j.revision, j.flags, j.is_available, q.queue_name, o.timeout
-  from {{schema}}._private_jobs as j
-  left join {{schema}}._private_job_queues as q on q.id = j.job_queue_id
-  left join {{schema}}._private_py_job_options as o on o.job_id = j.id
-  where j.id = any(v_taken)
-  order by j.priority, j.run_at, j.id;
 end;
 $fn$;
 

@@ -529,6 +529,35 @@ async def test_a_backlog_of_a_full_value_holds_up_no_other_under_leases(
 
 
 @pytest.mark.db
+async def test_a_named_queues_jobs_are_taken_under_a_lease_one_at_a_time(
+    utils: WorkerUtils, db: str
+) -> None:
+    """Under a lease, a job of a named queue is taken with its queue's lock,
+    the first in order; the queue's next waits for it; other jobs go at once."""
+    await utils.set_limit(Limit(max_running=5), task="lim")
+    ids = [
+        job.id
+        for job in await utils.add_jobs(
+            [
+                {"identifier": "lim", "payload": {}, "queue_name": "mail", "priority": 1},
+                {"identifier": "lim", "payload": {}, "queue_name": "mail", "priority": 0},
+                {"identifier": "lim", "payload": {}},
+            ]
+        )
+    ]
+    rows(
+        db,
+        "insert into graphile_worker._private_py_heartbeats (pool_id, timeout) "
+        "values ('a', '60s'), ('b', '60s')",
+    )
+    assert fetch_leased(db, "a") == 2
+    locked = "select id from graphile_worker._private_jobs where locked_by = 'a' order by id"
+    assert [row["id"] for row in rows(db, locked)] == [ids[1], ids[2]]
+    assert value(db, "select locked_by from graphile_worker._private_job_queues") == "a"
+    assert fetch_leased(db, "b") == 0
+
+
+@pytest.mark.db
 async def test_a_job_not_started_in_time_is_given_back_and_its_start_uncounted(
     utils: WorkerUtils, db: str
 ) -> None:
