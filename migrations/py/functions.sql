@@ -1712,7 +1712,8 @@ begin
         v_ids := array_remove(v_ids, c.id);
       end if;
     end loop;
-    -- Taken: locked, their attempt counted, and returned as they are now.
+    -- Taken: locked, their attempt counted, and returned as they are now,
+    -- in order (the local queue's heap takes them in order at least cost).
     return query
     with taken as (
       update {{schema}}._private_jobs as j
@@ -1725,7 +1726,8 @@ begin
       j.locked_by, j.revision, j.flags, j.is_available, q.queue_name, o.timeout
     from taken as j
     left join {{schema}}._private_job_queues as q on q.id = j.job_queue_id
-    left join {{schema}}._private_py_job_options as o on o.job_id = j.id;
+    left join {{schema}}._private_py_job_options as o on o.job_id = j.id
+    order by j.priority, j.run_at, j.id;
     -- Taken under the lease, they count there: an id left in the running
     -- sets by an earlier count (py_set_limit, a limited fetch of a pool
     -- without heartbeats; its job since given back or failed) would count
