@@ -2,7 +2,8 @@
 logged in through Django's login form, the jobs list (its states, its
 filters), an action that leaves a running job alone and says so, the
 confirmation page of another, a job's page whose payload holds a script
-(shown, never run), and the finished job's page. Screenshots of each page go
+(shown, never run), the finished job's page, and a schedule's removal (asked
+first). Screenshots of each page go
 to the test's directory (GRAPHILE_WORKER_SCREENSHOTS names another)."""
 
 from __future__ import annotations
@@ -158,6 +159,19 @@ def test_the_admin_in_chromium(queue: str, served: str, tmp_path: Path) -> None:
         browser.get(f"{served}/admin/graphile_worker/schedule/")
         wait_for(browser, "#result_list")
         shoot(browser, out / "django-admin-schedules.png")
+
+        # Removing a schedule asks first, naming it.
+        browser.find_element(By.CSS_SELECTOR, "input.action-select[value='nightly']").click()
+        Select(browser.find_element(By.CSS_SELECTOR, "select[name=action]")).select_by_value(
+            "remove_schedules"
+        )
+        click(browser, "button[name=index]")
+        asked = wait_for(browser, "#graphile-worker-confirm").text
+        assert "Remove 1 schedule?" in asked and "nightly: report, 0 3 * * *" in asked
+        shoot(browser, out / "django-admin-confirm-remove-schedule.png")
+        click(browser, "#graphile-worker-confirm input[type=submit]")
+        assert "Removed 1 schedule: nightly" in wait_for(browser, ".messagelist").text
+        assert console_errors(browser) == []
     for name in (
         "django-admin-jobs.png",
         "django-admin-retried.png",
@@ -167,5 +181,6 @@ def test_the_admin_in_chromium(queue: str, served: str, tmp_path: Path) -> None:
         "django-admin-job-failed.png",
         "django-admin-finished-job.png",
         "django-admin-schedules.png",
+        "django-admin-confirm-remove-schedule.png",
     ):
         assert (out / name).stat().st_size > 10_000
