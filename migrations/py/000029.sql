@@ -15,3 +15,12 @@
 -- * with partition_by, looks at up to 1,000 candidates (as
 --   py_fetch_limited_jobs does), leaving out the values full for the pool:
 --   a backlog of one full value held up every other.
+-- py_uncount_starts gains pool_id (the old signature dropped; called without
+-- it, it works as before but for the next point): a stalled pool declared
+-- dead, whose job another pool took and counted, took that pool's count
+-- away (2 jobs of a max_running=1 key could run at once); and it removed
+-- every start of the job from every limit, an earlier attempt's real one
+-- and its operation limits' included (more starts than max_starts).
+-- py_limit_acquire locks the state row it reads: a py_limit_release
+-- committing meanwhile was written over, its slot held until the job ended.
+drop function if exists {{schema}}.py_uncount_starts(bigint[]);

@@ -1745,28 +1745,43 @@ $fn$;
 
 -- Starts that did not happen: jobs a limit let start that the worker gives
 -- back instead (it could not start them within 50 ms of their count) are
--- removed from the windows and the running sets, so they take no one's
--- place. The worker then gives the jobs back as at shutdown.
-create or replace function {{schema}}.py_uncount_starts(job_ids bigint[])
+-- removed from the windows and the running sets of task and queue limits,
+-- so they take no one's place. Only the jobs pool_id still holds, and only
+-- the start counted with their lock (at their locked_at): a pool declared
+-- dead meanwhile, whose job another pool took and counted, leaves that
+-- count alone, and an earlier attempt's real start stays in its window
+-- (null pool_id: any holder, as workers before revision 29 call it). The
+-- worker then gives the jobs back as at shutdown.
+create or replace function {{schema}}.py_uncount_starts(job_ids bigint[], pool_id text default null)
 returns void
 language sql
 volatile
 as $fn$
+  with mine as materialized (
+    select j.id, j.locked_at
+    from {{schema}}._private_jobs as j
+    where j.id = any(job_ids) and j.locked_at is not null
+      and (py_uncount_starts.pool_id is null or j.locked_by = py_uncount_starts.pool_id)
+  ),
+  ids as (
+    select coalesce(array_agg(m.id), '{}') as ids from mine as m
+  )
   update {{schema}}._private_py_limit_state as st
   set running = array(
-      select r.id from unnest(st.running) as r(id) where r.id <> all(job_ids)
+      select r.id from unnest(st.running) as r(id), ids where r.id <> all(ids.ids)
     ),
     starts = array(
       select x.at from unnest(st.starts, st.started) as x(at, job_id)
-      where x.job_id <> all(job_ids)
+      where not exists (select from mine as m where m.id = x.job_id and m.locked_at = x.at)
       order by x.at, x.job_id
     ),
     started = array(
       select x.job_id from unnest(st.starts, st.started) as x(at, job_id)
-      where x.job_id <> all(job_ids)
+      where not exists (select from mine as m where m.id = x.job_id and m.locked_at = x.at)
       order by x.at, x.job_id
     )
-  where st.started && job_ids or st.running && job_ids
+  from ids
+  where st.kind in ('task', 'queue') and (st.started && ids.ids or st.running && ids.ids)
 $fn$;
 
 -- When a limited fetch that came back short may find more: the earliest
@@ -1841,9 +1856,12 @@ begin
     return -1;
   end if;
   v_clock := clock_timestamp();
+  -- Its row locked as read: a release committing meanwhile is read (not
+  -- written over with the holder it removed).
   select st.running, st.starts, st.started into s
   from {{schema}}._private_py_limit_state as st
-  where st.kind = 'operation' and st.name = v_limit.name and st.partition = v_part;
+  where st.kind = 'operation' and st.name = v_limit.name and st.partition = v_part
+  for update;
   if found then
     v_running := array(
       select j.id from {{schema}}._private_jobs as j

@@ -557,6 +557,88 @@ async def test_a_named_queues_jobs_are_taken_under_a_lease_one_at_a_time(
     assert fetch_leased(db, "b") == 0
 
 
+def fetched_by(db: str, pool: str) -> list[int]:
+    """The ids a limited fetch by ``pool`` takes (up to 10)."""
+    return [
+        row["id"]
+        for row in rows(
+            db,
+            f"select id from graphile_worker.py_fetch_limited_jobs({TASKS}, null, 10, %s)",
+            (pool,),
+        )
+    ]
+
+
+@pytest.mark.db
+async def test_a_late_start_given_back_by_a_pool_declared_dead_leaves_the_new_count(
+    utils: WorkerUtils, db: str
+) -> None:
+    """A stalled pool declared dead, whose job another pool took and
+    counted, uncounts its late start afterwards: the other pool's count
+    stays (never 2 running of a limit of 1)."""
+    await utils.set_limit(Limit(max_running=1), task="lim")
+    first, _ = (job.id for job in await utils.add_jobs([{"identifier": "lim", "payload": {}}] * 2))
+    assert fetched_by(db, "a") == [first]
+    # Declared dead: its job released (as the sweep does); b takes and counts it.
+    rows(db, "update graphile_worker._private_jobs set locked_at = null, locked_by = null")
+    assert fetched_by(db, "b") == [first]
+    # a wakes: too late to start it, it gives its start back.
+    rows(db, "select graphile_worker.py_uncount_starts(array[%s::bigint], 'a')", (first,))
+    assert fetched_by(db, "c") == []
+
+
+@pytest.mark.db
+async def test_a_late_start_given_back_leaves_the_jobs_earlier_starts(
+    utils: WorkerUtils, db: str
+) -> None:
+    """Only the start counted with the job's lock is removed: its earlier
+    attempt's start stays in the window (2 starts an hour: one more)."""
+    await utils.set_limit(Limit(max_starts=2, per=3600), task="lim")
+    first = (await utils.add_jobs([{"identifier": "lim", "payload": {}}] * 3))[0].id
+    unlock = "update graphile_worker._private_jobs set locked_at = null, locked_by = null"
+    rows(db, f"{unlock}, run_at = now() + interval '1 hour' where id <> %s", (first,))
+    assert fetched_by(db, "a") == [first]  # its first attempt: 1 start
+    rows(db, unlock)  # it failed; its retry is taken: 2 starts
+    assert fetched_by(db, "a") == [first]
+    # Too late to start it: the retry's start is given back, the first one's stays.
+    rows(db, "select graphile_worker.py_uncount_starts(array[%s::bigint], 'a')", (first,))
+    rows(db, f"{unlock}, run_at = now()")
+    assert len(fetched_by(db, "b")) == 1
+
+
+@pytest.mark.db
+async def test_an_operation_slot_released_while_another_is_taken_is_free(
+    utils: WorkerUtils, db: str
+) -> None:
+    """A release that commits while an acquire waits for the row is not
+    written over: its slot is free for the next one."""
+    await utils.set_limit(Limit(max_running=3), operation="stripe")
+    ids = [job.id for job in await utils.add_jobs([{"identifier": "t", "payload": {}}] * 4)]
+    rows(db, "update graphile_worker._private_jobs set locked_at = now(), locked_by = 'p'")
+    acquire = "select graphile_worker.py_limit_acquire('stripe', '', %s)"
+    for holder in ids[:2]:
+        assert value(db, acquire, (holder,)) is None
+    async with await psycopg.AsyncConnection.connect(db) as releaser:
+        await releaser.execute(
+            "select graphile_worker.py_limit_release('stripe', '', %s)", (ids[0],)
+        )
+        taking = asyncio.create_task(asyncio.to_thread(value, db, acquire, (ids[2],)))
+        await until(
+            lambda: (
+                value(
+                    db,
+                    "select count(*) from pg_stat_activity "
+                    "where wait_event_type = 'Lock' and query like '%py_limit_acquire%'",
+                )
+                == 1
+            ),
+            what="the acquire to wait for the release",
+        )
+        await releaser.commit()
+    assert await taking is None
+    assert value(db, acquire, (ids[3],)) is None  # 2 and 3 hold slots: the third is free
+
+
 @pytest.mark.db
 async def test_a_job_not_started_in_time_is_given_back_and_its_start_uncounted(
     utils: WorkerUtils, db: str
@@ -588,7 +670,7 @@ async def test_a_job_not_started_in_time_is_given_back_and_its_start_uncounted(
         )
 
     deadlines = StartDeadlines(
-        utils.pool, schema="graphile_worker", give_back=give_back, nudge=lambda: None
+        utils.pool, schema="graphile_worker", pool_id="p", give_back=give_back, nudge=lambda: None
     )
     clock = ClockBound()
     async with utils.pool.connection() as conn:

@@ -157,7 +157,7 @@ NEXT_START = """
 """
 
 # Remove the starts of jobs given back without starting (py_uncount_starts).
-UNCOUNT_STARTS = "select {schema}.py_uncount_starts(%(job_ids)s::bigint[])"
+UNCOUNT_STARTS = "select {schema}.py_uncount_starts(%(job_ids)s::bigint[], %(pool_id)s::text)"
 
 # An operation limit, inside a task (helpers.limit): null when taken, else the
 # seconds to wait (-1: no such limit).

@@ -249,7 +249,11 @@ class WorkerPool:
             success_logs=options.job_logs == "all",
         )
         deadlines = StartDeadlines(
-            utils.pool, options.schema, give_back=completer.return_unstarted, nudge=self.nudge
+            utils.pool,
+            options.schema,
+            pool_id=self._state.id,
+            give_back=completer.return_unstarted,
+            nudge=self.nudge,
         )
         progress = ProgressWriter(utils.pool, schema=options.schema)
         self._fetcher.limited.deadlines = deadlines

@@ -76,11 +76,15 @@ class StartDeadlines:
         db: AsyncConnectionPool[Any],
         schema: str,
         *,
+        pool_id: str,
         give_back: Callable[[Sequence[Job]], Awaitable[None]],
         nudge: Callable[[], None],
     ) -> None:
         self._db = db
         self._uncount = compose(limits_sql.UNCOUNT_STARTS, schema)
+        #: The pool whose counts are removed (a job another pool holds since
+        #: this one was declared dead keeps that pool's count).
+        self._pool_id = pool_id
         self._give_back = give_back
         #: There may be jobs to fetch (those given back, for one).
         self._nudge = nudge
@@ -140,4 +144,4 @@ class StartDeadlines:
 
     async def _uncount_starts(self, ids: list[int]) -> None:
         async with self._db.connection() as conn:
-            await conn.execute(self._uncount, {"job_ids": ids})
+            await conn.execute(self._uncount, {"job_ids": ids, "pool_id": self._pool_id})
