@@ -23,4 +23,8 @@
 -- and its operation limits' included (more starts than max_starts).
 -- py_limit_acquire locks the state row it reads: a py_limit_release
 -- committing meanwhile was written over, its slot held until the job ended.
+-- py_fetch_limited_jobs leaves out, in its scan of a limited task's jobs, the
+-- jobs of named queues that cannot be taken now (held, full, paused): they
+-- took the places of the task's other jobs (a fetch for 2 found none behind
+-- 3 jobs of a busy queue).
 drop function if exists {{schema}}.py_uncount_starts(bigint[]);

@@ -1279,6 +1279,14 @@ begin
         where j.task_id = lt.id
           and j.locked_at is null and j.attempts < j.max_attempts and j.run_at <= v_now
           and (forbidden_flags is null or j.flags is null or not (j.flags ?| forbidden_flags))
+          -- (a job of a named queue that cannot be taken now takes no place)
+          and (j.job_queue_id is null or exists (
+            select from {{schema}}._private_job_queues as q
+            where q.id = j.job_queue_id and q.is_available and q.locked_at is null
+              and q.queue_name <> all(v_full_queues)
+              and not coalesce(
+                '*' = any(v_paused_queues) or q.queue_name = any(v_paused_queues), false)
+          ))
         order by j.priority, j.run_at, j.id
         limit v_scan
         for update of j skip locked

@@ -38,7 +38,7 @@ FUNCTIONS_AT_REVISION = {
     26: "09954ac1afbbf3e11177f57a25643bc911886c0661d7652bb46b74d626e2bf7d",
     27: "09954ac1afbbf3e11177f57a25643bc911886c0661d7652bb46b74d626e2bf7d",
     28: "e5bbb8c775ffc92de457e386496f92dfbf8a21518180adf0f6386e9de49640fa",
-    29: "8df794c99f983d1b0e52bb0e9d865fe9df64da2318316782324bfb168b94dd6f",
+    29: "7f6167194e9437810dcd5ec68a0f707f6f30cb3951a6459e0137e77518303188",
 }
 
 _DEFINED = re.compile(r"^create or replace function \{\{schema\}\}\.(\w+)\(", re.M)

@@ -640,6 +640,42 @@ async def test_an_operation_slot_released_while_another_is_taken_is_free(
 
 
 @pytest.mark.db
+async def test_a_limited_tasks_jobs_in_a_busy_or_full_queue_hold_up_none_of_its_others(
+    utils: WorkerUtils, db: str
+) -> None:
+    """Jobs of a limited task waiting for their named queue (held by another
+    worker, or under a full limit) take no place in a fetch: the task's
+    other jobs behind them are found."""
+    await utils.set_limit(Limit(max_running=10, max_starts=100, per=3600), task="lim")
+    await utils.add_jobs(
+        [{"identifier": "lim", "payload": {}, "queue_name": "mail"}] * 3
+        + [{"identifier": "lim", "payload": {}}] * 5
+    )
+    queued = "select array_agg(id order by id) from graphile_worker._private_jobs"
+    mail = set(value(db, f"{queued} where job_queue_id is not null"))
+    rows(db, "update graphile_worker._private_job_queues set locked_at = now(), locked_by = 'x'")
+    # Fetches of 2: the queue's jobs come first, and its queue is held.
+    taken = [rows(db, FETCH_LIMITED, (2,)) for _ in range(2)]
+    assert [len(batch) for batch in taken] == [2, 2]
+    assert not mail & {row["id"] for batch in taken for row in batch}
+    # The queue free again, but under a limit that is full (its one start
+    # an hour spent).
+    rows(db, "update graphile_worker._private_job_queues set locked_at = null, locked_by = null")
+    await utils.set_limit(Limit(max_starts=1, per=3600), queue="mail")
+    rows(
+        db,
+        "insert into graphile_worker._private_py_limit_state "
+        "(kind, name, partition, running, starts, started) "
+        "values ('queue', 'mail', '', '{}', array[now()], array[0::bigint]) "
+        "on conflict (kind, name, partition) do update "
+        "set starts = excluded.starts, started = excluded.started",
+    )
+    finish(db, [row["id"] for batch in taken for row in batch])
+    [last] = fetched(db, 1)  # the last queue-less job, past the 3 of "mail"
+    assert last not in mail
+
+
+@pytest.mark.db
 async def test_a_job_not_started_in_time_is_given_back_and_its_start_uncounted(
     utils: WorkerUtils, db: str
 ) -> None:
