@@ -36,13 +36,14 @@ from worker_cli.worker.supervision.start_deadlines import START_WITHIN, ClockBou
 
 TASKS = "array(select id from graphile_worker._private_tasks)"
 FETCH_LIMITED = (
-    f"select id from graphile_worker.py_fetch_limited_jobs({TASKS}, null, %s, 'p') order by id"
+    f"select id from graphile_worker.py_fetch_limited_jobs({TASKS}, null, %s, %s) order by id"
 )
 FETCH = f"select id from graphile_worker.py_fetch_jobs({TASKS}, null, 100, 'p') order by id"
 
 
-def fetched(db: str, limit: int = 100) -> list[int]:
-    return [row["id"] for row in rows(db, FETCH_LIMITED, (limit,))]
+def fetched(db: str, limit: int = 100, pool: str = "p") -> list[int]:
+    """The ids a limited fetch of up to ``limit`` jobs by ``pool`` takes."""
+    return [row["id"] for row in rows(db, FETCH_LIMITED, (limit, pool))]
 
 
 def finish(db: str, ids: list[int]) -> None:
@@ -557,18 +558,6 @@ async def test_a_named_queues_jobs_are_taken_under_a_lease_one_at_a_time(
     assert fetch_leased(db, "b") == 0
 
 
-def fetched_by(db: str, pool: str) -> list[int]:
-    """The ids a limited fetch by ``pool`` takes (up to 10)."""
-    return [
-        row["id"]
-        for row in rows(
-            db,
-            f"select id from graphile_worker.py_fetch_limited_jobs({TASKS}, null, 10, %s)",
-            (pool,),
-        )
-    ]
-
-
 @pytest.mark.db
 async def test_a_late_start_given_back_by_a_pool_declared_dead_leaves_the_new_count(
     utils: WorkerUtils, db: str
@@ -578,13 +567,13 @@ async def test_a_late_start_given_back_by_a_pool_declared_dead_leaves_the_new_co
     stays (never 2 running of a limit of 1)."""
     await utils.set_limit(Limit(max_running=1), task="lim")
     first, _ = (job.id for job in await utils.add_jobs([{"identifier": "lim", "payload": {}}] * 2))
-    assert fetched_by(db, "a") == [first]
+    assert fetched(db, 10, "a") == [first]
     # Declared dead: its job released (as the sweep does); b takes and counts it.
     rows(db, "update graphile_worker._private_jobs set locked_at = null, locked_by = null")
-    assert fetched_by(db, "b") == [first]
+    assert fetched(db, 10, "b") == [first]
     # a wakes: too late to start it, it gives its start back.
     rows(db, "select graphile_worker.py_uncount_starts(array[%s::bigint], 'a')", (first,))
-    assert fetched_by(db, "c") == []
+    assert fetched(db, 10, "c") == []
 
 
 @pytest.mark.db
@@ -597,13 +586,13 @@ async def test_a_late_start_given_back_leaves_the_jobs_earlier_starts(
     first = (await utils.add_jobs([{"identifier": "lim", "payload": {}}] * 3))[0].id
     unlock = "update graphile_worker._private_jobs set locked_at = null, locked_by = null"
     rows(db, f"{unlock}, run_at = now() + interval '1 hour' where id <> %s", (first,))
-    assert fetched_by(db, "a") == [first]  # its first attempt: 1 start
+    assert fetched(db, 10, "a") == [first]  # its first attempt: 1 start
     rows(db, unlock)  # it failed; its retry is taken: 2 starts
-    assert fetched_by(db, "a") == [first]
+    assert fetched(db, 10, "a") == [first]
     # Too late to start it: the retry's start is given back, the first one's stays.
     rows(db, "select graphile_worker.py_uncount_starts(array[%s::bigint], 'a')", (first,))
     rows(db, f"{unlock}, run_at = now()")
-    assert len(fetched_by(db, "b")) == 1
+    assert len(fetched(db, 10, "b")) == 1
 
 
 @pytest.mark.db
@@ -655,9 +644,9 @@ async def test_a_limited_tasks_jobs_in_a_busy_or_full_queue_hold_up_none_of_its_
     mail = set(value(db, f"{queued} where job_queue_id is not null"))
     rows(db, "update graphile_worker._private_job_queues set locked_at = now(), locked_by = 'x'")
     # Fetches of 2: the queue's jobs come first, and its queue is held.
-    taken = [rows(db, FETCH_LIMITED, (2,)) for _ in range(2)]
+    taken = [fetched(db, 2) for _ in range(2)]
     assert [len(batch) for batch in taken] == [2, 2]
-    assert not mail & {row["id"] for batch in taken for row in batch}
+    assert not mail & {i for batch in taken for i in batch}
     # The queue free again, but under a limit that is full (its one start
     # an hour spent).
     rows(db, "update graphile_worker._private_job_queues set locked_at = null, locked_by = null")
@@ -670,7 +659,7 @@ async def test_a_limited_tasks_jobs_in_a_busy_or_full_queue_hold_up_none_of_its_
         "on conflict (kind, name, partition) do update "
         "set starts = excluded.starts, started = excluded.started",
     )
-    finish(db, [row["id"] for batch in taken for row in batch])
+    finish(db, [i for batch in taken for i in batch])
     [last] = fetched(db, 1)  # the last queue-less job, past the 3 of "mail"
     assert last not in mail
 
